@@ -1,0 +1,153 @@
+//! The public vocabulary of blocks: handles (`PBlock`), owners, kinds, and what a header says.
+
+use crate::heap::layout::{HEADER_LEN, RawHeader};
+
+/// A handle to one block in a heap: the byte offset of its header. Offsets, never addresses,
+/// so a handle stays valid when the heap is mapped elsewhere, and can itself be stored in
+/// the heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PBlock(pub(crate) u64);
+
+impl PBlock {
+    /// The heap offset of the block's header.
+    pub fn offset(self) -> u64 {
+        self.0
+    }
+
+    /// The heap offset of the block's first payload byte.
+    pub fn payload_offset(self) -> u64 {
+        self.0 + HEADER_LEN
+    }
+}
+
+/// The id a named structure's blocks carry (see [`Heap::register`](crate::Heap::register)).
+/// `OwnerId::NONE` (0) marks blocks that belong to no named structure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerId(pub(crate) u32);
+
+impl OwnerId {
+    /// Blocks that belong to no named structure.
+    pub const NONE: OwnerId = OwnerId(0);
+
+    /// The raw id as stored in block headers.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// What a block records, in the epoch protocol's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum BlockKind {
+    /// The first version of a payload.
+    Alloc = 1,
+    /// A newer version of a payload (same uid as an older block).
+    Update = 2,
+    /// An anti-block: the payload with this uid is deleted.
+    Delete = 3,
+}
+
+impl BlockKind {
+    pub(crate) fn from_raw(raw: u8) -> Option<BlockKind> {
+        match raw {
+            1 => Some(BlockKind::Alloc),
+            2 => Some(BlockKind::Update),
+            3 => Some(BlockKind::Delete),
+            _ => None,
+        }
+    }
+}
+
+/// The header fields a new block is allocated with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockSpec {
+    /// Alloc, update or anti-block.
+    pub kind: BlockKind,
+    /// The epoch the block was written in.
+    pub epoch: u64,
+    /// The logical payload id every version of one payload shares.
+    pub uid: u64,
+    /// The payload's type id (0 for untyped bytes).
+    pub type_id: u64,
+    /// The named structure the block belongs to.
+    pub owner: OwnerId,
+}
+
+impl BlockSpec {
+    /// A spec for a first version of payload `uid` in `epoch`, untyped and unowned.
+    pub fn new(epoch: u64, uid: u64) -> BlockSpec {
+        BlockSpec {
+            kind: BlockKind::Alloc,
+            epoch,
+            uid,
+            type_id: 0,
+            owner: OwnerId::NONE,
+        }
+    }
+
+    /// The same spec with another kind.
+    #[must_use]
+    pub fn kind(mut self, kind: BlockKind) -> BlockSpec {
+        self.kind = kind;
+        self
+    }
+
+    /// The same spec with another type id.
+    #[must_use]
+    pub fn type_id(mut self, type_id: u64) -> BlockSpec {
+        self.type_id = type_id;
+        self
+    }
+
+    /// The same spec with another owner.
+    #[must_use]
+    pub fn owner(mut self, owner: OwnerId) -> BlockSpec {
+        self.owner = owner;
+        self
+    }
+
+    pub(crate) fn raw(self, len: u32) -> RawHeader {
+        RawHeader {
+            kind: self.kind as u8,
+            epoch: self.epoch,
+            uid: self.uid,
+            type_id: self.type_id,
+            owner: self.owner.0,
+            len,
+        }
+    }
+}
+
+/// What a valid block header says, with where the block is and how much it can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockInfo {
+    /// The block.
+    pub block: PBlock,
+    /// Its header fields.
+    pub spec: BlockSpec,
+    /// The payload length in bytes.
+    pub len: u32,
+    /// The most payload bytes the block can hold.
+    pub capacity: u64,
+}
+
+impl BlockInfo {
+    pub(crate) fn from_raw(block: PBlock, raw: RawHeader, capacity: u64) -> Option<BlockInfo> {
+        let kind = BlockKind::from_raw(raw.kind)?;
+        if u64::from(raw.len) > capacity {
+            return None;
+        }
+        Some(BlockInfo {
+            block,
+            spec: BlockSpec {
+                kind,
+                epoch: raw.epoch,
+                uid: raw.uid,
+                type_id: raw.type_id,
+                owner: OwnerId(raw.owner),
+            },
+            len: raw.len,
+            capacity,
+        })
+    }
+}

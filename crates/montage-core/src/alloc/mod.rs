@@ -1,0 +1,527 @@
+//! The payload allocator (Ralloc's role): size classes carved from spans whose class is
+//! persistent and written once per carving, per-thread free lists in DRAM, large blocks that
+//! take whole spans, and a free path that durably invalidates a block's header before the
+//! block can be handed out again.
+//!
+//! # Invariants (numbered as in `docs/design.md`)
+//!
+//! * INV-ALLOC-1: every block on a DRAM free list (a thread cache's `free`, a class pool) has
+//!   a durably invalid header. A freed block first sits on its cache's `pending` list; it
+//!   moves to `free` only after a flush of its header line and a fence by the same thread.
+//! * INV-SPAN-1: before a span's table entry can become durable, the meta word of every
+//!   block start of the new carving is durably zero; so recovery never parses stale bytes of
+//!   an earlier carving as a header.
+//! * INV-SPAN-2: a span's table entry is durable before any block in it is handed out, and a
+//!   span goes back to the free-span pool only once its entry is durably zero again.
+
+pub(crate) mod block;
+pub(crate) mod size_class;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::{Error, Result};
+use crate::heap::layout::{Geometry, HEADER_LEN, RawHeader, SPAN_SIZE, SpanEntry};
+use crate::persist::Media;
+use block::{BlockInfo, BlockSpec, PBlock};
+use size_class::{NUM_CLASSES, blocks_per_span, class_for, class_size, spans_for};
+
+/// How many blocks a thread cache takes from (or gives back to) a class pool at once.
+const REFILL: usize = 64;
+/// How many freed blocks a thread cache collects before it makes their invalidation durable.
+const PENDING_LIMIT: usize = 64;
+
+/// What the DRAM mirror of the span table says about a span.
+const MIRROR_FREE: u32 = 0;
+const MIRROR_LARGE_HEAD: u32 = 1 << 31;
+const MIRROR_LARGE_CONT: u32 = 1 << 30;
+
+fn mirror_class(class: u8) -> u32 {
+    u32::from(class) + 1
+}
+
+/// Where a block lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Small { class: u8 },
+    Large { span: u64, extent: u64 },
+}
+
+impl Place {
+    fn capacity(self) -> u64 {
+        match self {
+            Place::Small { class } => class_size(class) - HEADER_LEN,
+            Place::Large { extent, .. } => extent * SPAN_SIZE - HEADER_LEN,
+        }
+    }
+}
+
+/// A freed block whose header invalidation is not yet known to be durable.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    offset: u64,
+    place: Place,
+}
+
+#[derive(Debug)]
+struct ThreadCache {
+    free: Vec<Vec<u64>>,
+    pending: Vec<Pending>,
+}
+
+impl ThreadCache {
+    fn new() -> Self {
+        ThreadCache {
+            free: vec![Vec::new(); NUM_CLASSES],
+            pending: Vec::new(),
+        }
+    }
+}
+
+/// What recovery found free, to seed a new allocator.
+#[derive(Debug, Default)]
+pub(crate) struct FreeState {
+    /// The DRAM mirror of the span table, one entry per span.
+    pub(crate) mirror: Vec<u32>,
+    /// Spans whose table entry is durably zero.
+    pub(crate) free_spans: Vec<u64>,
+    /// Per class, blocks whose header is durably invalid.
+    pub(crate) free_blocks: Vec<Vec<u64>>,
+}
+
+impl FreeState {
+    pub(crate) fn new(span_count: u64) -> FreeState {
+        FreeState {
+            mirror: vec![MIRROR_FREE; span_count as usize],
+            free_spans: Vec::new(),
+            free_blocks: vec![Vec::new(); NUM_CLASSES],
+        }
+    }
+
+    pub(crate) fn mark_class(&mut self, span: u64, class: u8) {
+        if let Some(slot) = self.mirror.get_mut(span as usize) {
+            *slot = mirror_class(class);
+        }
+    }
+
+    pub(crate) fn mark_large(&mut self, span: u64, extent: u64) {
+        mark_large(&mut self.mirror, span, extent);
+    }
+}
+
+fn mark_large(mirror: &mut [u32], span: u64, extent: u64) {
+    for (i, slot) in mirror
+        .iter_mut()
+        .skip(span as usize)
+        .take(extent as usize)
+        .enumerate()
+    {
+        *slot = if i == 0 {
+            MIRROR_LARGE_HEAD | extent as u32
+        } else {
+            MIRROR_LARGE_CONT
+        };
+    }
+}
+
+/// Allocation statistics, for monitoring and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocStats {
+    /// Spans in the heap.
+    pub spans: u64,
+    /// Spans not carved into blocks and not part of a large block.
+    pub free_spans: u64,
+}
+
+/// The allocator of one heap. See the module docs for its invariants.
+#[derive(Debug)]
+pub(crate) struct Allocator {
+    geometry: Geometry,
+    mirror: Box<[AtomicU32]>,
+    span_pool: Mutex<BTreeSet<u64>>,
+    class_pools: Box<[Mutex<Vec<u64>>]>,
+    caches: Box<[CachePadded<Mutex<ThreadCache>>]>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The allocator's locks guard plain lists that are never left half-updated across a
+    // panic point, so a poisoned lock still holds consistent data.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Allocator {
+    pub(crate) fn new(geometry: Geometry, slots: usize, free: FreeState) -> Allocator {
+        let class_pools = free.free_blocks.into_iter().map(Mutex::new).collect();
+        Allocator {
+            geometry,
+            mirror: free.mirror.into_iter().map(AtomicU32::new).collect(),
+            span_pool: Mutex::new(free.free_spans.into_iter().collect()),
+            class_pools,
+            caches: (0..slots)
+                .map(|_| CachePadded::new(Mutex::new(ThreadCache::new())))
+                .collect(),
+        }
+    }
+
+    fn cache(&self) -> &Mutex<ThreadCache> {
+        let index = crate::slot::current() % self.caches.len();
+        &self.caches[index]
+    }
+
+    fn mirror(&self, span: u64) -> u32 {
+        // ORDERING: the mirror entry of a span is written before any block of the span is
+        // handed out, and handing out goes through a mutex, which orders it.
+        self.mirror
+            .get(span as usize)
+            .map_or(MIRROR_FREE, |m| m.load(Ordering::Relaxed))
+    }
+
+    fn set_mirror(&self, span: u64, value: u32) {
+        if let Some(m) = self.mirror.get(span as usize) {
+            // ORDERING: see `mirror`.
+            m.store(value, Ordering::Relaxed);
+        }
+    }
+
+    /// Where the block at `offset` lives, if `offset` is a block start of a carved span.
+    fn locate(&self, offset: u64) -> Result<Place> {
+        let invalid = Error::InvalidBlock { offset };
+        let span = self
+            .geometry
+            .span_of(offset)
+            .ok_or(Error::InvalidBlock { offset })?;
+        let within = offset - self.geometry.span_start(span);
+        let state = self.mirror(span);
+        if state & MIRROR_LARGE_HEAD != 0 {
+            return if within == 0 {
+                Ok(Place::Large {
+                    span,
+                    extent: u64::from(state & !MIRROR_LARGE_HEAD),
+                })
+            } else {
+                Err(invalid)
+            };
+        }
+        if state == MIRROR_FREE || state & MIRROR_LARGE_CONT != 0 {
+            return Err(invalid);
+        }
+        let class = (state - 1) as u8;
+        let size = class_size(class);
+        if !within.is_multiple_of(size) || within / size >= blocks_per_span(class) {
+            return Err(invalid);
+        }
+        Ok(Place::Small { class })
+    }
+
+    /// The payload capacity of `block`.
+    pub(crate) fn capacity(&self, block: PBlock) -> Result<u64> {
+        Ok(self.locate(block.0)?.capacity())
+    }
+
+    /// Reads and validates `block`'s header.
+    pub(crate) fn header(&self, media: &Media, block: PBlock) -> Result<BlockInfo> {
+        let place = self.locate(block.0)?;
+        read_header(media, self.geometry.creation_id, block.0, place.capacity())?
+            .ok_or(Error::InvalidBlock { offset: block.0 })
+    }
+
+    /// Allocates a block for `len` payload bytes and writes its header. The header and
+    /// payload are not flushed: the caller decides when they must be durable.
+    pub(crate) fn alloc(&self, media: &Media, spec: BlockSpec, len: u64) -> Result<PBlock> {
+        let too_big = Error::OutOfSpace { requested: len };
+        let stored_len = u32::try_from(len).map_err(|_| Error::OutOfSpace { requested: len })?;
+        let total = len.checked_add(HEADER_LEN).ok_or(too_big)?;
+        let offset = match class_for(total) {
+            Some(class) => self.alloc_small(media, class, len)?,
+            None => self.alloc_large(media, spans_for(total), len)?,
+        };
+        let header = spec.raw(stored_len);
+        let mut body = [0u8; 32];
+        for (chunk, word) in body.chunks_exact_mut(8).zip(header.body_words()) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        media.write(offset + 8, &body)?;
+        // The meta word goes last: with the checksum it makes the header valid (INV-HDR-1).
+        media.store(offset, header.meta(offset, self.geometry.creation_id))?;
+        Ok(PBlock(offset))
+    }
+
+    fn alloc_small(&self, media: &Media, class: u8, len: u64) -> Result<u64> {
+        let c = usize::from(class);
+        let mut cache = lock(self.cache());
+        if let Some(offset) = cache.free[c].pop() {
+            return Ok(offset);
+        }
+        if !cache.pending.is_empty() {
+            self.drain(media, &mut cache)?;
+            if let Some(offset) = cache.free[c].pop() {
+                return Ok(offset);
+            }
+        }
+        {
+            let mut pool = lock(&self.class_pools[c]);
+            let take = pool.len().min(REFILL);
+            let start = pool.len() - take;
+            cache.free[c].extend(pool.drain(start..));
+        }
+        if let Some(offset) = cache.free[c].pop() {
+            return Ok(offset);
+        }
+        match self.carve(media, class) {
+            Ok(blocks) => {
+                cache.free[c].extend(blocks.into_iter().rev());
+            }
+            Err(Error::OutOfSpace { .. }) => {
+                drop(cache);
+                return self.steal(media, class, len);
+            }
+            Err(other) => return Err(other),
+        }
+        cache.free[c]
+            .pop()
+            .ok_or(Error::OutOfSpace { requested: len })
+    }
+
+    /// The heap has no free span: look for a free block of `class` in other threads' caches
+    /// (draining their pending frees) before reporting the heap full.
+    fn steal(&self, media: &Media, class: u8, len: u64) -> Result<u64> {
+        let c = usize::from(class);
+        for slot in &self.caches {
+            let Ok(mut cache) = slot.try_lock() else {
+                continue;
+            };
+            if !cache.pending.is_empty() {
+                self.drain(media, &mut cache)?;
+            }
+            if let Some(offset) = cache.free[c].pop() {
+                return Ok(offset);
+            }
+        }
+        Err(Error::OutOfSpace { requested: len })
+    }
+
+    fn take_spans(&self, extent: u64, len: u64) -> Result<u64> {
+        let mut pool = lock(&self.span_pool);
+        let first = if extent == 1 {
+            pool.pop_first()
+        } else {
+            let mut run_start = None;
+            let mut run_len = 0;
+            let mut prev = None;
+            let mut found = None;
+            for &span in pool.iter() {
+                if prev.is_some_and(|p: u64| p + 1 == span) {
+                    run_len += 1;
+                } else {
+                    run_start = Some(span);
+                    run_len = 1;
+                }
+                prev = Some(span);
+                if run_len == extent {
+                    found = run_start;
+                    break;
+                }
+            }
+            if let Some(first) = found {
+                for span in first..first + extent {
+                    pool.remove(&span);
+                }
+            }
+            found
+        };
+        first.ok_or(Error::OutOfSpace { requested: len })
+    }
+
+    fn return_spans(&self, first: u64, extent: u64) {
+        let mut pool = lock(&self.span_pool);
+        for span in first..first + extent {
+            self.set_mirror(span, MIRROR_FREE);
+            pool.insert(span);
+        }
+    }
+
+    /// Zeroes the meta words at `starts` that are not zero yet and makes that durable
+    /// (INV-SPAN-1).
+    fn clear_metas(media: &Media, starts: impl Iterator<Item = u64>) -> Result<()> {
+        let mut dirty = false;
+        for offset in starts {
+            if media.load(offset)? != 0 {
+                media.store(offset, 0)?;
+                // PERSIST: the cleared meta must be durable before the span entry (INV-SPAN-1).
+                media.flush(offset, 8)?;
+                dirty = true;
+            }
+        }
+        if dirty {
+            // PERSIST: completes the meta flushes above before the entry is written.
+            media.fence()?;
+        }
+        Ok(())
+    }
+
+    /// Takes a free span, carves it into blocks of `class`, and returns their offsets.
+    fn carve(&self, media: &Media, class: u8) -> Result<Vec<u64>> {
+        let span = self.take_spans(1, class_size(class))?;
+        let start = self.geometry.span_start(span);
+        let size = class_size(class);
+        let blocks: Vec<u64> = (0..blocks_per_span(class))
+            .map(|i| start + i * size)
+            .collect();
+        let result = Self::clear_metas(media, blocks.iter().copied()).and_then(|()| {
+            let entry = self.geometry.span_entry_offset(span);
+            media.store(
+                entry,
+                SpanEntry::Class(class).encode(span, self.geometry.creation_id),
+            )?;
+            // PERSIST: the span's class is durable before any of its blocks is handed out
+            // (INV-SPAN-2), so recovery can parse every block it may hold.
+            media.persist(entry, 8)
+        });
+        if let Err(err) = result {
+            self.return_spans(span, 1);
+            return Err(err);
+        }
+        self.set_mirror(span, mirror_class(class));
+        Ok(blocks)
+    }
+
+    fn alloc_large(&self, media: &Media, extent: u64, len: u64) -> Result<u64> {
+        if extent > u64::from(u32::MAX >> 2) {
+            return Err(Error::OutOfSpace { requested: len });
+        }
+        let span = match self.take_spans(extent, len) {
+            Ok(span) => span,
+            Err(Error::OutOfSpace { .. }) => {
+                // Freed large blocks may still sit on pending lists: drain ours and retry once.
+                let mut cache = lock(self.cache());
+                if cache.pending.is_empty() {
+                    return Err(Error::OutOfSpace { requested: len });
+                }
+                self.drain(media, &mut cache)?;
+                drop(cache);
+                self.take_spans(extent, len)?
+            }
+            Err(other) => return Err(other),
+        };
+        let start = self.geometry.span_start(span);
+        let result = Self::clear_metas(media, std::iter::once(start)).and_then(|()| {
+            let entry = self.geometry.span_entry_offset(span);
+            let word = SpanEntry::Large(extent as u32).encode(span, self.geometry.creation_id);
+            media.store(entry, word)?;
+            // PERSIST: the extent is durable before the block is handed out (INV-SPAN-2).
+            media.persist(entry, 8)
+        });
+        if let Err(err) = result {
+            self.return_spans(span, extent);
+            return Err(err);
+        }
+        {
+            let mut mirror: Vec<u32> = vec![MIRROR_FREE; extent as usize];
+            mark_large(&mut mirror, 0, extent);
+            for (i, value) in mirror.into_iter().enumerate() {
+                self.set_mirror(span + i as u64, value);
+            }
+        }
+        Ok(start)
+    }
+
+    /// Frees `block`: invalidates its header at once (so a double free is detected), and
+    /// makes the invalidation durable before the block can be reused (INV-ALLOC-1).
+    pub(crate) fn free(&self, media: &Media, block: PBlock) -> Result<()> {
+        let offset = block.0;
+        let place = self.locate(offset)?;
+        let meta = media.load(offset)?;
+        if meta == 0 {
+            return Err(Error::InvalidBlock { offset });
+        }
+        if media.compare_exchange(offset, meta, 0)?.is_err() {
+            // Another thread freed it first.
+            return Err(Error::InvalidBlock { offset });
+        }
+        if let Place::Large { span, .. } = place {
+            media.store(self.geometry.span_entry_offset(span), 0)?;
+        }
+        let mut cache = lock(self.cache());
+        cache.pending.push(Pending { offset, place });
+        if cache.pending.len() >= PENDING_LIMIT {
+            self.drain(media, &mut cache)?;
+        }
+        if let Place::Small { class } = place {
+            let c = usize::from(class);
+            if cache.free[c].len() >= 2 * REFILL {
+                let keep = cache.free[c].len() - REFILL;
+                let spill: Vec<u64> = cache.free[c].drain(keep..).collect();
+                lock(&self.class_pools[c]).extend(spill);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every pending invalidation in `cache` durable, then makes the blocks reusable.
+    fn drain(&self, media: &Media, cache: &mut ThreadCache) -> Result<()> {
+        for pending in &cache.pending {
+            // PERSIST: the zeroed meta must be durable before the block is reused
+            // (INV-ALLOC-1); the flush is issued by the fencing thread, as fences are
+            // per thread.
+            media.flush(pending.offset, 8)?;
+            if let Place::Large { span, .. } = pending.place {
+                // PERSIST: the zeroed span entry must be durable before the spans are carved
+                // again (INV-SPAN-2).
+                media.flush(self.geometry.span_entry_offset(span), 8)?;
+            }
+        }
+        // PERSIST: completes every flush above.
+        media.fence()?;
+        for pending in cache.pending.drain(..) {
+            match pending.place {
+                Place::Small { class } => cache.free[usize::from(class)].push(pending.offset),
+                Place::Large { span, extent } => self.return_spans(span, extent),
+            }
+        }
+        Ok(())
+    }
+
+    /// Drains every thread cache's pending frees (at close).
+    pub(crate) fn drain_all(&self, media: &Media) -> Result<()> {
+        for slot in &self.caches {
+            let mut cache = lock(slot);
+            if !cache.pending.is_empty() {
+                self.drain(media, &mut cache)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn stats(&self) -> AllocStats {
+        AllocStats {
+            spans: self.geometry.span_count,
+            free_spans: lock(&self.span_pool).len() as u64,
+        }
+    }
+}
+
+/// Reads the header at `offset` and returns it if valid.
+pub(crate) fn read_header(
+    media: &Media,
+    creation_id: u64,
+    offset: u64,
+    capacity: u64,
+) -> Result<Option<BlockInfo>> {
+    let meta = media.load(offset)?;
+    if meta == 0 {
+        return Ok(None);
+    }
+    let mut body = [0u8; 32];
+    media.read(offset + 8, &mut body)?;
+    let mut words = [meta, 0, 0, 0, 0];
+    for (word, chunk) in words[1..].iter_mut().zip(body.chunks_exact(8)) {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(chunk);
+        *word = u64::from_le_bytes(bytes);
+    }
+    Ok(RawHeader::decode(words, offset, creation_id)
+        .and_then(|raw| BlockInfo::from_raw(PBlock(offset), raw, capacity)))
+}

@@ -1,0 +1,92 @@
+//! Size classes: the block sizes spans are carved into. Pure arithmetic.
+
+#![deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+
+use crate::heap::layout::SPAN_SIZE;
+
+/// Block sizes (header included), all multiples of the 64-byte cache line so that blocks
+/// never share a line: 64 B to 1 KiB in 64-byte steps, then four steps per doubling to 16 KiB.
+pub(crate) const CLASS_SIZES: [u64; 32] = [
+    64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 768, 832, 896, 960, 1024, //
+    1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, //
+    5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384,
+];
+
+/// How many size classes there are.
+pub(crate) const NUM_CLASSES: usize = CLASS_SIZES.len();
+
+/// The largest block a size class holds; bigger blocks take whole spans.
+pub(crate) const MAX_CLASS_SIZE: u64 = 16384;
+
+const _: () = assert!(CLASS_SIZES[NUM_CLASSES - 1] == MAX_CLASS_SIZE);
+const _: () = assert!(NUM_CLASSES < 256);
+
+/// The smallest class whose blocks hold `total` bytes, or `None` if it needs a large block.
+pub(crate) fn class_for(total: u64) -> Option<u8> {
+    if total <= 1024 {
+        let class = total.max(1).div_ceil(64).saturating_sub(1);
+        return u8::try_from(class).ok();
+    }
+    CLASS_SIZES
+        .iter()
+        .position(|&size| size >= total)
+        .and_then(|class| u8::try_from(class).ok())
+}
+
+/// The block size of `class`.
+pub(crate) fn class_size(class: u8) -> u64 {
+    CLASS_SIZES
+        .get(usize::from(class))
+        .copied()
+        .unwrap_or(MAX_CLASS_SIZE)
+}
+
+/// How many blocks of `class` one span holds.
+pub(crate) fn blocks_per_span(class: u8) -> u64 {
+    SPAN_SIZE.checked_div(class_size(class)).unwrap_or(0)
+}
+
+/// How many spans a large block of `total` bytes covers.
+pub(crate) fn spans_for(total: u64) -> u64 {
+    total.div_ceil(SPAN_SIZE)
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn classes_are_sorted_line_multiples() {
+        for pair in CLASS_SIZES.windows(2) {
+            assert!(pair[0] < pair[1]);
+        }
+        assert!(CLASS_SIZES.iter().all(|s| s % 64 == 0));
+        assert_eq!(class_for(1), Some(0));
+        assert_eq!(class_for(64), Some(0));
+        assert_eq!(class_for(65), Some(1));
+        assert_eq!(class_for(1025), Some(16));
+        assert_eq!(class_for(MAX_CLASS_SIZE), Some(31));
+        assert_eq!(class_for(MAX_CLASS_SIZE + 1), None);
+    }
+
+    proptest! {
+        #[test]
+        fn class_for_picks_the_smallest_fitting_class(total in 1u64..=MAX_CLASS_SIZE) {
+            let class = class_for(total).unwrap();
+            prop_assert!(class_size(class) >= total);
+            if class > 0 {
+                prop_assert!(class_size(class - 1) < total);
+            }
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! `HeapConfig`: where a heap lives, how big it is, and which persistence backend writes it back.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::persist::sim::SimMode;
+
+/// The persistence backend a heap uses, chosen when the heap is created or opened.
+///
+/// The backend decides what "flush" and "fence" do; everything else in the runtime is the same.
+/// See `docs/design.md` ("Persistence model") for what each one makes durable, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// Persistent memory (a DAX file or any mapping): `clwb`, else `clflushopt`, else
+    /// `clflush` per cache line, detected at run time, and `sfence`. x86-64 only.
+    Pmem,
+    /// Platforms whose caches are in the persistence domain (eADR): no flushes, `sfence` only.
+    Eadr,
+    /// An ordinary file: a flush records dirty pages, a fence `msync`s them in few ranges.
+    /// A failed `msync` poisons the heap.
+    Msync,
+    /// No write-back at all: for measuring the runtime's own overhead. Not crash-safe.
+    Volatile,
+    /// The power-failure simulator (in memory only): every store is logged so that
+    /// [`Simulator::crash`](crate::Simulator::crash) can build any legal post-crash image.
+    Simulated(SimMode),
+}
+
+impl BackendKind {
+    /// The backend a file heap uses when none is chosen: `Msync`, which is crash-safe on any
+    /// file system.
+    pub const DEFAULT: BackendKind = BackendKind::Msync;
+}
+
+/// Where a heap's bytes live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Location {
+    /// A file, mapped shared.
+    File(PathBuf),
+    /// Anonymous memory owned by the process (volatile, or the simulator's volatile image).
+    Memory,
+}
+
+/// How to create or open a heap.
+///
+/// ```
+/// use montage_core::{BackendKind, HeapConfig};
+/// let config = HeapConfig::new("/tmp/example.heap")
+///     .size(64 << 20)
+///     .backend(BackendKind::Msync);
+/// assert_eq!(config.heap_size(), 64 << 20);
+/// ```
+#[derive(Debug, Clone)]
+pub struct HeapConfig {
+    pub(crate) location: Location,
+    pub(crate) size: u64,
+    pub(crate) backend: BackendKind,
+    pub(crate) thread_slots: usize,
+    pub(crate) recovery_threads: usize,
+    pub(crate) sim_crash_at: Option<u64>,
+}
+
+/// The heap size used when none is given: 64 MiB.
+pub const DEFAULT_HEAP_SIZE: u64 = 64 << 20;
+
+impl HeapConfig {
+    /// A heap in the file at `path`, with the default size and the [`BackendKind::DEFAULT`]
+    /// backend.
+    pub fn new(path: impl AsRef<Path>) -> Self {
+        HeapConfig {
+            location: Location::File(path.as_ref().to_path_buf()),
+            size: DEFAULT_HEAP_SIZE,
+            backend: BackendKind::DEFAULT,
+            thread_slots: default_thread_slots(),
+            recovery_threads: default_recovery_threads(),
+            sim_crash_at: None,
+        }
+    }
+
+    /// A heap in anonymous memory, gone when the process ends. Its backend defaults to
+    /// [`BackendKind::Volatile`]; choose [`BackendKind::Simulated`] for crash tests.
+    pub fn in_memory(size: u64) -> Self {
+        HeapConfig {
+            location: Location::Memory,
+            size,
+            backend: BackendKind::Volatile,
+            thread_slots: default_thread_slots(),
+            recovery_threads: default_recovery_threads(),
+            sim_crash_at: None,
+        }
+    }
+
+    /// An in-memory heap on the power-failure simulator in `mode`.
+    pub fn simulated(size: u64, mode: SimMode) -> Self {
+        HeapConfig::in_memory(size).backend(BackendKind::Simulated(mode))
+    }
+
+    /// The size of a heap to create, in bytes (ignored when opening: the file records it).
+    #[must_use]
+    pub fn size(mut self, bytes: u64) -> Self {
+        self.size = bytes;
+        self
+    }
+
+    /// The persistence backend.
+    #[must_use]
+    pub fn backend(mut self, backend: BackendKind) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// How many per-thread allocator caches to keep. More threads than slots still work
+    /// correctly; they share caches under a lock.
+    #[must_use]
+    pub fn thread_slots(mut self, slots: usize) -> Self {
+        self.thread_slots = slots;
+        self
+    }
+
+    /// How many threads the recovery scan may use (default: all cores).
+    #[must_use]
+    pub fn recovery_threads(mut self, threads: usize) -> Self {
+        self.recovery_threads = threads;
+        self
+    }
+
+    /// For the simulator: the persistence event before which the new heap's simulator takes
+    /// its crash snapshot (see [`Simulator::crash_at`](crate::Simulator::crash_at)). Set it
+    /// on the configuration passed to [`Heap::open_image`](crate::Heap::open_image) to crash
+    /// *during* recovery.
+    #[must_use]
+    pub fn sim_crash_at(mut self, step: u64) -> Self {
+        self.sim_crash_at = Some(step);
+        self
+    }
+
+    /// The configured heap size in bytes.
+    pub fn heap_size(&self) -> u64 {
+        self.size
+    }
+
+    /// The configured backend.
+    pub fn backend_kind(&self) -> BackendKind {
+        self.backend
+    }
+
+    /// The heap file, if this heap lives in a file.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.location {
+            Location::File(path) => Some(path),
+            Location::Memory => None,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.thread_slots == 0 {
+            return Err(Error::InvalidConfig {
+                what: "thread_slots must be at least 1",
+            });
+        }
+        if self.recovery_threads == 0 {
+            return Err(Error::InvalidConfig {
+                what: "recovery_threads must be at least 1",
+            });
+        }
+        match (&self.location, self.backend) {
+            (Location::Memory, BackendKind::Msync) => Err(Error::InvalidConfig {
+                what: "the msync backend needs a heap file",
+            }),
+            (Location::File(_), BackendKind::Simulated(_)) => Err(Error::InvalidConfig {
+                what: "the simulator runs on in-memory heaps only",
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn default_thread_slots() -> usize {
+    64
+}
+
+fn default_recovery_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}

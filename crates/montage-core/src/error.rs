@@ -1,0 +1,140 @@
+//! The one error type of the cold paths: setup, recovery, allocation and media access.
+
+use std::path::PathBuf;
+
+/// A specialised `Result` whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when creating, opening, recovering or using a heap.
+///
+/// Every variant names one thing a caller can act on. Media is untrusted input: whatever
+/// a heap file contains, opening it returns one of these rather than panicking.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An operating-system call on the heap file failed.
+    #[error("{op} failed on {path}")]
+    Io {
+        /// What was being done (`"open"`, `"msync"`, ...).
+        op: &'static str,
+        /// The heap file.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The heap file is locked by another process or by another open heap in this process.
+    #[error("heap file {path} is locked by another open heap")]
+    Locked {
+        /// The heap file.
+        path: PathBuf,
+    },
+    /// `create` was asked to make a heap where a file already exists; nothing was changed.
+    #[error("heap file {path} already exists; open it instead of creating it")]
+    AlreadyExists {
+        /// The existing file.
+        path: PathBuf,
+    },
+    /// The file does not start with the heap magic: it is not a Montage heap.
+    #[error("not a montage heap: bad magic")]
+    BadMagic,
+    /// The heap was written by a format version this build cannot read.
+    #[error("heap format version {found} is not supported (this build reads version {supported})")]
+    FormatVersion {
+        /// The version stored in the file.
+        found: u32,
+        /// The version this build reads and writes.
+        supported: u32,
+    },
+    /// The file is shorter than the heap its superblock describes.
+    #[error("heap file is truncated: {actual} bytes on disk, superblock says {expected}")]
+    Truncated {
+        /// The size recorded in the superblock (or the minimum size of a superblock).
+        expected: u64,
+        /// The file's length.
+        actual: u64,
+    },
+    /// Something read from the heap fails a consistency check.
+    #[error("heap is corrupted at offset {offset:#x}: {what}")]
+    Corrupted {
+        /// Where in the heap the problem was found.
+        offset: u64,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The requested heap size cannot hold a heap, or cannot be mapped.
+    #[error("heap size {size} is not usable: {why}")]
+    BadSize {
+        /// The size asked for.
+        size: u64,
+        /// Why it does not fit.
+        why: &'static str,
+    },
+    /// The heap has no free space left for an allocation of this many bytes.
+    #[error("heap is full: no space for a block of {requested} bytes")]
+    OutOfSpace {
+        /// The payload size that could not be allocated.
+        requested: u64,
+    },
+    /// The configuration is inconsistent.
+    #[error("invalid heap configuration: {what}")]
+    InvalidConfig {
+        /// What is wrong with it.
+        what: &'static str,
+    },
+    /// The backend cannot run here (for example the CPU lacks a flush instruction).
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What is missing.
+        what: &'static str,
+    },
+    /// A block handle does not name a live block of this heap.
+    #[error("no live block at offset {offset:#x}")]
+    InvalidBlock {
+        /// The handle's offset.
+        offset: u64,
+    },
+    /// An access falls outside the block or the heap it addresses.
+    #[error("access of {len} bytes at offset {offset:#x} is out of bounds")]
+    OutOfBounds {
+        /// Start of the access.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+    },
+    /// The heap directory has no room for another named structure.
+    #[error("the heap directory is full ({capacity} names)")]
+    DirectoryFull {
+        /// How many names the directory holds.
+        capacity: usize,
+    },
+    /// A structure name is empty or longer than the directory allows.
+    #[error("structure name must be 1 to {max} bytes long (got {len})")]
+    BadName {
+        /// The name's length in bytes.
+        len: usize,
+        /// The longest name allowed.
+        max: usize,
+    },
+    /// Writing dirty pages back to the heap file failed. The heap is poisoned from now on.
+    #[error("write-back of the heap file failed; the heap is now poisoned")]
+    WriteBack {
+        /// The operating system's error from `msync`.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An earlier write-back failed, so nothing this heap holds can be promised durable any
+    /// more. Every later write and sync fails with this error; reopen the heap to recover.
+    #[error("heap is poisoned by an earlier write-back failure; reopen it to recover")]
+    Poisoned,
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}

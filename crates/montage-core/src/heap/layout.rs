@@ -1,0 +1,467 @@
+//! The on-media format: byte tables, offset constants, and the encoding of every persistent
+//! word. All integers are little-endian. `docs/design.md` carries the same tables.
+//!
+//! ```text
+//! Heap file
+//! 0x0000  superblock            one page (see below)
+//! 0x1000  structure directory   64 entries x 64 B
+//! 0x2000  type registry         8 KiB, reserved (payload layouts, written by a later format)
+//! 0x4000  span table            one u64 per span
+//! data    spans                 SPAN_SIZE bytes each, data offset aligned to SPAN_SIZE
+//!
+//! Superblock (immutable part covered by the checksum, then one mutable word per line)
+//! 0x00  magic            [u8; 8]  "MONTAGE\0"
+//! 0x08  format version   u32
+//! 0x0C  checksum         u32      crc32 of bytes 0x00..0x40 with this field zero
+//! 0x10  heap size        u64      the file's length
+//! 0x18  creation id      u64      random, mixed into every block checksum
+//! 0x20  span size        u64
+//! 0x28  span count       u64
+//! 0x30  span table       u64      offset of the span table
+//! 0x38  data offset      u64      offset of span 0
+//! 0x40  epoch word       u64      alone on its cache line
+//! 0x80  clean shutdown   u64      1 after a clean close, 0 while open; alone on its line
+//!
+//! Directory entry (64 B)
+//! 0x00  name             [u8; 32] NUL-padded UTF-8
+//! 0x20  owner id         u64      entry index + 1
+//! 0x28  reserved         [u8; 16] zero
+//! 0x38  valid word       u64      DIR_TAG << 32 | crc32(index, creation id, 0x00..0x38); 0 = empty
+//!
+//! Span table entry (u64); 0 = free span
+//! bits 63..32  extent (spans covered: 1 for a size-class span, n for a large block)
+//! bits 31..24  kind (1 = size-class span, 2 = large block)
+//! bits 23..16  size class index (size-class spans)
+//! bits 15..0   check: low 16 bits of crc32(span index, creation id, bits 63..16)
+//!
+//! Block header (40 B at the start of every block; blocks are 64-byte aligned)
+//! 0x00  meta             u64      HEADER_TAG << 48 | kind << 40 | crc32(...); 0 = free
+//! 0x08  epoch            u64
+//! 0x10  uid              u64
+//! 0x18  type id          u64
+//! 0x20  owner id         u32
+//! 0x24  payload length   u32
+//! 0x28  payload bytes
+//! ```
+//!
+//! The block checksum covers the block's own offset, the creation id, the meta word's upper
+//! half and the four words after it. A header is valid only if its checksum matches, so a
+//! header torn by a crash, stale bytes of a reused block, or random bytes are all read as
+//! "no block here" (INV-HDR-1).
+
+#![deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::error::{Error, Result};
+
+/// The first eight bytes of every heap file.
+pub(crate) const MAGIC: [u8; 8] = *b"MONTAGE\0";
+/// The format this build reads and writes.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+pub(crate) const MAGIC_OFFSET: u64 = 0x00;
+pub(crate) const SUPERBLOCK_HEAD_LEN: u64 = 0x40;
+pub(crate) const EPOCH_OFFSET: u64 = 0x40;
+pub(crate) const CLEAN_SHUTDOWN_OFFSET: u64 = 0x80;
+
+pub(crate) const DIRECTORY_OFFSET: u64 = 0x1000;
+pub(crate) const DIR_ENTRY_LEN: u64 = 64;
+/// How many named structures one heap holds.
+pub const DIRECTORY_CAPACITY: usize = 64;
+/// The longest structure name, in bytes.
+pub const NAME_MAX: usize = 32;
+pub(crate) const DIR_OWNER_OFFSET: u64 = 0x20;
+pub(crate) const DIR_VALID_OFFSET: u64 = 0x38;
+const DIR_TAG: u64 = 0x4449_5245; // "DIRE"
+
+pub(crate) const TYPE_REGISTRY_OFFSET: u64 = 0x2000;
+pub(crate) const SPAN_TABLE_OFFSET: u64 = 0x4000;
+
+/// The size of a span, the unit the allocator carves into blocks of one size class.
+pub const SPAN_SIZE: u64 = 64 << 10;
+
+/// Bytes of header in front of every payload.
+pub const HEADER_LEN: u64 = 40;
+pub(crate) const HEADER_TAG: u64 = 0x4D42; // "MB"
+
+/// The smallest heap that holds a superblock, its tables and one span.
+pub const MIN_HEAP_SIZE: u64 = 2 * SPAN_SIZE;
+/// The largest heap this format describes (64 TiB).
+pub const MAX_HEAP_SIZE: u64 = 1 << 46;
+
+/// The immutable head of the superblock, as stored.
+#[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub(crate) struct SuperblockHead {
+    pub(crate) magic: [u8; 8],
+    pub(crate) version: U32,
+    pub(crate) checksum: U32,
+    pub(crate) heap_size: U64,
+    pub(crate) creation_id: U64,
+    pub(crate) span_size: U64,
+    pub(crate) span_count: U64,
+    pub(crate) span_table: U64,
+    pub(crate) data_offset: U64,
+}
+
+const _: () = assert!(size_of::<SuperblockHead>() as u64 == SUPERBLOCK_HEAD_LEN);
+const _: () = assert!(EPOCH_OFFSET.is_multiple_of(64) && CLEAN_SHUTDOWN_OFFSET.is_multiple_of(64));
+const _: () =
+    assert!(DIRECTORY_OFFSET + DIR_ENTRY_LEN * DIRECTORY_CAPACITY as u64 <= TYPE_REGISTRY_OFFSET);
+const _: () = assert!(HEADER_LEN.is_multiple_of(8) && HEADER_LEN <= 64);
+
+impl SuperblockHead {
+    fn compute_checksum(&self) -> u32 {
+        let mut copy = self.clone();
+        copy.checksum = U32::new(0);
+        crc32fast::hash(copy.as_bytes())
+    }
+}
+
+/// Where everything is in one heap. Derived from the superblock, never trusted before
+/// [`Geometry::from_superblock`] has checked it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub(crate) heap_size: u64,
+    pub(crate) creation_id: u64,
+    pub(crate) span_count: u64,
+    pub(crate) span_table: u64,
+    pub(crate) data_offset: u64,
+}
+
+impl Geometry {
+    /// The geometry of a new heap of `size` bytes.
+    pub(crate) fn for_new(size: u64, creation_id: u64) -> Result<Geometry> {
+        if size < MIN_HEAP_SIZE {
+            return Err(Error::BadSize {
+                size,
+                why: "smaller than the minimum heap (128 KiB)",
+            });
+        }
+        if size > MAX_HEAP_SIZE {
+            return Err(Error::BadSize {
+                size,
+                why: "larger than the maximum heap (64 TiB)",
+            });
+        }
+        if !size.is_multiple_of(crate::persist::PAGE_SIZE) {
+            return Err(Error::BadSize {
+                size,
+                why: "not a multiple of the page size (4096)",
+            });
+        }
+        // Upper bound on spans, then the table that many need, then what really fits.
+        let max_spans = size / SPAN_SIZE;
+        let table_end = SPAN_TABLE_OFFSET.saturating_add(max_spans.saturating_mul(8));
+        let data_offset = table_end.div_ceil(SPAN_SIZE).saturating_mul(SPAN_SIZE);
+        let span_count = size.saturating_sub(data_offset) / SPAN_SIZE;
+        if span_count == 0 {
+            return Err(Error::BadSize {
+                size,
+                why: "leaves no room for a single span",
+            });
+        }
+        Ok(Geometry {
+            heap_size: size,
+            creation_id,
+            span_count,
+            span_table: SPAN_TABLE_OFFSET,
+            data_offset,
+        })
+    }
+
+    /// The superblock head that describes this geometry, checksum included.
+    pub(crate) fn superblock(&self) -> SuperblockHead {
+        let mut head = SuperblockHead {
+            magic: MAGIC,
+            version: U32::new(FORMAT_VERSION),
+            checksum: U32::new(0),
+            heap_size: U64::new(self.heap_size),
+            creation_id: U64::new(self.creation_id),
+            span_size: U64::new(SPAN_SIZE),
+            span_count: U64::new(self.span_count),
+            span_table: U64::new(self.span_table),
+            data_offset: U64::new(self.data_offset),
+        };
+        head.checksum = U32::new(head.compute_checksum());
+        head
+    }
+
+    /// Validates the superblock head read from a file of `file_len` bytes.
+    pub(crate) fn from_superblock(bytes: &[u8], file_len: u64) -> Result<Geometry> {
+        let Ok((head, _)) = SuperblockHead::read_from_prefix(bytes) else {
+            return Err(Error::Truncated {
+                expected: SUPERBLOCK_HEAD_LEN,
+                actual: file_len,
+            });
+        };
+        if head.magic != MAGIC {
+            return Err(Error::BadMagic);
+        }
+        if head.version.get() != FORMAT_VERSION {
+            return Err(Error::FormatVersion {
+                found: head.version.get(),
+                supported: FORMAT_VERSION,
+            });
+        }
+        if head.checksum.get() != head.compute_checksum() {
+            return Err(Error::Corrupted {
+                offset: MAGIC_OFFSET,
+                what: "superblock checksum mismatch",
+            });
+        }
+        let heap_size = head.heap_size.get();
+        if file_len < heap_size {
+            return Err(Error::Truncated {
+                expected: heap_size,
+                actual: file_len,
+            });
+        }
+        let expected =
+            Geometry::for_new(heap_size, head.creation_id.get()).map_err(|_| Error::Corrupted {
+                offset: MAGIC_OFFSET,
+                what: "superblock describes an impossible heap size",
+            })?;
+        let stored = Geometry {
+            heap_size,
+            creation_id: head.creation_id.get(),
+            span_count: head.span_count.get(),
+            span_table: head.span_table.get(),
+            data_offset: head.data_offset.get(),
+        };
+        if stored != expected || head.span_size.get() != SPAN_SIZE {
+            return Err(Error::Corrupted {
+                offset: MAGIC_OFFSET,
+                what: "superblock geometry does not match its heap size",
+            });
+        }
+        Ok(stored)
+    }
+
+    /// The heap offset where span `index` starts.
+    pub(crate) fn span_start(&self, index: u64) -> u64 {
+        debug_assert!(index < self.span_count);
+        self.data_offset
+            .saturating_add(index.saturating_mul(SPAN_SIZE))
+    }
+
+    /// The span holding heap offset `offset`, if it is in the data area.
+    pub(crate) fn span_of(&self, offset: u64) -> Option<u64> {
+        let rel = offset.checked_sub(self.data_offset)?;
+        let index = rel / SPAN_SIZE;
+        (index < self.span_count).then_some(index)
+    }
+
+    /// The offset of span `index`'s table entry.
+    pub(crate) fn span_entry_offset(&self, index: u64) -> u64 {
+        self.span_table.saturating_add(index.saturating_mul(8))
+    }
+}
+
+/// What a span table entry says about a span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SpanEntry {
+    /// Not carved.
+    Free,
+    /// Carved into blocks of size class `class`.
+    Class(u8),
+    /// The first of `extent` spans holding one large block.
+    Large(u32),
+}
+
+const SPAN_KIND_CLASS: u64 = 1;
+const SPAN_KIND_LARGE: u64 = 2;
+
+fn span_check(index: u64, creation_id: u64, upper: u64) -> u64 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&index.to_le_bytes());
+    h.update(&creation_id.to_le_bytes());
+    h.update(&upper.to_le_bytes());
+    u64::from(h.finalize() & 0xFFFF)
+}
+
+impl SpanEntry {
+    pub(crate) fn encode(self, index: u64, creation_id: u64) -> u64 {
+        let upper = match self {
+            SpanEntry::Free => return 0,
+            SpanEntry::Class(class) => {
+                (1u64 << 32) | (SPAN_KIND_CLASS << 24) | (u64::from(class) << 16)
+            }
+            SpanEntry::Large(extent) => (u64::from(extent) << 32) | (SPAN_KIND_LARGE << 24),
+        };
+        upper | span_check(index, creation_id, upper)
+    }
+
+    pub(crate) fn decode(word: u64, index: u64, creation_id: u64) -> Option<SpanEntry> {
+        if word == 0 {
+            return Some(SpanEntry::Free);
+        }
+        let upper = word & !0xFFFF;
+        if word & 0xFFFF != span_check(index, creation_id, upper) {
+            return None;
+        }
+        let extent = (word >> 32) as u32;
+        match (word >> 24) & 0xFF {
+            SPAN_KIND_CLASS if extent == 1 => Some(SpanEntry::Class(((word >> 16) & 0xFF) as u8)),
+            SPAN_KIND_LARGE if extent >= 1 => Some(SpanEntry::Large(extent)),
+            _ => None,
+        }
+    }
+}
+
+/// The fields of a block header besides its validity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawHeader {
+    pub(crate) kind: u8,
+    pub(crate) epoch: u64,
+    pub(crate) uid: u64,
+    pub(crate) type_id: u64,
+    pub(crate) owner: u32,
+    pub(crate) len: u32,
+}
+
+impl RawHeader {
+    /// The four words after `meta`, in order.
+    pub(crate) fn body_words(&self) -> [u64; 4] {
+        [
+            self.epoch,
+            self.uid,
+            self.type_id,
+            u64::from(self.owner) | (u64::from(self.len) << 32),
+        ]
+    }
+
+    /// The meta word that makes this header valid for a block at `offset`.
+    pub(crate) fn meta(&self, offset: u64, creation_id: u64) -> u64 {
+        let upper = (HEADER_TAG << 48) | (u64::from(self.kind) << 40);
+        upper | u64::from(header_crc(offset, creation_id, upper, &self.body_words()))
+    }
+
+    /// Decodes a header from its five words, or `None` if it is not a valid header for a
+    /// block at `offset` (free, torn, stale or garbage).
+    pub(crate) fn decode(words: [u64; 5], offset: u64, creation_id: u64) -> Option<RawHeader> {
+        let [meta, epoch, uid, type_id, owner_len] = words;
+        if meta >> 48 != HEADER_TAG {
+            return None;
+        }
+        let upper = meta & !0xFFFF_FFFF;
+        let body = [epoch, uid, type_id, owner_len];
+        if meta & 0xFFFF_FFFF != u64::from(header_crc(offset, creation_id, upper, &body)) {
+            return None;
+        }
+        Some(RawHeader {
+            kind: ((meta >> 40) & 0xFF) as u8,
+            epoch,
+            uid,
+            type_id,
+            owner: (owner_len & 0xFFFF_FFFF) as u32,
+            len: (owner_len >> 32) as u32,
+        })
+    }
+}
+
+fn header_crc(offset: u64, creation_id: u64, upper: u64, body: &[u64; 4]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&offset.to_le_bytes());
+    h.update(&creation_id.to_le_bytes());
+    h.update(&upper.to_le_bytes());
+    for word in body {
+        h.update(&word.to_le_bytes());
+    }
+    h.finalize()
+}
+
+/// The valid word of directory entry `index` holding `name_and_owner` (bytes 0x00..0x38).
+pub(crate) fn directory_valid_word(index: u64, creation_id: u64, entry: &[u8]) -> u64 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&index.to_le_bytes());
+    h.update(&creation_id.to_le_bytes());
+    h.update(entry);
+    (DIR_TAG << 32) | u64::from(h.finalize())
+}
+
+/// The offset of directory entry `index`.
+pub(crate) fn directory_entry_offset(index: u64) -> u64 {
+    DIRECTORY_OFFSET.saturating_add(index.saturating_mul(DIR_ENTRY_LEN))
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn geometry_of_minimum_heap_has_one_span() {
+        let g = Geometry::for_new(MIN_HEAP_SIZE, 7).unwrap();
+        assert_eq!(g.span_count, 1);
+        assert_eq!(g.data_offset, SPAN_SIZE);
+        assert!(Geometry::for_new(MIN_HEAP_SIZE - 4096, 7).is_err());
+        assert!(Geometry::for_new(MIN_HEAP_SIZE + 1, 7).is_err());
+        assert!(Geometry::for_new(MAX_HEAP_SIZE + 4096, 7).is_err());
+    }
+
+    #[test]
+    fn superblock_round_trips_and_detects_flips() {
+        let g = Geometry::for_new(64 << 20, 0xABCD).unwrap();
+        let head = g.superblock();
+        let bytes = head.as_bytes().to_vec();
+        assert_eq!(Geometry::from_superblock(&bytes, 64 << 20).unwrap(), g);
+        for bit in 0..(SUPERBLOCK_HEAD_LEN as usize * 8) {
+            let mut flipped = bytes.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                Geometry::from_superblock(&flipped, 64 << 20).is_err(),
+                "bit {bit}"
+            );
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn geometry_fits_inside_the_heap(pages in 32u64..100_000) {
+            let size = pages * 4096;
+            let g = Geometry::for_new(size, 1).unwrap();
+            prop_assert!(g.span_table + 8 * g.span_count <= g.data_offset);
+            prop_assert!(g.data_offset + g.span_count * SPAN_SIZE <= size);
+            prop_assert!(g.data_offset.is_multiple_of(SPAN_SIZE));
+        }
+
+        #[test]
+        fn headers_round_trip_and_reject_any_changed_word(
+            kind in 1u8..4, epoch: u64, uid: u64, type_id: u64, owner: u32, len: u32,
+            which in 0usize..5, flip in 1u64..,
+        ) {
+            let h = RawHeader { kind, epoch, uid, type_id, owner, len };
+            let body = h.body_words();
+            let words = [h.meta(4096, 9), body[0], body[1], body[2], body[3]];
+            prop_assert_eq!(RawHeader::decode(words, 4096, 9), Some(h));
+            prop_assert_eq!(RawHeader::decode(words, 4160, 9), None);
+            prop_assert_eq!(RawHeader::decode(words, 4096, 10), None);
+            let mut torn = words;
+            torn[which] ^= flip;
+            prop_assert_eq!(RawHeader::decode(torn, 4096, 9), None);
+        }
+
+        #[test]
+        fn span_entries_round_trip(class in 0u8..64, extent in 1u32..10_000, index in 0u64..1_000_000) {
+            for entry in [SpanEntry::Class(class), SpanEntry::Large(extent), SpanEntry::Free] {
+                let word = entry.encode(index, 3);
+                prop_assert_eq!(SpanEntry::decode(word, index, 3), Some(entry));
+                if entry != SpanEntry::Free {
+                    prop_assert_eq!(SpanEntry::decode(word, index + 1, 3), None);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Establishes and tears down the memory mappings a heap lives in: a shared file mapping
+//! (`MAP_SYNC` first where persistent memory is wanted, plain `MAP_SHARED` otherwise) or
+//! anonymous memory. This and `region.rs` are the only producers of pointers into a heap.
+
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the one place that maps
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+
+/// One mapping of a heap's bytes. Dropping it unmaps them.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// A `memmap2` mapping (file or anonymous), accessed through raw pointers only.
+    Raw(memmap2::MmapRaw),
+    /// A `MAP_SHARED_VALIDATE | MAP_SYNC` mapping of a DAX file, made with libc because
+    /// memmap2 has no flag for it.
+    Sync { ptr: NonNull<u8>, len: usize },
+}
+
+// SAFETY: the mapping is a plain range of process memory; nothing about it is tied to the
+// thread that created it. All accesses go through `Region`, whose invariants make them sound.
+unsafe impl Send for Kind {}
+// SAFETY: as above; shared access is through raw pointers and atomics only (STYLE 3.4.6).
+unsafe impl Sync for Kind {}
+
+impl Mapping {
+    /// Maps `len` bytes of `file` shared. With `want_sync`, tries `MAP_SYNC` first (so CPU
+    /// flushes reach the media without `msync`), falling back to a plain shared mapping when
+    /// the file system is not DAX.
+    pub(crate) fn file(file: &File, len: usize, want_sync: bool) -> io::Result<Mapping> {
+        if want_sync && let Some(mapping) = Self::try_map_sync(file, len)? {
+            return Ok(mapping);
+        }
+        let raw = memmap2::MmapOptions::new().len(len).map_raw(file)?;
+        Ok(Mapping {
+            kind: Kind::Raw(raw),
+        })
+    }
+
+    /// Maps `len` bytes of zeroed anonymous memory.
+    pub(crate) fn anonymous(len: usize) -> io::Result<Mapping> {
+        let anon = memmap2::MmapOptions::new().len(len).map_anon()?;
+        Ok(Mapping {
+            kind: Kind::Raw(memmap2::MmapRaw::from(anon)),
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    fn try_map_sync(file: &File, len: usize) -> io::Result<Option<Mapping>> {
+        // SAFETY:
+        // - a null hint lets the kernel choose the address, so no existing mapping is replaced;
+        // - `len` is the file's length, checked by the caller, and the fd is open read-write;
+        // - the result is checked against MAP_FAILED before it is used.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let err = io::Error::last_os_error();
+            // EOPNOTSUPP: not a DAX file system; EINVAL: a kernel without MAP_SYNC.
+            return match err.raw_os_error() {
+                Some(libc::EOPNOTSUPP | libc::EINVAL) => Ok(None),
+                _ => Err(err),
+            };
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("null mapping"))?;
+        Ok(Some(Mapping {
+            kind: Kind::Sync { ptr, len },
+        }))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn try_map_sync(_file: &File, _len: usize) -> io::Result<Option<Mapping>> {
+        Ok(None)
+    }
+
+    /// The first byte of the mapping.
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        match &self.kind {
+            Kind::Raw(raw) => NonNull::new(raw.as_mut_ptr()).unwrap_or(NonNull::dangling()),
+            Kind::Sync { ptr, .. } => *ptr,
+        }
+    }
+
+    /// The mapping's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        match &self.kind {
+            Kind::Raw(raw) => raw.len(),
+            Kind::Sync { len, .. } => *len,
+        }
+    }
+
+    /// Whether CPU cache flushes reach the media directly (`MAP_SYNC` on a DAX file).
+    pub(crate) fn is_dax(&self) -> bool {
+        matches!(self.kind, Kind::Sync { .. })
+    }
+
+    /// Writes back `len` bytes at `offset` to the file with `msync(MS_SYNC)`.
+    pub(crate) fn msync(&self, offset: usize, len: usize) -> io::Result<()> {
+        match &self.kind {
+            Kind::Raw(raw) => raw.flush_range(offset, len),
+            Kind::Sync { ptr, len: map_len } => {
+                let end = offset.checked_add(len).filter(|end| end <= map_len);
+                let Some(end) = end else {
+                    return Err(io::Error::from(io::ErrorKind::InvalidInput));
+                };
+                let page = page_size();
+                let start = offset - offset % page;
+                // SAFETY:
+                // - `start <= offset <= end <= map_len`, checked above, so the range lies
+                //   inside this live mapping and `add` stays in bounds;
+                let addr = unsafe { ptr.as_ptr().add(start) };
+                // SAFETY:
+                // - `addr` is page-aligned and `[addr, addr + (end - start))` lies inside this
+                //   mapping (checked above); msync only writes back, it never changes memory.
+                let rc = unsafe { libc::msync(addr.cast(), end - start, libc::MS_SYNC) };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Kind::Sync { ptr, len } = self.kind {
+            // SAFETY: `ptr`/`len` are exactly what mmap returned; after drop no pointer into
+            // the mapping is used, because `Region` (its only user) owns this `Mapping`.
+            let _ = unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096)
+}

@@ -1,0 +1,782 @@
+//! `Heap`: create, open (with recovery), allocate, read, write, free, name structures, and
+//! close. The one public entry point to a persistent heap.
+
+pub(crate) mod layout;
+#[allow(unsafe_code)]
+pub(crate) mod mapping;
+#[allow(unsafe_code)]
+pub(crate) mod region;
+
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use zerocopy::IntoBytes;
+
+use crate::alloc::block::{BlockInfo, BlockSpec, OwnerId, PBlock};
+use crate::alloc::{AllocStats, Allocator, FreeState};
+use crate::config::{BackendKind, HeapConfig, Location};
+use crate::error::{Error, Result};
+use crate::persist::sim::{CrashImage, Simulator};
+use crate::persist::{Backend, Media};
+use crate::recovery::scan::{self, UnitVisit};
+use crate::recovery::{self, BlockView, RecoveryReport, Verdict};
+use layout::{
+    CLEAN_SHUTDOWN_OFFSET, DIR_ENTRY_LEN, DIR_OWNER_OFFSET, DIR_VALID_OFFSET, DIRECTORY_CAPACITY,
+    EPOCH_OFFSET, Geometry, HEADER_LEN, MAGIC_OFFSET, NAME_MAX, SUPERBLOCK_HEAD_LEN,
+    directory_entry_offset, directory_valid_word,
+};
+use mapping::Mapping;
+use region::Region;
+
+/// The epoch a new heap starts in.
+pub const INITIAL_EPOCH: u64 = 1;
+
+/// Which blocks a [`Heap::scan`] visits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanFilter {
+    /// Only blocks of this owner.
+    pub owner: Option<OwnerId>,
+    /// Only blocks of this type id.
+    pub type_id: Option<u64>,
+}
+
+impl ScanFilter {
+    /// Every valid block.
+    pub fn all() -> ScanFilter {
+        ScanFilter::default()
+    }
+
+    /// Only blocks of `owner`.
+    #[must_use]
+    pub fn owner(mut self, owner: OwnerId) -> ScanFilter {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Only blocks of `type_id`.
+    #[must_use]
+    pub fn type_id(mut self, type_id: u64) -> ScanFilter {
+        self.type_id = Some(type_id);
+        self
+    }
+
+    fn matches(&self, info: &BlockInfo) -> bool {
+        self.owner.is_none_or(|o| o == info.spec.owner)
+            && self.type_id.is_none_or(|t| t == info.spec.type_id)
+    }
+}
+
+/// Where an opened heap's bytes came from.
+enum Source<'a> {
+    File(&'a Path),
+    Image(Vec<u8>),
+}
+
+/// A persistent heap: a mapped file (or, for tests, memory) holding payload blocks.
+///
+/// A heap is `Send + Sync`; share it between threads by reference or in an `Arc`. It holds an
+/// exclusive `flock` on its file while open: a second open, from this process or another,
+/// fails with [`Error::Locked`].
+///
+/// ```
+/// use montage_core::{BlockSpec, Heap, HeapConfig, ScanFilter};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("doc.heap");
+/// let heap = Heap::create(&HeapConfig::new(&path).size(4 << 20))?;
+/// let block = heap.alloc_bytes(BlockSpec::new(1, 42), b"hello")?;
+/// heap.persist_block(block)?;
+/// heap.close()?;
+///
+/// let heap = Heap::open(&HeapConfig::new(&path))?;
+/// let found = heap.collect(ScanFilter::all())?;
+/// assert_eq!(found.len(), 1);
+/// assert_eq!(heap.read_payload(found[0].block)?, b"hello");
+/// # Ok::<(), montage_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Heap {
+    media: Media,
+    geometry: Geometry,
+    alloc: Allocator,
+    directory: Mutex<Vec<Option<String>>>,
+    report: RecoveryReport,
+    backend: BackendKind,
+    closed: bool,
+    /// Holds the `flock`; dropped after `media`, so the file is unmapped before it unlocks.
+    file: Option<(File, PathBuf)>,
+}
+
+impl Heap {
+    /// Creates a new heap as `config` describes. A file heap is created at the configured
+    /// path, which must not exist yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyExists`] if the file exists (it is left untouched), [`Error::BadSize`]
+    /// for a size that cannot hold a heap, [`Error::Io`] if the file cannot be created or
+    /// sized, [`Error::InvalidConfig`] for an inconsistent configuration.
+    pub fn create(config: &HeapConfig) -> Result<Heap> {
+        config.validate()?;
+        let creation_id = random_id();
+        let geometry = Geometry::for_new(config.size, creation_id)?;
+        let len = usize::try_from(geometry.heap_size).map_err(|_| Error::BadSize {
+            size: geometry.heap_size,
+            why: "larger than the address space",
+        })?;
+        let (mapping, file) = match &config.location {
+            Location::File(path) => {
+                let file = match OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        return Err(Error::AlreadyExists { path: path.clone() });
+                    }
+                    Err(e) => return Err(Error::io("create", path, e)),
+                };
+                let made = lock_file(&file, path)
+                    .and_then(|()| {
+                        file.set_len(geometry.heap_size)
+                            .map_err(|e| Error::io("set_len", path, e))
+                    })
+                    .and_then(|()| {
+                        Mapping::file(&file, len, wants_map_sync(config.backend))
+                            .map_err(|e| Error::io("mmap", path, e))
+                    });
+                match made {
+                    Ok(mapping) => (mapping, Some((file, path.clone()))),
+                    Err(err) => {
+                        // We made this file a moment ago and it holds nothing yet.
+                        drop(file);
+                        let _ = std::fs::remove_file(path);
+                        return Err(err);
+                    }
+                }
+            }
+            Location::Memory => (
+                Mapping::anonymous(len).map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?,
+                None,
+            ),
+        };
+        let region = Region::new(mapping);
+        let backend = Backend::new(config, || vec![0u8; len])?;
+        let media = Media::new(region, backend);
+        format(&media, &geometry)?;
+        let free = FreeState {
+            free_spans: (0..geometry.span_count).collect(),
+            ..FreeState::new(geometry.span_count)
+        };
+        Ok(Heap {
+            alloc: Allocator::new(geometry, config.thread_slots, free),
+            media,
+            geometry,
+            directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
+            report: RecoveryReport {
+                clean_shutdown: true,
+                ..RecoveryReport::default()
+            },
+            backend: config.backend,
+            closed: false,
+            file,
+        })
+    }
+
+    /// Opens an existing heap file and recovers it, keeping every valid block.
+    ///
+    /// # Errors
+    ///
+    /// See [`open_with`](Self::open_with).
+    pub fn open(config: &HeapConfig) -> Result<Heap> {
+        Self::open_with(config, |_| Verdict::Keep)
+    }
+
+    /// Opens an existing heap file and recovers it, asking `decide` about every valid block.
+    /// Dropped blocks are durably invalidated and freed before this returns.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Locked`] if the heap is open elsewhere; [`Error::BadMagic`],
+    /// [`Error::FormatVersion`], [`Error::Truncated`] or [`Error::Corrupted`] if the file is
+    /// not a heap this build can read (the file is left untouched); [`Error::Io`] if it
+    /// cannot be opened or mapped.
+    pub fn open_with(
+        config: &HeapConfig,
+        decide: impl Fn(&BlockView<'_>) -> Verdict + Sync,
+    ) -> Result<Heap> {
+        config.validate()?;
+        match &config.location {
+            Location::File(path) => Self::open_source(config, Source::File(path), &decide),
+            Location::Memory => Err(Error::InvalidConfig {
+                what: "an in-memory heap cannot be opened; use open_image",
+            }),
+        }
+    }
+
+    /// Opens a heap from a crash image (or any saved heap bytes) into memory, on the
+    /// configured in-memory backend (usually the simulator, so recovery can itself be
+    /// crashed), and recovers it keeping every valid block.
+    ///
+    /// # Errors
+    ///
+    /// As [`open_with`](Self::open_with), for the image's contents.
+    pub fn open_image(image: CrashImage, config: &HeapConfig) -> Result<Heap> {
+        Self::open_image_with(image, config, |_| Verdict::Keep)
+    }
+
+    /// [`open_image`](Self::open_image) with a recovery decision.
+    ///
+    /// # Errors
+    ///
+    /// As [`open_with`](Self::open_with), for the image's contents.
+    pub fn open_image_with(
+        image: CrashImage,
+        config: &HeapConfig,
+        decide: impl Fn(&BlockView<'_>) -> Verdict + Sync,
+    ) -> Result<Heap> {
+        config.validate()?;
+        if config.location != Location::Memory {
+            return Err(Error::InvalidConfig {
+                what: "open_image needs an in-memory configuration",
+            });
+        }
+        Self::open_source(config, Source::Image(image.into_bytes()), &decide)
+    }
+
+    fn open_source(
+        config: &HeapConfig,
+        source: Source<'_>,
+        decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
+    ) -> Result<Heap> {
+        let (geometry, mapping, file, initial) = match source {
+            Source::File(path) => {
+                let mut file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| Error::io("open", path, e))?;
+                lock_file(&file, path)?;
+                let file_len = file
+                    .metadata()
+                    .map_err(|e| Error::io("stat", path, e))?
+                    .len();
+                let mut head = Vec::with_capacity(SUPERBLOCK_HEAD_LEN as usize);
+                (&mut file)
+                    .take(SUPERBLOCK_HEAD_LEN)
+                    .read_to_end(&mut head)
+                    .map_err(|e| Error::io("read", path, e))?;
+                let geometry = Geometry::from_superblock(&head, file_len)?;
+                let len = usize::try_from(geometry.heap_size).map_err(|_| Error::BadSize {
+                    size: geometry.heap_size,
+                    why: "larger than the address space",
+                })?;
+                let mapping = Mapping::file(&file, len, wants_map_sync(config.backend))
+                    .map_err(|e| Error::io("mmap", path, e))?;
+                (geometry, mapping, Some((file, path.to_path_buf())), None)
+            }
+            Source::Image(bytes) => {
+                let geometry = Geometry::from_superblock(&bytes, bytes.len() as u64)?;
+                let mapping = Mapping::anonymous(bytes.len())
+                    .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?;
+                (geometry, mapping, None, Some(bytes))
+            }
+        };
+        let region = Region::new(mapping);
+        if let Some(bytes) = &initial {
+            // Loading the image is not a store the simulator should see: it is the durable
+            // state the simulator starts from.
+            region.write(0, bytes)?;
+        }
+        let backend = Backend::new(config, || initial.unwrap_or_default())?;
+        let media = Media::new(region, backend);
+
+        // PERSIST: INV-REC-1: recovery decides on the durable image, so whatever a crashed
+        // process left dirty in the mapping is written back first.
+        media.persist(0, geometry.heap_size)?;
+        let clean = media.load(CLEAN_SHUTDOWN_OFFSET)? == 1;
+        let (free, mut report) =
+            recovery::recover(&media, &geometry, config.recovery_threads, decide)?;
+        report.clean_shutdown = clean;
+        let directory = read_directory(&media, &geometry)?;
+        media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
+        // PERSIST: the heap is marked open (not cleanly shut down) before it is used.
+        media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
+        Ok(Heap {
+            alloc: Allocator::new(geometry, config.thread_slots, free),
+            media,
+            geometry,
+            directory: Mutex::new(directory),
+            report,
+            backend: config.backend,
+            closed: false,
+            file,
+        })
+    }
+
+    /// What recovery found when this heap was opened (all zero for a new heap).
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// The heap file, for a file heap.
+    pub fn path(&self) -> Option<&Path> {
+        self.file.as_ref().map(|(_, path)| path.as_path())
+    }
+
+    /// The heap's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.geometry.heap_size
+    }
+
+    /// The random id chosen when the heap was created.
+    pub fn creation_id(&self) -> u64 {
+        self.geometry.creation_id
+    }
+
+    /// The backend this heap was opened with.
+    pub fn backend(&self) -> BackendKind {
+        self.backend
+    }
+
+    /// Whether the heap is mapped with `MAP_SYNC` on a DAX file system, so that cache-line
+    /// write-back reaches the media without `msync`.
+    pub fn is_dax(&self) -> bool {
+        self.media.region().mapping().is_dax()
+    }
+
+    /// The power-failure simulator, if this heap runs on [`BackendKind::Simulated`].
+    pub fn simulator(&self) -> Option<Arc<Simulator>> {
+        self.media.simulator().cloned()
+    }
+
+    /// The epoch word as stored in the heap.
+    ///
+    /// # Errors
+    ///
+    /// Only if the heap cannot be read, which a validated heap never causes.
+    pub fn stored_epoch(&self) -> Result<u64> {
+        self.media.load(EPOCH_OFFSET)
+    }
+
+    /// Space statistics.
+    pub fn stats(&self) -> AllocStats {
+        self.alloc.stats()
+    }
+
+    // ---- named structures ------------------------------------------------------------
+
+    /// The owner id of the structure called `name`, registering it if it is new. The
+    /// registration is durable when this returns.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadName`] for an empty or over-long name (or one containing NUL bytes),
+    /// [`Error::DirectoryFull`] when every slot is taken.
+    pub fn register(&self, name: &str) -> Result<OwnerId> {
+        check_name(name)?;
+        let mut dir = self
+            .directory
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(index) = dir.iter().position(|n| n.as_deref() == Some(name)) {
+            return Ok(owner_of(index));
+        }
+        let index = dir
+            .iter()
+            .position(Option::is_none)
+            .ok_or(Error::DirectoryFull {
+                capacity: DIRECTORY_CAPACITY,
+            })?;
+        let owner = owner_of(index);
+        let mut entry = [0u8; DIR_VALID_OFFSET as usize];
+        entry[..name.len()].copy_from_slice(name.as_bytes());
+        entry[DIR_OWNER_OFFSET as usize..DIR_OWNER_OFFSET as usize + 8]
+            .copy_from_slice(&u64::from(owner.0).to_le_bytes());
+        let at = directory_entry_offset(index as u64);
+        self.media.write(at, &entry)?;
+        let valid = directory_valid_word(index as u64, self.geometry.creation_id, &entry);
+        self.media.store(at + DIR_VALID_OFFSET, valid)?;
+        // PERSIST: the name is durable before its owner id is handed out.
+        self.media.persist(at, DIR_ENTRY_LEN)?;
+        dir[index] = Some(name.to_owned());
+        Ok(owner)
+    }
+
+    /// The owner id of the structure called `name`, if it is registered.
+    pub fn lookup(&self, name: &str) -> Option<OwnerId> {
+        let dir = self
+            .directory
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        dir.iter()
+            .position(|n| n.as_deref() == Some(name))
+            .map(owner_of)
+    }
+
+    /// Every registered structure, with its owner id.
+    pub fn structures(&self) -> Vec<(String, OwnerId)> {
+        let dir = self
+            .directory
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        dir.iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.clone().map(|n| (n, owner_of(i))))
+            .collect()
+    }
+
+    // ---- blocks ----------------------------------------------------------------------
+
+    /// Allocates a block for `len` payload bytes with the header `spec`. The payload starts
+    /// out with whatever the block held before; nothing is durable until
+    /// [`persist_block`](Self::persist_block) or a flush and fence cover it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfSpace`] when the heap cannot fit the block; [`Error::Poisoned`] after a
+    /// failed write-back.
+    pub fn alloc(&self, spec: BlockSpec, len: u64) -> Result<PBlock> {
+        self.alloc.alloc(&self.media, spec, len)
+    }
+
+    /// Allocates a block holding `bytes`.
+    ///
+    /// # Errors
+    ///
+    /// As [`alloc`](Self::alloc).
+    pub fn alloc_bytes(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
+        let block = self.alloc(spec, bytes.len() as u64)?;
+        self.media.write(block.payload_offset(), bytes)?;
+        Ok(block)
+    }
+
+    /// Frees `block`. Its header is invalidated at once; the block is reused only after the
+    /// invalidation is durable, so a crash can never bring its old contents back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`] if `block` is not a live block (a double free).
+    pub fn free(&self, block: PBlock) -> Result<()> {
+        self.alloc.free(&self.media, block)
+    }
+
+    /// The handle of the live block whose header is at `offset` (for handles stored as
+    /// plain offsets, for example inside other payloads).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`] unless a live block starts at `offset`.
+    pub fn block_at(&self, offset: u64) -> Result<PBlock> {
+        let block = PBlock(offset);
+        self.info(block).map(|_| block)
+    }
+
+    /// The header of a live block.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`] if `block` is not a live block of this heap.
+    pub fn info(&self, block: PBlock) -> Result<BlockInfo> {
+        self.alloc.header(&self.media, block)
+    }
+
+    /// Writes `bytes` into `block`'s payload at byte `at`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfBounds`] if the range leaves the block's capacity;
+    /// [`Error::InvalidBlock`] if `block` is not a block of this heap.
+    pub fn write(&self, block: PBlock, at: u64, bytes: &[u8]) -> Result<()> {
+        let offset = self.payload_range(block, at, bytes.len() as u64)?;
+        self.media.write(offset, bytes)
+    }
+
+    /// Reads `buf.len()` bytes of `block`'s payload from byte `at`.
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write).
+    pub fn read(&self, block: PBlock, at: u64, buf: &mut [u8]) -> Result<()> {
+        let offset = self.payload_range(block, at, buf.len() as u64)?;
+        self.media.read(offset, buf)
+    }
+
+    /// The payload of a live block (its recorded length).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`] if `block` is not a live block.
+    pub fn read_payload(&self, block: PBlock) -> Result<Vec<u8>> {
+        let info = self.info(block)?;
+        let mut buf = vec![0u8; info.len as usize];
+        self.media.read(block.payload_offset(), &mut buf)?;
+        Ok(buf)
+    }
+
+    fn payload_range(&self, block: PBlock, at: u64, len: u64) -> Result<u64> {
+        let capacity = self.alloc.capacity(block)?;
+        if at.checked_add(len).is_none_or(|end| end > capacity) {
+            return Err(Error::OutOfBounds { offset: at, len });
+        }
+        Ok(block.payload_offset() + at)
+    }
+
+    /// Starts writing back `block`'s header and payload; durable after this thread's next
+    /// [`fence`](Self::fence).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`] for a handle that is not a block of this heap;
+    /// [`Error::Poisoned`] after a failed write-back.
+    pub fn flush_block(&self, block: PBlock) -> Result<()> {
+        let info = self.info(block)?;
+        // PERSIST: header and payload start their write-back; the caller's fence completes it.
+        self.media
+            .flush(block.offset(), HEADER_LEN + u64::from(info.len))
+    }
+
+    /// Waits until everything this thread flushed is durable.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WriteBack`] if `msync` fails (the heap is poisoned from then on), or
+    /// [`Error::Poisoned`] after an earlier failure.
+    pub fn fence(&self) -> Result<()> {
+        // PERSIST: completes this thread's earlier flushes.
+        self.media.fence()
+    }
+
+    /// Makes `block`'s header and payload durable.
+    ///
+    /// # Errors
+    ///
+    /// As [`flush_block`](Self::flush_block) and [`fence`](Self::fence).
+    pub fn persist_block(&self, block: PBlock) -> Result<()> {
+        // PERSIST: the block is durable when the fence returns.
+        self.flush_block(block)?;
+        self.fence()
+    }
+
+    // ---- scanning --------------------------------------------------------------------
+
+    /// Visits every valid block matching `filter`, in parallel over the heap's spans. Blocks
+    /// allocated or freed while the scan runs may or may not be seen. Returns how many blocks
+    /// were visited.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupted`] if the span table is damaged; any error `visit` returns.
+    pub fn scan(
+        &self,
+        filter: ScanFilter,
+        threads: usize,
+        visit: impl Fn(&BlockView<'_>) -> Result<()> + Sync,
+    ) -> Result<u64> {
+        let units = scan::read_span_table(&self.media, &self.geometry)?;
+        let progress = std::sync::atomic::AtomicU64::new(0);
+        let work = |unit: UnitVisit<'_>| -> Result<u64> {
+            let mut seen = 0;
+            for view in unit.blocks.iter().filter_map(|(_, v)| v.as_ref()) {
+                if filter.matches(view.info()) {
+                    visit(view)?;
+                    seen += 1;
+                }
+            }
+            Ok(seen)
+        };
+        let counts = scan::scan(
+            &self.media,
+            &self.geometry,
+            &units,
+            threads,
+            &progress,
+            &work,
+            &|| Ok(()),
+        )?;
+        Ok(counts.into_iter().sum())
+    }
+
+    /// The headers of every valid block matching `filter`, in heap order.
+    ///
+    /// # Errors
+    ///
+    /// As [`scan`](Self::scan).
+    pub fn collect(&self, filter: ScanFilter) -> Result<Vec<BlockInfo>> {
+        let found = Mutex::new(Vec::new());
+        self.scan(filter, 1, |view| {
+            found
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(*view.info());
+            Ok(())
+        })?;
+        let mut found = found.into_inner().unwrap_or_else(PoisonError::into_inner);
+        found.sort_unstable_by_key(|info| info.block);
+        Ok(found)
+    }
+
+    // ---- shutdown --------------------------------------------------------------------
+
+    /// Closes the heap cleanly: pending frees are made durable, the clean-shutdown flag is
+    /// set and written back, and the file lock is released.
+    ///
+    /// # Errors
+    ///
+    /// Any write-back failure; the heap is then not marked clean, and its next open runs a
+    /// full recovery as after a crash.
+    pub fn close(mut self) -> Result<()> {
+        self.closed = true;
+        self.shutdown()
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        self.alloc.drain_all(&self.media)?;
+        self.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
+        // PERSIST: the clean flag is the last thing written; everything before it is durable
+        // by the drains above and by the callers' own persists.
+        self.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn media(&self) -> &Media {
+        &self.media
+    }
+}
+
+impl Drop for Heap {
+    fn drop(&mut self) {
+        if !self.closed {
+            // Best effort, as a file's Drop: errors cannot be reported from here. Call
+            // `close` to see them; a heap dropped after a failure recovers like after a crash.
+            let _ = self.shutdown();
+        }
+    }
+}
+
+fn owner_of(index: usize) -> OwnerId {
+    OwnerId(u32::try_from(index + 1).unwrap_or(u32::MAX))
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > NAME_MAX || name.as_bytes().contains(&0) {
+        return Err(Error::BadName {
+            len: name.len(),
+            max: NAME_MAX,
+        });
+    }
+    Ok(())
+}
+
+fn wants_map_sync(backend: BackendKind) -> bool {
+    matches!(backend, BackendKind::Pmem | BackendKind::Eadr)
+}
+
+fn lock_file(file: &File, path: &Path) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked {
+            path: path.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io("flock", path, e)),
+    }
+}
+
+fn random_id() -> u64 {
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+/// Writes a new heap's superblock. The magic goes last, so a crash while formatting leaves
+/// a file that open rejects as "not a heap" rather than a half-made heap.
+fn format(media: &Media, geometry: &Geometry) -> Result<()> {
+    let head = geometry.superblock();
+    let bytes = head.as_bytes();
+    media.write(8, &bytes[8..])?;
+    media.store(EPOCH_OFFSET, INITIAL_EPOCH)?;
+    media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
+    // PERSIST: every superblock field is durable before the magic that makes it a heap.
+    media.persist(0, geometry.data_offset)?;
+    media.write(MAGIC_OFFSET, &bytes[..8])?;
+    // PERSIST: the heap exists once the magic is durable.
+    media.persist(MAGIC_OFFSET, 8)
+}
+
+fn read_directory(media: &Media, geometry: &Geometry) -> Result<Vec<Option<String>>> {
+    let mut names = Vec::with_capacity(DIRECTORY_CAPACITY);
+    for index in 0..DIRECTORY_CAPACITY as u64 {
+        let at = directory_entry_offset(index);
+        let valid = media.load(at + DIR_VALID_OFFSET)?;
+        if valid == 0 {
+            names.push(None);
+            continue;
+        }
+        let mut entry = [0u8; DIR_VALID_OFFSET as usize];
+        media.read(at, &mut entry)?;
+        let name_bytes = &entry[..NAME_MAX];
+        let end = name_bytes.iter().position(|&b| b == 0).unwrap_or(NAME_MAX);
+        let owner = u64::from_le_bytes(
+            entry[DIR_OWNER_OFFSET as usize..DIR_OWNER_OFFSET as usize + 8]
+                .try_into()
+                .unwrap_or([0; 8]),
+        );
+        let name = std::str::from_utf8(&name_bytes[..end]).ok();
+        let intact = valid == directory_valid_word(index, geometry.creation_id, &entry)
+            && owner == index + 1
+            && name.is_some_and(|n| !n.is_empty());
+        if let (true, Some(name)) = (intact, name) {
+            names.push(Some(name.to_owned()));
+        } else {
+            // A registration torn by a crash never returned its id to anyone: clear it.
+            media.store(at + DIR_VALID_OFFSET, 0)?;
+            // PERSIST: the cleared entry is durable before the slot is reused.
+            media.persist(at + DIR_VALID_OFFSET, 8)?;
+            names.push(None);
+        }
+    }
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+
+    #[test]
+    fn a_failed_msync_poisons_every_later_write_and_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = HeapConfig::new(dir.path().join("poison.heap")).size(1 << 20);
+        let heap = Heap::create(&config).unwrap();
+        let block = heap.alloc_bytes(BlockSpec::new(1, 1), b"before").unwrap();
+        let state = heap.media().msync_state().unwrap();
+        state.fail_next.store(true, Ordering::Relaxed);
+        assert!(matches!(
+            heap.persist_block(block),
+            Err(Error::WriteBack { .. })
+        ));
+        assert!(matches!(heap.fence(), Err(Error::Poisoned)));
+        assert!(matches!(
+            heap.write(block, 0, b"after"),
+            Err(Error::Poisoned)
+        ));
+        assert!(matches!(
+            heap.alloc(BlockSpec::new(1, 2), 8),
+            Err(Error::Poisoned)
+        ));
+        assert!(matches!(heap.close(), Err(Error::Poisoned)));
+        // The heap was not marked clean; reopening recovers it like after a crash.
+        let heap = Heap::open(&config).unwrap();
+        assert!(!heap.recovery_report().clean_shutdown);
+    }
+}

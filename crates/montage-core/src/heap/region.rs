@@ -1,0 +1,186 @@
+//! `Region`: the base pointer and length of one mapping, and the only code that turns heap
+//! offsets into pointers. Every access is bounds-checked (and alignment-checked for words)
+//! before the one unsafe step, and every access is atomic, so a bad offset or a racing
+//! writer can at worst produce wrong bytes, never undefined behaviour (INV-MEM-1, INV-MEM-2).
+
+#![deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use super::mapping::Mapping;
+use crate::error::{Error, Result};
+
+/// A mapped heap: base pointer plus length, with checked word and byte access.
+#[derive(Debug)]
+pub(crate) struct Region {
+    base: NonNull<u8>,
+    len: usize,
+    mapping: Mapping,
+}
+
+// SAFETY: `Region` only hands out atomics (`&AtomicU64`, `&AtomicU8`) into the mapping, which
+// are `Sync`, and copies bytes through them; the raw base pointer is never dereferenced
+// non-atomically, so sharing the region across threads cannot create a data race (INV-MEM-2).
+unsafe impl Send for Region {}
+// SAFETY: see the `Send` impl above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Takes ownership of a mapping. The mapping's base is at least page-aligned.
+    pub(crate) fn new(mapping: Mapping) -> Region {
+        Region {
+            base: mapping.base(),
+            len: mapping.len(),
+            mapping,
+        }
+    }
+
+    /// The mapping this region owns.
+    pub(crate) fn mapping(&self) -> &Mapping {
+        &self.mapping
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the region and returns `offset` as a
+    /// `usize`.
+    pub(crate) fn check(&self, offset: u64, len: u64) -> Result<usize> {
+        let oob = Error::OutOfBounds { offset, len };
+        let end = offset
+            .checked_add(len)
+            .ok_or(Error::OutOfBounds { offset, len })?;
+        if end > self.len as u64 {
+            return Err(oob);
+        }
+        usize::try_from(offset).map_err(|_| Error::OutOfBounds { offset, len })
+    }
+
+    /// The 8-byte word at `offset`, as an atomic. `offset` must be 8-aligned and in bounds.
+    pub(crate) fn word(&self, offset: u64) -> Result<&AtomicU64> {
+        let at = self.check(offset, 8)?;
+        if at % 8 != 0 {
+            return Err(Error::OutOfBounds { offset, len: 8 });
+        }
+        // INV-MEM-1: the base is page-aligned, so an 8-aligned offset is an 8-aligned address.
+        #[allow(clippy::cast_ptr_alignment)]
+        let ptr = self.base.as_ptr().wrapping_add(at).cast::<u64>();
+        // SAFETY:
+        // - `ptr` is in bounds of the live mapping (checked above) and valid for the lifetime
+        //   of `&self`, because `self` owns the mapping;
+        // - it is 8-aligned (base page-aligned, offset checked 8-aligned);
+        // - every access to heap memory is atomic (INV-MEM-2), so there is no non-atomic
+        //   access to race with.
+        Ok(unsafe { AtomicU64::from_ptr(ptr) })
+    }
+
+    /// The byte at the already-checked index `at`.
+    fn byte(&self, at: usize) -> &AtomicU8 {
+        debug_assert!(at < self.len);
+        let ptr = self.base.as_ptr().wrapping_add(at);
+        // SAFETY:
+        // - callers pass an index inside `[0, len)` that they derived from a range checked by
+        //   `check`, so `ptr` points into the live mapping owned by `self`;
+        // - `AtomicU8` has alignment 1; all heap accesses are atomic (INV-MEM-2).
+        unsafe { AtomicU8::from_ptr(ptr) }
+    }
+
+    /// Copies `buf.len()` bytes from the heap at `offset` into `buf`.
+    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let start = self.check(offset, buf.len() as u64)?;
+        let mut at = start;
+        let mut rest = buf;
+        while !rest.is_empty() {
+            if at % 8 == 0 && rest.len() >= 8 {
+                let (word, tail) = rest.split_at_mut(8);
+                let value = self.word(at as u64)?.load(Ordering::Relaxed);
+                word.copy_from_slice(&value.to_ne_bytes());
+                rest = tail;
+                at = at.wrapping_add(8);
+            } else {
+                let (byte, tail) = rest.split_at_mut(1);
+                if let Some(b) = byte.first_mut() {
+                    *b = self.byte(at).load(Ordering::Relaxed);
+                }
+                rest = tail;
+                at = at.wrapping_add(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into the heap at `offset`.
+    pub(crate) fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        let start = self.check(offset, src.len() as u64)?;
+        let mut at = start;
+        let mut rest = src;
+        while !rest.is_empty() {
+            if at % 8 == 0 && rest.len() >= 8 {
+                let (word, tail) = rest.split_at(8);
+                let mut bytes = [0u8; 8];
+                bytes.copy_from_slice(word);
+                self.word(at as u64)?
+                    .store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
+                rest = tail;
+                at = at.wrapping_add(8);
+            } else {
+                let (byte, tail) = rest.split_at(1);
+                if let Some(b) = byte.first() {
+                    self.byte(at).store(*b, Ordering::Relaxed);
+                }
+                rest = tail;
+                at = at.wrapping_add(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// A pointer to the byte at `offset` for cache-line write-back instructions, which only
+    /// need the address to be mapped. Never dereferenced by Rust code.
+    pub(crate) fn addr(&self, offset: u64) -> Result<*const u8> {
+        let at = self.check(offset, 1)?;
+        Ok(self.base.as_ptr().wrapping_add(at).cast_const())
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+mod tests {
+    use super::*;
+
+    fn region(len: usize) -> Region {
+        Region::new(Mapping::anonymous(len).unwrap())
+    }
+
+    #[test]
+    fn words_must_be_aligned_and_in_bounds() {
+        let r = region(4096);
+        assert!(r.word(0).is_ok());
+        assert!(r.word(4088).is_ok());
+        assert!(matches!(r.word(4), Err(Error::OutOfBounds { .. })));
+        assert!(matches!(r.word(4096), Err(Error::OutOfBounds { .. })));
+        assert!(matches!(
+            r.word(u64::MAX - 3),
+            Err(Error::OutOfBounds { .. })
+        ));
+    }
+
+    #[test]
+    fn unaligned_byte_ranges_round_trip() {
+        let r = region(4096);
+        let data: Vec<u8> = (0..100u8).collect();
+        for start in [0u64, 1, 3, 7, 8, 13, 3996] {
+            r.write(start, &data).unwrap();
+            let mut back = vec![0u8; data.len()];
+            r.read(start, &mut back).unwrap();
+            assert_eq!(back, data, "start {start}");
+        }
+        assert!(r.write(3997, &data).is_err());
+    }
+}

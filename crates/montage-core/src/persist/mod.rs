@@ -1,0 +1,266 @@
+//! The persistence layer: every store into the heap, every write-back and every fence goes
+//! through [`Media`], which pairs the mapped [`Region`] with the backend chosen at open.
+//!
+//! The backend is an enum fixed for the heap's lifetime, so each call is one well-predicted
+//! branch on its tag; on the `Pmem`, `Eadr` and `Volatile` arms a store is a plain store to
+//! the mapping. Only the simulator intercepts stores (it must log them), and only the msync
+//! backend checks its poison flag on the write path.
+
+pub(crate) mod msync;
+pub(crate) mod sim;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+pub(crate) mod x86;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::config::{BackendKind, HeapConfig};
+use crate::error::{Error, Result};
+use crate::heap::region::Region;
+use msync::MsyncState;
+use sim::Simulator;
+
+/// The size of a cache line: the unit of write-back on persistent memory.
+pub const CACHE_LINE: u64 = 64;
+/// The size of a page: the unit of write-back on a file.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// The backend of one open heap.
+#[derive(Debug)]
+pub(crate) enum Backend {
+    #[cfg(target_arch = "x86_64")]
+    Pmem(x86::FlushInstr),
+    Eadr,
+    Msync(MsyncState),
+    Volatile,
+    Simulated(Arc<Simulator>),
+}
+
+impl Backend {
+    /// The backend `config` asks for; `initial` is the simulator's starting durable image.
+    /// Fails only where the backend cannot run (the pmem backend off x86-64).
+    #[cfg_attr(target_arch = "x86_64", allow(clippy::unnecessary_wraps))]
+    pub(crate) fn new(config: &HeapConfig, initial: impl FnOnce() -> Vec<u8>) -> Result<Backend> {
+        Ok(match config.backend {
+            #[cfg(target_arch = "x86_64")]
+            BackendKind::Pmem => Backend::Pmem(x86::detect()),
+            #[cfg(not(target_arch = "x86_64"))]
+            BackendKind::Pmem => {
+                return Err(Error::Unsupported {
+                    what: "the pmem backend needs x86-64 cache-line write-back instructions",
+                });
+            }
+            BackendKind::Eadr => Backend::Eadr,
+            BackendKind::Msync => Backend::Msync(MsyncState::default()),
+            BackendKind::Volatile => Backend::Volatile,
+            BackendKind::Simulated(mode) => {
+                let sim = Simulator::new(mode, initial());
+                if let Some(step) = config.sim_crash_at {
+                    sim.crash_at(step);
+                }
+                Backend::Simulated(Arc::new(sim))
+            }
+        })
+    }
+}
+
+/// The heap's bytes together with the backend that makes them durable.
+#[derive(Debug)]
+pub(crate) struct Media {
+    region: Region,
+    backend: Backend,
+}
+
+impl Media {
+    pub(crate) fn new(region: Region, backend: Backend) -> Media {
+        Media { region, backend }
+    }
+
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
+    }
+
+    pub(crate) fn simulator(&self) -> Option<&Arc<Simulator>> {
+        match &self.backend {
+            Backend::Simulated(sim) => Some(sim),
+            _ => None,
+        }
+    }
+
+    /// Fails if an earlier write-back failed (msync backend only).
+    #[inline]
+    fn check_poison(&self) -> Result<()> {
+        match &self.backend {
+            Backend::Msync(state) if state.is_poisoned() => Err(Error::Poisoned),
+            _ => Ok(()),
+        }
+    }
+
+    /// Loads the word at `offset` with Acquire ordering.
+    #[inline]
+    pub(crate) fn load(&self, offset: u64) -> Result<u64> {
+        // ORDERING: Acquire pairs with the Release in `store`: whoever sees a header or
+        // directory word also sees the fields written before it.
+        Ok(u64::from_le(
+            self.region.word(offset)?.load(Ordering::Acquire),
+        ))
+    }
+
+    /// Stores `value` into the word at `offset` with Release ordering.
+    #[inline]
+    pub(crate) fn store(&self, offset: u64, value: u64) -> Result<()> {
+        let value = value.to_le();
+        if let Backend::Simulated(sim) = &self.backend {
+            // ORDERING: Release pairs with the Acquire in `load`.
+            return sim.store(&self.region, offset, value, Ordering::Release);
+        }
+        self.check_poison()?;
+        // ORDERING: Release pairs with the Acquire in `load`.
+        self.region.word(offset)?.store(value, Ordering::Release);
+        Ok(())
+    }
+
+    /// Compare-and-swap on the word at `offset`: `Ok(Ok(previous))` on success,
+    /// `Ok(Err(actual))` when the word did not hold `current`.
+    pub(crate) fn compare_exchange(
+        &self,
+        offset: u64,
+        current: u64,
+        new: u64,
+    ) -> Result<Result<u64, u64>> {
+        let (current, new) = (current.to_le(), new.to_le());
+        let result = if let Backend::Simulated(sim) = &self.backend {
+            sim.compare_exchange(&self.region, offset, current, new)?
+        } else {
+            self.check_poison()?;
+            // ORDERING: AcqRel publishes like `store` and observes like `load`.
+            self.region.word(offset)?.compare_exchange(
+                current,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+        };
+        Ok(result.map(u64::from_le).map_err(u64::from_le))
+    }
+
+    /// Copies heap bytes at `offset` into `buf`.
+    #[inline]
+    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.region.read(offset, buf)
+    }
+
+    /// Copies `bytes` into the heap at `offset`.
+    #[inline]
+    pub(crate) fn write(&self, offset: u64, bytes: &[u8]) -> Result<()> {
+        if let Backend::Simulated(sim) = &self.backend {
+            return sim.write(&self.region, offset, bytes);
+        }
+        self.check_poison()?;
+        self.region.write(offset, bytes)
+    }
+
+    /// Starts writing back `[offset, offset + len)`. Nothing is guaranteed durable until this
+    /// thread's next [`fence`](Self::fence).
+    pub(crate) fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        self.region.check(offset, len)?;
+        match &self.backend {
+            #[cfg(target_arch = "x86_64")]
+            Backend::Pmem(instr) => {
+                for line in lines(offset, len) {
+                    x86::flush_line(*instr, self.region.addr(line)?);
+                }
+                Ok(())
+            }
+            Backend::Eadr | Backend::Volatile => Ok(()),
+            Backend::Msync(state) => state.record(offset, len),
+            Backend::Simulated(sim) => {
+                sim.flush(offset, len);
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until everything this thread flushed is durable.
+    pub(crate) fn fence(&self) -> Result<()> {
+        match &self.backend {
+            #[cfg(target_arch = "x86_64")]
+            Backend::Pmem(_) => {
+                x86::sfence();
+                Ok(())
+            }
+            #[cfg(target_arch = "x86_64")]
+            Backend::Eadr => {
+                x86::sfence();
+                Ok(())
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Backend::Eadr => {
+                std::sync::atomic::fence(Ordering::SeqCst);
+                Ok(())
+            }
+            Backend::Volatile => Ok(()),
+            Backend::Msync(state) => state.fence(self.region.mapping()),
+            Backend::Simulated(sim) => {
+                sim.fence();
+                Ok(())
+            }
+        }
+    }
+
+    /// Flushes `[offset, offset + len)` and fences.
+    pub(crate) fn persist(&self, offset: u64, len: u64) -> Result<()> {
+        // PERSIST: the range is durable when this returns.
+        self.flush(offset, len)?;
+        // PERSIST: completes the flush above.
+        self.fence()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn msync_state(&self) -> Option<&MsyncState> {
+        match &self.backend {
+            Backend::Msync(state) => Some(state),
+            _ => None,
+        }
+    }
+}
+
+/// The start offsets of the cache lines that `[offset, offset + len)` touches. The end is
+/// computed before the start is rounded down, so an unaligned range never loses its last line.
+pub(crate) fn lines(offset: u64, len: u64) -> impl Iterator<Item = u64> {
+    let end = offset.saturating_add(len);
+    let first = if len == 0 {
+        end
+    } else {
+        offset - offset % CACHE_LINE
+    };
+    (first..end).step_by(CACHE_LINE as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn range_ending_on_a_line_boundary_touches_no_extra_line() {
+        assert_eq!(lines(0, 64).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(lines(64, 128).collect::<Vec<_>>(), vec![64, 128]);
+        assert_eq!(lines(63, 2).collect::<Vec<_>>(), vec![0, 64]);
+        assert_eq!(lines(10, 0).count(), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn lines_cover_exactly_the_touched_lines(offset in 0u64..10_000, len in 0u64..1_000) {
+            let got: Vec<u64> = lines(offset, len).collect();
+            let want: Vec<u64> = (offset..offset + len)
+                .map(|byte| byte / CACHE_LINE * CACHE_LINE)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}

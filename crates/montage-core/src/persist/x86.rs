@@ -1,0 +1,65 @@
+//! Cache-line write-back and store fence on x86-64: `clwb`, else `clflushopt`, else
+//! `clflush`, detected once with CPUID, and `sfence`.
+
+use std::sync::OnceLock;
+
+/// The write-back instruction this CPU offers, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlushInstr {
+    /// Writes the line back and may keep it cached (CPUID.7.0:EBX bit 24).
+    Clwb,
+    /// Writes back and evicts, weakly ordered (CPUID.7.0:EBX bit 23).
+    Clflushopt,
+    /// Writes back and evicts, ordered with other stores (baseline on x86-64).
+    Clflush,
+}
+
+/// Detects the best available write-back instruction, once per process.
+pub(crate) fn detect() -> FlushInstr {
+    static DETECTED: OnceLock<FlushInstr> = OnceLock::new();
+    *DETECTED.get_or_init(|| {
+        // CPUID leaf 7 subleaf 0 exists on every x86-64 CPU that can have clwb; on older
+        // ones the max-leaf check keeps us from reading garbage.
+        let max_leaf = std::arch::x86_64::__cpuid(0).eax;
+        if max_leaf >= 7 {
+            let ebx = std::arch::x86_64::__cpuid_count(7, 0).ebx;
+            if ebx & (1 << 24) != 0 {
+                return FlushInstr::Clwb;
+            }
+            if ebx & (1 << 23) != 0 {
+                return FlushInstr::Clflushopt;
+            }
+        }
+        FlushInstr::Clflush
+    })
+}
+
+/// Writes back the cache line holding `addr` with `instr`.
+///
+/// The asm block is not marked `nomem`, so the compiler treats it as touching memory and
+/// neither sinks earlier stores below it nor hoists later ones above it.
+#[inline]
+pub(crate) fn flush_line(instr: FlushInstr, addr: *const u8) {
+    match instr {
+        // SAFETY: `addr` comes from `Region::addr`, which checked that it lies inside the live
+        // mapping; clwb only writes a cache line back and changes no architectural state.
+        FlushInstr::Clwb => unsafe {
+            std::arch::asm!("clwb [{}]", in(reg) addr, options(nostack, preserves_flags));
+        },
+        // SAFETY: as above; clflushopt writes back and invalidates, never changes memory.
+        FlushInstr::Clflushopt => unsafe {
+            std::arch::asm!("clflushopt [{}]", in(reg) addr, options(nostack, preserves_flags));
+        },
+        // SAFETY: as above; clflush is baseline on x86-64.
+        FlushInstr::Clflush => unsafe {
+            std::arch::asm!("clflush [{}]", in(reg) addr, options(nostack, preserves_flags));
+        },
+    }
+}
+
+/// Orders every earlier store and write-back before every later store (`sfence`).
+#[inline]
+pub(crate) fn sfence() {
+    // SAFETY: sfence has no operands and no preconditions; SSE is baseline on x86-64.
+    unsafe { std::arch::asm!("sfence", options(nostack, preserves_flags)) };
+}

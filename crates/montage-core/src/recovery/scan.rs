@@ -1,0 +1,202 @@
+//! The parallel block scan: reads the span table, splits the carved spans across threads, and
+//! visits every block whose header is valid.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::alloc::block::BlockInfo;
+use crate::alloc::read_header;
+use crate::alloc::size_class::{blocks_per_span, class_size};
+use crate::error::{Error, Result};
+use crate::heap::layout::{Geometry, HEADER_LEN, SPAN_SIZE, SpanEntry};
+use crate::persist::Media;
+
+/// One carved span (or large block) to scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    /// A span carved into blocks of one class.
+    Class { span: u64, class: u8 },
+    /// A large block covering `extent` spans from `span`.
+    Large { span: u64, extent: u64 },
+}
+
+impl Unit {
+    fn blocks(self) -> u64 {
+        match self {
+            Unit::Class { class, .. } => blocks_per_span(class),
+            Unit::Large { .. } => 1,
+        }
+    }
+}
+
+/// Reads and validates the span table. Fails with `Corrupted` on an entry that does not
+/// decode or a large block that runs past the end of the heap or over another span's entry.
+pub(crate) fn read_span_table(media: &Media, geometry: &Geometry) -> Result<Vec<Unit>> {
+    let mut units = Vec::new();
+    let mut span = 0;
+    while span < geometry.span_count {
+        let offset = geometry.span_entry_offset(span);
+        let word = media.load(offset)?;
+        let corrupted = |what| Error::Corrupted { offset, what };
+        match SpanEntry::decode(word, span, geometry.creation_id) {
+            None => return Err(corrupted("span table entry fails its check")),
+            Some(SpanEntry::Free) => span += 1,
+            Some(SpanEntry::Class(class)) => {
+                if usize::from(class) >= crate::alloc::size_class::NUM_CLASSES {
+                    return Err(corrupted("span table entry names an unknown size class"));
+                }
+                units.push(Unit::Class { span, class });
+                span += 1;
+            }
+            Some(SpanEntry::Large(extent)) => {
+                let extent = u64::from(extent);
+                if span + extent > geometry.span_count {
+                    return Err(corrupted("large block runs past the end of the heap"));
+                }
+                for inner in span + 1..span + extent {
+                    if media.load(geometry.span_entry_offset(inner))? != 0 {
+                        return Err(corrupted("large block overlaps a carved span"));
+                    }
+                }
+                units.push(Unit::Large { span, extent });
+                span += extent;
+            }
+        }
+    }
+    Ok(units)
+}
+
+/// A valid block met by a scan: its header, and read access to its payload.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockView<'a> {
+    info: BlockInfo,
+    media: &'a Media,
+}
+
+impl BlockView<'_> {
+    /// The block's header.
+    pub fn info(&self) -> &BlockInfo {
+        &self.info
+    }
+
+    /// Copies payload bytes starting at `at` into `buf`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfBounds`] if the range does not lie inside the payload.
+    pub fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        if at
+            .checked_add(len)
+            .is_none_or(|end| end > u64::from(self.info.len))
+        {
+            return Err(Error::OutOfBounds { offset: at, len });
+        }
+        self.media.read(self.info.block.payload_offset() + at, buf)
+    }
+
+    /// The whole payload.
+    ///
+    /// # Errors
+    ///
+    /// Only if the heap cannot be read, which a validated heap never causes.
+    pub fn bytes(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.info.len as usize];
+        self.read(0, &mut buf)?;
+        Ok(buf)
+    }
+}
+
+/// What one scan worker reports for one unit.
+pub(crate) struct UnitVisit<'a> {
+    pub(crate) unit: Unit,
+    /// Per block start: the view if its header is valid.
+    pub(crate) blocks: Vec<(u64, Option<BlockView<'a>>)>,
+}
+
+/// Visits every unit with `threads` workers. `work` gets each unit's block views and returns
+/// a per-unit result; `per_worker` runs once at the end of each worker (for its fence). The
+/// results come back in unit order.
+pub(crate) fn scan<'m, R: Send>(
+    media: &'m Media,
+    geometry: &Geometry,
+    units: &[Unit],
+    threads: usize,
+    progress: &AtomicU64,
+    work: &(dyn Fn(UnitVisit<'m>) -> Result<R> + Sync),
+    per_worker: &(dyn Fn() -> Result<()> + Sync),
+) -> Result<Vec<R>> {
+    const CHUNK: usize = 16;
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(usize, R)>> = Mutex::new(Vec::with_capacity(units.len()));
+    let creation_id = geometry.creation_id;
+    let worker = || -> Result<()> {
+        let mut local = Vec::new();
+        loop {
+            // ORDERING: the counter only partitions work; results travel through the mutex
+            // and the scope's join.
+            let start = next.fetch_add(CHUNK, Ordering::Relaxed);
+            if start >= units.len() {
+                break;
+            }
+            for (index, unit) in units.iter().enumerate().skip(start).take(CHUNK) {
+                let visit = visit_unit(media, geometry, creation_id, *unit)?;
+                local.push((index, work(visit)?));
+                // ORDERING: a monotonic counter for progress reports only.
+                progress.fetch_add(unit.blocks(), Ordering::Relaxed);
+            }
+        }
+        per_worker()?;
+        results
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(local);
+        Ok(())
+    };
+    let threads = threads.clamp(1, units.len().div_ceil(CHUNK).max(1));
+    if threads == 1 {
+        worker()?;
+    } else {
+        std::thread::scope(|scope| -> Result<()> {
+            let handles: Vec<_> = (0..threads).map(|_| scope.spawn(worker)).collect();
+            for handle in handles {
+                handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            }
+            Ok(())
+        })?;
+    }
+    let mut results = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    results.sort_unstable_by_key(|(index, _)| *index);
+    Ok(results.into_iter().map(|(_, r)| r).collect())
+}
+
+fn visit_unit<'m>(
+    media: &'m Media,
+    geometry: &Geometry,
+    creation_id: u64,
+    unit: Unit,
+) -> Result<UnitVisit<'m>> {
+    let mut blocks = Vec::new();
+    match unit {
+        Unit::Class { span, class } => {
+            let start = geometry.span_start(span);
+            let size = class_size(class);
+            for i in 0..blocks_per_span(class) {
+                let offset = start + i * size;
+                let info = read_header(media, creation_id, offset, size - HEADER_LEN)?;
+                blocks.push((offset, info.map(|info| BlockView { info, media })));
+            }
+        }
+        Unit::Large { span, extent } => {
+            let offset = geometry.span_start(span);
+            let capacity = extent * SPAN_SIZE - HEADER_LEN;
+            let info = read_header(media, creation_id, offset, capacity)?;
+            blocks.push((offset, info.map(|info| BlockView { info, media })));
+        }
+    }
+    Ok(UnitVisit { unit, blocks })
+}

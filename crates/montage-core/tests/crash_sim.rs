@@ -1,0 +1,367 @@
+//! Crash-simulator tests of the heap: a seeded workload of allocations, writes, persists and
+//! frees runs on the simulator; a crash is taken at a random persistence event; the heap is
+//! recovered from the image and checked against what the workload was promised.
+//!
+//! `MONTAGE_CRASH_SEEDS=N` runs more seeds; `MONTAGE_CRASH_SEED=S` replays one.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use montage_core::{
+    BlockInfo, BlockSpec, Error, HEADER_LEN, Heap, HeapConfig, PBlock, ScanFilter, SimMode,
+    SplitMix64, Verdict, for_each_seed,
+};
+
+const HEAP: u64 = 1 << 20;
+
+fn config(mode: SimMode) -> HeapConfig {
+    HeapConfig::simulated(HEAP, mode).recovery_threads(2)
+}
+
+/// The bytes of version `version` of payload `uid`: distinct for every (uid, version).
+fn content(uid: u64, version: u64, len: usize) -> Vec<u8> {
+    let mut rng = SplitMix64::new(uid.wrapping_mul(1_000_003) ^ version);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
+}
+
+/// What the workload did to one payload, in persistence-event time.
+#[derive(Debug, Clone)]
+struct Payload {
+    block: PBlock,
+    len: usize,
+    /// (version, event before the write started, event after its persist completed).
+    versions: Vec<(u64, u64, Option<u64>)>,
+    alloc_started: u64,
+    free_started: Option<u64>,
+}
+
+/// Runs the workload of `seed`. With `crash_at`, the simulator snapshots before that event.
+/// Returns the heap and what happened.
+fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTreeMap<u64, Payload>) {
+    let heap = Heap::create(&config(mode)).unwrap();
+    let sim = heap.simulator().unwrap();
+    if let Some(step) = crash_at {
+        sim.crash_at(step);
+    }
+    let mut rng = SplitMix64::new(seed);
+    let mut payloads: BTreeMap<u64, Payload> = BTreeMap::new();
+    let mut live: Vec<u64> = Vec::new();
+    let mut next_uid = 1;
+    for _ in 0..120 {
+        match rng.next_u64() % 10 {
+            0..=4 => {
+                let len = if rng.next_u64().is_multiple_of(16) {
+                    70_000 + (rng.next_u64() % 1000) as usize
+                } else {
+                    1 + (rng.next_u64() % 300) as usize
+                };
+                let uid = next_uid;
+                next_uid += 1;
+                let started = sim.events();
+                let block = match heap.alloc_bytes(BlockSpec::new(1, uid), &content(uid, 0, len)) {
+                    Ok(block) => block,
+                    Err(Error::OutOfSpace { .. }) => continue,
+                    Err(e) => panic!("alloc failed: {e}"),
+                };
+                let persisted = if rng.next_u64().is_multiple_of(4) {
+                    None
+                } else {
+                    heap.persist_block(block).unwrap();
+                    Some(sim.events())
+                };
+                payloads.insert(
+                    uid,
+                    Payload {
+                        block,
+                        len,
+                        versions: vec![(0, started, persisted)],
+                        alloc_started: started,
+                        free_started: None,
+                    },
+                );
+                live.push(uid);
+            }
+            5..=7 if !live.is_empty() => {
+                let uid = live[(rng.next_u64() % live.len() as u64) as usize];
+                let p = payloads.get_mut(&uid).unwrap();
+                let version = p.versions.len() as u64;
+                let started = sim.events();
+                heap.write(p.block, 0, &content(uid, version, p.len))
+                    .unwrap();
+                let persisted = if rng.next_u64().is_multiple_of(3) {
+                    None
+                } else {
+                    heap.persist_block(p.block).unwrap();
+                    Some(sim.events())
+                };
+                p.versions.push((version, started, persisted));
+            }
+            _ if !live.is_empty() => {
+                let at = (rng.next_u64() % live.len() as u64) as usize;
+                let uid = live.swap_remove(at);
+                let p = payloads.get_mut(&uid).unwrap();
+                p.free_started = Some(sim.events());
+                heap.free(p.block).unwrap();
+            }
+            _ => {}
+        }
+    }
+    (heap, payloads)
+}
+
+/// The (uid, payload) pairs a heap holds.
+fn contents(heap: &Heap) -> BTreeMap<u64, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for info in heap.collect(ScanFilter::all()).unwrap() {
+        let previous = out.insert(info.spec.uid, heap.read_payload(info.block).unwrap());
+        assert!(
+            previous.is_none(),
+            "two live blocks share uid {}",
+            info.spec.uid
+        );
+    }
+    out
+}
+
+/// Checks a recovered heap against the workload that crashed at `step`.
+fn check_recovered(heap: &Heap, payloads: &BTreeMap<u64, Payload>, step: u64) {
+    let found = contents(heap);
+    for (uid, bytes) in &found {
+        let p = payloads
+            .get(uid)
+            .unwrap_or_else(|| panic!("recovered uid {uid} was never allocated"));
+        assert!(
+            p.alloc_started < step,
+            "uid {uid} allocated after the crash"
+        );
+        assert_eq!(bytes.len(), p.len, "uid {uid} has the wrong length");
+    }
+    // INV-ALLOC-1: a block handed out again was durably invalidated first, so the payload
+    // it held before can never come back.
+    for (uid, p) in payloads {
+        let reused = payloads.values().any(|q| {
+            q.block == p.block && q.alloc_started > p.alloc_started && q.alloc_started < step
+        });
+        assert!(
+            !(reused && found.contains_key(uid)),
+            "uid {uid} came back although its block was reused"
+        );
+    }
+    for (uid, p) in payloads {
+        if p.free_started.is_some_and(|f| f < step) || p.alloc_started >= step {
+            continue;
+        }
+        // The newest version made durable before the crash...
+        let Some(&(version, _, _)) = p
+            .versions
+            .iter()
+            .rfind(|(_, _, done)| done.is_some_and(|d| d <= step))
+        else {
+            continue;
+        };
+        // ...is what recovery must show, unless a later write had already begun.
+        let rewritten = p
+            .versions
+            .iter()
+            .any(|&(v, started, _)| v > version && started < step);
+        if rewritten {
+            assert!(found.contains_key(uid), "persisted uid {uid} was lost");
+            continue;
+        }
+        assert_eq!(
+            found.get(uid),
+            Some(&content(*uid, version, p.len)),
+            "persisted uid {uid} (version {version}) was lost or damaged"
+        );
+    }
+}
+
+/// Allocates until the heap is full and checks that no new block overlaps a recovered one
+/// or another new one; returns the new blocks.
+fn fill_and_check_no_overlap(heap: &Heap, seed: u64) -> Vec<BlockInfo> {
+    let recovered = heap.collect(ScanFilter::all()).unwrap();
+    let mut rng = SplitMix64::new(seed ^ 0xF111);
+    let mut fresh = Vec::new();
+    let mut failures = 0;
+    while failures < 8 {
+        let len = if rng.next_u64().is_multiple_of(8) {
+            20_000
+        } else {
+            1 + rng.next_u64() % 500
+        };
+        match heap.alloc(BlockSpec::new(9, 1_000_000 + fresh.len() as u64), len) {
+            Ok(block) => fresh.push(heap.info(block).unwrap()),
+            Err(Error::OutOfSpace { .. }) => failures += 1,
+            Err(e) => panic!("alloc after recovery failed: {e}"),
+        }
+    }
+    let mut extents: Vec<(u64, u64, bool)> = recovered
+        .iter()
+        .map(|b| {
+            (
+                b.block.offset(),
+                b.block.offset() + HEADER_LEN + b.capacity,
+                true,
+            )
+        })
+        .chain(fresh.iter().map(|b| {
+            (
+                b.block.offset(),
+                b.block.offset() + HEADER_LEN + b.capacity,
+                false,
+            )
+        }))
+        .collect();
+    extents.sort_unstable();
+    for pair in extents.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "blocks overlap: {:?} and {:?} (true = recovered)",
+            pair[0],
+            pair[1]
+        );
+    }
+    // Recovered blocks are still intact after the allocator handed out everything else.
+    for info in &recovered {
+        assert_eq!(heap.info(info.block).unwrap(), *info);
+    }
+    fresh
+}
+
+fn crash_once(mode: SimMode, seed: u64) {
+    // Pass 1 counts the workload's persistence events (the workload is deterministic).
+    let (heap, _) = run_workload(mode, seed, None);
+    let sim = heap.simulator().unwrap();
+    let total = sim.events();
+    drop(heap);
+    let base = {
+        let heap = Heap::create(&config(mode)).unwrap();
+        heap.simulator().unwrap().events()
+    };
+    // Pass 2 crashes at a random event after the heap was formatted.
+    let mut rng = SplitMix64::new(seed ^ 0xC4A5);
+    let step = base + rng.below_or_equal(total - base);
+    let (heap, payloads) = run_workload(mode, seed, Some(step));
+    let image = heap.simulator().unwrap().crash(seed);
+    drop(heap);
+    eprintln!("mode {mode:?} seed {seed}: crash at step {step} of {total}");
+
+    let recovered = Heap::open_image(image.clone(), &config(mode)).unwrap();
+    assert!(!recovered.recovery_report().clean_shutdown);
+    check_recovered(&recovered, &payloads, step);
+    let before_fill = contents(&recovered);
+    let fresh = fill_and_check_no_overlap(&recovered, seed);
+
+    // Free everything; after a clean close and reopen, the whole heap is free again: no
+    // block was lost to the allocator.
+    for info in recovered.collect(ScanFilter::all()).unwrap() {
+        recovered.free(info.block).unwrap();
+    }
+    assert!(!fresh.is_empty() || !before_fill.is_empty() || recovered.stats().free_spans == 0);
+    let sim = recovered.simulator().unwrap();
+    recovered.close().unwrap();
+    let image = montage_core::CrashImage::from_bytes(sim.durable_image());
+    let reopened = Heap::open_image(image, &config(mode)).unwrap();
+    assert!(reopened.recovery_report().clean_shutdown);
+    assert!(contents(&reopened).is_empty());
+    let stats = reopened.stats();
+    assert_eq!(stats.free_spans, stats.spans, "spans leaked");
+}
+
+#[test]
+fn recovered_heap_keeps_every_persisted_payload_and_never_overlaps() {
+    for mode in SimMode::ALL {
+        for_each_seed(&format!("heap crash {mode:?}"), 24, |seed| {
+            crash_once(mode, seed);
+        });
+    }
+}
+
+/// Drop every third uid: recovery then has headers to invalidate, which is what a crash
+/// during recovery can interrupt.
+fn decide(view: &montage_core::BlockView<'_>) -> Verdict {
+    if view.info().spec.uid.is_multiple_of(3) {
+        Verdict::Drop
+    } else {
+        Verdict::Keep
+    }
+}
+
+fn crash_during_recovery(mode: SimMode, seed: u64) {
+    let (heap, _) = run_workload(mode, seed, None);
+    let image = heap.simulator().unwrap().crash(seed);
+    drop(heap);
+
+    // The reference: recovery of the image, run to the end.
+    let first = Heap::open_image_with(image.clone(), &config(mode), decide).unwrap();
+    let want = contents(&first);
+    assert!(want.keys().all(|uid| uid % 3 != 0));
+    let first_sim = first.simulator().unwrap();
+    let recovery_events = first_sim.events();
+    // INV-REC-2: what recovery dropped is durably gone when open returns: even a recovery
+    // that would keep everything does not see it again.
+    let durable = montage_core::CrashImage::from_bytes(first_sim.durable_image());
+    let keep_all = Heap::open_image(durable, &config(mode)).unwrap();
+    assert_eq!(contents(&keep_all), want, "a dropped block came back");
+    drop(keep_all);
+    drop(first);
+
+    // Crash that recovery part-way, then recover again: the same state.
+    let mut rng = SplitMix64::new(seed ^ 0x5EC0);
+    let step = rng.below_or_equal(recovery_events);
+    let interrupted =
+        Heap::open_image_with(image, &config(mode).sim_crash_at(step), decide).unwrap();
+    let second_image = interrupted.simulator().unwrap().crash(seed.wrapping_add(1));
+    drop(interrupted);
+    let second = Heap::open_image_with(second_image, &config(mode), decide).unwrap();
+    assert_eq!(
+        contents(&second),
+        want,
+        "crash at recovery step {step} changed the result"
+    );
+
+    // And recovery is idempotent: recovering the recovered heap changes nothing.
+    let sim = second.simulator().unwrap();
+    drop(second);
+    let third_image = montage_core::CrashImage::from_bytes(sim.durable_image());
+    let third = Heap::open_image_with(third_image, &config(mode), decide).unwrap();
+    assert_eq!(contents(&third), want);
+    assert_eq!(third.recovery_report().blocks_dropped, 0);
+    fill_and_check_no_overlap(&third, seed);
+}
+
+#[test]
+fn a_crash_during_recovery_gives_the_same_state_as_an_uninterrupted_recovery() {
+    for mode in SimMode::ALL {
+        for_each_seed(&format!("recovery crash {mode:?}"), 16, |seed| {
+            crash_during_recovery(mode, seed);
+        });
+    }
+}
+
+#[test]
+fn a_crash_during_create_leaves_a_file_open_rejects() {
+    let heap = Heap::create(&config(SimMode::Prefix)).unwrap();
+    let events = heap.simulator().unwrap().events();
+    drop(heap);
+    let mut outcomes = BTreeSet::new();
+    for step in 0..events {
+        for seed in 0..4 {
+            let sim_heap = Heap::create(&config(SimMode::Prefix).sim_crash_at(step)).unwrap();
+            let image = sim_heap.simulator().unwrap().crash(seed);
+            drop(sim_heap);
+            match Heap::open_image(image, &config(SimMode::Prefix)) {
+                Ok(heap) => {
+                    assert!(contents(&heap).is_empty());
+                    outcomes.insert("heap");
+                }
+                Err(Error::BadMagic) => {
+                    outcomes.insert("not a heap");
+                }
+                Err(e) => panic!("crash at create step {step} gave {e}"),
+            }
+        }
+    }
+    assert!(outcomes.contains("not a heap"));
+}

@@ -1,0 +1,336 @@
+//! File heaps: create, reopen, lock, and every bad input a user can hand to `open` or
+//! `create`, each of which must be a typed error that leaves the file untouched.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::path::{Path, PathBuf};
+
+use montage_core::{
+    BlockSpec, DIRECTORY_CAPACITY, Error, Heap, HeapConfig, MIN_HEAP_SIZE, NAME_MAX, OwnerId,
+    ScanFilter,
+};
+
+const SIZE: u64 = 4 << 20;
+
+fn heap_path(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("test.heap")
+}
+
+fn config(path: &Path) -> HeapConfig {
+    HeapConfig::new(path).size(SIZE)
+}
+
+/// A closed heap file holding three persisted payloads.
+fn make_heap(path: &Path) {
+    let heap = Heap::create(&config(path)).unwrap();
+    let owner = heap.register("things").unwrap();
+    for uid in 1..=3u64 {
+        let payload = vec![uid as u8; uid as usize * 10];
+        let block = heap
+            .alloc_bytes(BlockSpec::new(1, uid).owner(owner), &payload)
+            .unwrap();
+        heap.persist_block(block).unwrap();
+    }
+    heap.close().unwrap();
+}
+
+fn file_bytes(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
+
+#[test]
+fn reopened_heap_has_every_persisted_payload_and_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let heap = Heap::open(&config(&path)).unwrap();
+    assert!(heap.recovery_report().clean_shutdown);
+    let owner = heap.lookup("things").unwrap();
+    let blocks = heap.collect(ScanFilter::all().owner(owner)).unwrap();
+    let got: Vec<(u64, Vec<u8>)> = blocks
+        .iter()
+        .map(|b| (b.spec.uid, heap.read_payload(b.block).unwrap()))
+        .collect();
+    let want: Vec<(u64, Vec<u8>)> = (1..=3u64)
+        .map(|uid| (uid, vec![uid as u8; uid as usize * 10]))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(heap.structures(), vec![("things".to_owned(), owner)]);
+}
+
+#[test]
+fn create_refuses_an_existing_file_and_leaves_it_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    std::fs::write(&path, b"precious user data").unwrap();
+    let err = Heap::create(&config(&path)).unwrap_err();
+    assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
+    assert_eq!(file_bytes(&path), b"precious user data");
+}
+
+#[test]
+fn open_rejects_random_bytes_as_bad_magic_and_leaves_the_file_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    let mut rng = montage_core::SplitMix64::new(7);
+    let bytes: Vec<u8> = (0..SIZE).map(|_| rng.next_u64() as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Heap::open(&config(&path)).unwrap_err();
+    assert!(matches!(err, Error::BadMagic), "{err}");
+    assert_eq!(file_bytes(&path), bytes);
+}
+
+#[test]
+fn open_rejects_an_empty_file_as_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    std::fs::write(&path, b"").unwrap();
+    let err = Heap::open(&config(&path)).unwrap_err();
+    assert!(matches!(err, Error::Truncated { .. }), "{err}");
+    assert!(file_bytes(&path).is_empty());
+}
+
+#[test]
+fn open_rejects_a_truncated_heap_and_leaves_the_file_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(SIZE / 2).unwrap();
+    drop(file);
+    let before = file_bytes(&path);
+    let err = Heap::open(&config(&path)).unwrap_err();
+    assert!(
+        matches!(err, Error::Truncated { expected, actual } if expected == SIZE && actual == SIZE / 2),
+        "{err}"
+    );
+    assert_eq!(file_bytes(&path), before);
+}
+
+#[test]
+fn open_rejects_another_format_version_and_leaves_the_file_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let mut bytes = file_bytes(&path);
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Heap::open(&config(&path)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::FormatVersion {
+                found: 2,
+                supported: 1
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(file_bytes(&path), bytes);
+}
+
+#[test]
+fn open_rejects_a_damaged_superblock_and_leaves_the_file_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let mut bytes = file_bytes(&path);
+    bytes[0x28] ^= 0x01; // span count
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Heap::open(&config(&path)).unwrap_err();
+    assert!(matches!(err, Error::Corrupted { .. }), "{err}");
+    assert_eq!(file_bytes(&path), bytes);
+}
+
+#[test]
+fn open_rejects_a_damaged_span_table_and_leaves_the_file_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let mut bytes = file_bytes(&path);
+    bytes[0x4000] ^= 0x10; // the first span's entry
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Heap::open(&config(&path)).unwrap_err();
+    assert!(
+        matches!(err, Error::Corrupted { offset: 0x4000, .. }),
+        "{err}"
+    );
+    assert_eq!(file_bytes(&path), bytes);
+}
+
+#[test]
+fn create_rejects_sizes_that_do_not_fit_and_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    for size in [0, 4096, MIN_HEAP_SIZE - 4096, MIN_HEAP_SIZE + 1, u64::MAX] {
+        let err = Heap::create(&HeapConfig::new(&path).size(size)).unwrap_err();
+        assert!(matches!(err, Error::BadSize { .. }), "{size}: {err}");
+        assert!(!path.exists());
+    }
+    assert!(Heap::create(&HeapConfig::new(&path).size(MIN_HEAP_SIZE)).is_ok());
+}
+
+#[test]
+fn a_second_open_in_this_process_is_locked_out_until_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let heap = Heap::open(&config(&path)).unwrap();
+    let err = Heap::open(&config(&path)).unwrap_err();
+    assert!(matches!(err, Error::Locked { .. }), "{err}");
+    heap.close().unwrap();
+    assert!(Heap::open(&config(&path)).is_ok());
+}
+
+#[test]
+fn a_full_heap_returns_out_of_space_and_recovers_after_a_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    let heap = Heap::create(&HeapConfig::new(&path).size(MIN_HEAP_SIZE * 2)).unwrap();
+    let mut blocks = Vec::new();
+    let err = loop {
+        match heap.alloc(BlockSpec::new(1, blocks.len() as u64), 1000) {
+            Ok(block) => blocks.push(block),
+            Err(err) => break err,
+        }
+    };
+    assert!(
+        matches!(err, Error::OutOfSpace { requested: 1000 }),
+        "{err}"
+    );
+    assert!(!blocks.is_empty());
+    let big = heap.alloc(BlockSpec::new(1, 0), 1 << 20).unwrap_err();
+    assert!(matches!(big, Error::OutOfSpace { .. }), "{big}");
+    heap.free(blocks.pop().unwrap()).unwrap();
+    heap.alloc(BlockSpec::new(1, 99), 1000).unwrap();
+}
+
+#[test]
+fn large_payloads_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    let heap = Heap::create(&config(&path)).unwrap();
+    let payload: Vec<u8> = (0..(1u32 << 20) + 17).map(|i| (i % 251) as u8).collect();
+    let block = heap.alloc_bytes(BlockSpec::new(3, 5), &payload).unwrap();
+    heap.persist_block(block).unwrap();
+    let free_with_block = heap.stats().free_spans;
+    heap.close().unwrap();
+
+    let heap = Heap::open(&config(&path)).unwrap();
+    let found = heap.collect(ScanFilter::all()).unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].len as usize, payload.len());
+    assert_eq!(heap.read_payload(found[0].block).unwrap(), payload);
+    assert_eq!(heap.stats().free_spans, free_with_block);
+}
+
+#[test]
+fn the_spans_of_a_freed_large_block_are_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    // Room for 20 spans: one block of 17 spans fits, two do not.
+    let heap = Heap::create(&HeapConfig::new(&path).size(21 * montage_core::SPAN_SIZE)).unwrap();
+    let len = (1 << 20) + 17;
+    let first = heap.alloc(BlockSpec::new(1, 1), len).unwrap();
+    let second = heap.alloc(BlockSpec::new(1, 2), len).unwrap_err();
+    assert!(matches!(second, Error::OutOfSpace { .. }), "{second}");
+    heap.free(first).unwrap();
+    let again = heap.alloc(BlockSpec::new(1, 3), len).unwrap();
+    assert_eq!(again, first);
+    assert_eq!(heap.info(again).unwrap().spec.uid, 3);
+}
+
+#[test]
+fn block_handles_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    let heap = Heap::create(&config(&path)).unwrap();
+    let block = heap.alloc_bytes(BlockSpec::new(1, 1), b"abc").unwrap();
+    assert_eq!(heap.block_at(block.offset()).unwrap(), block);
+    assert!(matches!(
+        heap.block_at(block.offset() + 8),
+        Err(Error::InvalidBlock { .. })
+    ));
+    assert!(matches!(heap.block_at(0), Err(Error::InvalidBlock { .. })));
+    assert!(matches!(
+        heap.block_at(u64::MAX),
+        Err(Error::InvalidBlock { .. })
+    ));
+    let capacity = heap.info(block).unwrap().capacity;
+    assert!(heap.write(block, capacity - 1, b"x").is_ok());
+    assert!(matches!(
+        heap.write(block, capacity, b"x"),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let mut buf = [0u8; 2];
+    assert!(matches!(
+        heap.read(block, u64::MAX, &mut buf),
+        Err(Error::OutOfBounds { .. })
+    ));
+    heap.free(block).unwrap();
+    assert!(matches!(heap.free(block), Err(Error::InvalidBlock { .. })));
+    assert!(matches!(heap.info(block), Err(Error::InvalidBlock { .. })));
+}
+
+#[test]
+fn the_directory_holds_64_names_and_rejects_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    let heap = Heap::create(&config(&path)).unwrap();
+    let mut owners = Vec::new();
+    for i in 0..DIRECTORY_CAPACITY {
+        owners.push(
+            heap.register(&format!("structure-{i:02}-{}", "x".repeat(18)))
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        heap.register("structure-00-xxxxxxxxxxxxxxxxxx").unwrap(),
+        owners[0]
+    );
+    assert!(matches!(
+        heap.register("one-too-many"),
+        Err(Error::DirectoryFull { capacity: 64 })
+    ));
+    assert!(matches!(heap.register(""), Err(Error::BadName { .. })));
+    assert!(matches!(
+        heap.register(&"n".repeat(NAME_MAX + 1)),
+        Err(Error::BadName { .. })
+    ));
+    assert!(matches!(
+        heap.register("nul\0byte"),
+        Err(Error::BadName { .. })
+    ));
+    assert!(owners.iter().all(|o| *o != OwnerId::NONE));
+    heap.close().unwrap();
+    let heap = Heap::open(&config(&path)).unwrap();
+    let names = heap.structures();
+    assert_eq!(names.len(), DIRECTORY_CAPACITY);
+    assert_eq!(names.iter().map(|(_, o)| *o).collect::<Vec<_>>(), owners);
+}
+
+#[test]
+fn every_backend_creates_and_reopens_a_file_heap() {
+    use montage_core::BackendKind;
+    let dir = tempfile::tempdir().unwrap();
+    for (i, backend) in [
+        BackendKind::Pmem,
+        BackendKind::Eadr,
+        BackendKind::Msync,
+        BackendKind::Volatile,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let path = dir.path().join(format!("backend-{i}.heap"));
+        let config = HeapConfig::new(&path).size(SIZE).backend(backend);
+        let heap = Heap::create(&config).unwrap();
+        let block = heap.alloc_bytes(BlockSpec::new(1, 1), b"payload").unwrap();
+        heap.persist_block(block).unwrap();
+        heap.close().unwrap();
+        let heap = Heap::open(&config).unwrap();
+        let found = heap.collect(ScanFilter::all()).unwrap();
+        assert_eq!(found.len(), 1, "{backend:?}");
+        assert_eq!(heap.read_payload(found[0].block).unwrap(), b"payload");
+    }
+}
