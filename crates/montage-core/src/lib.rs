@@ -45,6 +45,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 #![doc(test(attr(deny(warnings))))]
+// `Error` has drop glue (it can hold an `io::Error` and a path), so an error built eagerly for
+// `ok_or` is dropped on every success; on the allocation path that was 14% of the time.
+// Errors are therefore built lazily, which this lint would undo.
+#![allow(clippy::unnecessary_lazy_evaluations)]
 
 mod alloc;
 mod config;

@@ -188,11 +188,11 @@ impl Allocator {
 
     /// Where the block at `offset` lives, if `offset` is a block start of a carved span.
     fn locate(&self, offset: u64) -> Result<Place> {
-        let invalid = Error::InvalidBlock { offset };
+        let invalid = || Error::InvalidBlock { offset };
         let span = self
             .geometry
             .span_of(offset)
-            .ok_or(Error::InvalidBlock { offset })?;
+            .ok_or_else(|| Error::InvalidBlock { offset })?;
         let within = offset - self.geometry.span_start(span);
         let state = self.mirror(span);
         if state & MIRROR_LARGE_HEAD != 0 {
@@ -202,16 +202,16 @@ impl Allocator {
                     extent: u64::from(state & !MIRROR_LARGE_HEAD),
                 })
             } else {
-                Err(invalid)
+                Err(invalid())
             };
         }
         if state == MIRROR_FREE || state & MIRROR_LARGE_CONT != 0 {
-            return Err(invalid);
+            return Err(invalid());
         }
         let class = (state - 1) as u8;
         let size = class_size(class);
         if !within.is_multiple_of(size) || within / size >= blocks_per_span(class) {
-            return Err(invalid);
+            return Err(invalid());
         }
         Ok(Place::Small { class })
     }
@@ -225,15 +225,16 @@ impl Allocator {
     pub(crate) fn header(&self, media: &Media, block: PBlock) -> Result<BlockInfo> {
         let place = self.locate(block.0)?;
         read_header(media, self.geometry.creation_id, block.0, place.capacity())?
-            .ok_or(Error::InvalidBlock { offset: block.0 })
+            .ok_or_else(|| Error::InvalidBlock { offset: block.0 })
     }
 
     /// Allocates a block for `len` payload bytes and writes its header. The header and
     /// payload are not flushed: the caller decides when they must be durable.
     pub(crate) fn alloc(&self, media: &Media, spec: BlockSpec, len: u64) -> Result<PBlock> {
-        let too_big = Error::OutOfSpace { requested: len };
         let stored_len = u32::try_from(len).map_err(|_| Error::OutOfSpace { requested: len })?;
-        let total = len.checked_add(HEADER_LEN).ok_or(too_big)?;
+        let total = len
+            .checked_add(HEADER_LEN)
+            .ok_or_else(|| Error::OutOfSpace { requested: len })?;
         let offset = match class_for(total) {
             Some(class) => self.alloc_small(media, class, len)?,
             None => self.alloc_large(media, spans_for(total), len)?,
@@ -282,7 +283,7 @@ impl Allocator {
         }
         cache.free[c]
             .pop()
-            .ok_or(Error::OutOfSpace { requested: len })
+            .ok_or_else(|| Error::OutOfSpace { requested: len })
     }
 
     /// The heap has no free span: look for a free block of `class` in other threads' caches
@@ -332,7 +333,7 @@ impl Allocator {
             }
             found
         };
-        first.ok_or(Error::OutOfSpace { requested: len })
+        first.ok_or_else(|| Error::OutOfSpace { requested: len })
     }
 
     fn return_spans(&self, first: u64, extent: u64) {

@@ -12,7 +12,7 @@
 //! Superblock (immutable part covered by the checksum, then one mutable word per line)
 //! 0x00  magic            [u8; 8]  "MONTAGE\0"
 //! 0x08  format version   u32
-//! 0x0C  checksum         u32      crc32 of bytes 0x00..0x40 with this field zero
+//! 0x0C  checksum         u32      crc32c of bytes 0x00..0x40 with this field zero
 //! 0x10  heap size        u64      the file's length
 //! 0x18  creation id      u64      random, mixed into every block checksum
 //! 0x20  span size        u64
@@ -26,16 +26,16 @@
 //! 0x00  name             [u8; 32] NUL-padded UTF-8
 //! 0x20  owner id         u64      entry index + 1
 //! 0x28  reserved         [u8; 16] zero
-//! 0x38  valid word       u64      DIR_TAG << 32 | crc32(index, creation id, 0x00..0x38); 0 = empty
+//! 0x38  valid word       u64      DIR_TAG << 32 | crc32c(index, creation id, 0x00..0x38); 0 = empty
 //!
 //! Span table entry (u64); 0 = free span
 //! bits 63..32  extent (spans covered: 1 for a size-class span, n for a large block)
 //! bits 31..24  kind (1 = size-class span, 2 = large block)
 //! bits 23..16  size class index (size-class spans)
-//! bits 15..0   check: low 16 bits of crc32(span index, creation id, bits 63..16)
+//! bits 15..0   check: low 16 bits of crc32c(span index, creation id, bits 63..16)
 //!
 //! Block header (40 B at the start of every block; blocks are 64-byte aligned)
-//! 0x00  meta             u64      HEADER_TAG << 48 | kind << 40 | crc32(...); 0 = free
+//! 0x00  meta             u64      HEADER_TAG << 48 | kind << 40 | crc32c(...); 0 = free
 //! 0x08  epoch            u64
 //! 0x10  uid              u64
 //! 0x18  type id          u64
@@ -89,6 +89,8 @@ pub const SPAN_SIZE: u64 = 64 << 10;
 /// Bytes of header in front of every payload.
 pub const HEADER_LEN: u64 = 40;
 pub(crate) const HEADER_TAG: u64 = 0x4D42; // "MB"
+/// The header word holding the owner id (low half) and the payload length (high half).
+pub(crate) const LEN_WORD_OFFSET: u64 = 0x20;
 
 /// The smallest heap that holds a superblock, its tables and one span.
 pub const MIN_HEAP_SIZE: u64 = 2 * SPAN_SIZE;
@@ -120,7 +122,7 @@ impl SuperblockHead {
     fn compute_checksum(&self) -> u32 {
         let mut copy = self.clone();
         copy.checksum = U32::new(0);
-        crc32fast::hash(copy.as_bytes())
+        crc32c::crc32c(copy.as_bytes())
     }
 }
 
@@ -278,12 +280,16 @@ pub(crate) enum SpanEntry {
 const SPAN_KIND_CLASS: u64 = 1;
 const SPAN_KIND_LARGE: u64 = 2;
 
+/// crc32c of the little-endian bytes of `words`, then of `tail`.
+fn checksum(words: &[u64], tail: &[u8]) -> u32 {
+    let crc = words.iter().fold(0, |crc, word| {
+        crc32c::crc32c_append(crc, &word.to_le_bytes())
+    });
+    crc32c::crc32c_append(crc, tail)
+}
+
 fn span_check(index: u64, creation_id: u64, upper: u64) -> u64 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&index.to_le_bytes());
-    h.update(&creation_id.to_le_bytes());
-    h.update(&upper.to_le_bytes());
-    u64::from(h.finalize() & 0xFFFF)
+    u64::from(checksum(&[index, creation_id, upper], &[]) & 0xFFFF)
 }
 
 impl SpanEntry {
@@ -367,23 +373,26 @@ impl RawHeader {
 }
 
 fn header_crc(offset: u64, creation_id: u64, upper: u64, body: &[u64; 4]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&offset.to_le_bytes());
-    h.update(&creation_id.to_le_bytes());
-    h.update(&upper.to_le_bytes());
-    for word in body {
-        h.update(&word.to_le_bytes());
+    // One contiguous buffer: a single call over 56 bytes is faster than seven over 8 each.
+    let mut bytes = [0u8; 56];
+    let words = [
+        offset,
+        creation_id,
+        upper,
+        body[0],
+        body[1],
+        body[2],
+        body[3],
+    ];
+    for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&word.to_le_bytes());
     }
-    h.finalize()
+    crc32c::crc32c(&bytes)
 }
 
 /// The valid word of directory entry `index` holding `name_and_owner` (bytes 0x00..0x38).
 pub(crate) fn directory_valid_word(index: u64, creation_id: u64, entry: &[u8]) -> u64 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&index.to_le_bytes());
-    h.update(&creation_id.to_le_bytes());
-    h.update(entry);
-    (DIR_TAG << 32) | u64::from(h.finalize())
+    (DIR_TAG << 32) | u64::from(checksum(&[index, creation_id], entry))
 }
 
 /// The offset of directory entry `index`.

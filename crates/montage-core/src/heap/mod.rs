@@ -25,8 +25,8 @@ use crate::recovery::scan::{self, UnitVisit};
 use crate::recovery::{self, BlockView, RecoveryReport, Verdict};
 use layout::{
     CLEAN_SHUTDOWN_OFFSET, DIR_ENTRY_LEN, DIR_OWNER_OFFSET, DIR_VALID_OFFSET, DIRECTORY_CAPACITY,
-    EPOCH_OFFSET, Geometry, HEADER_LEN, MAGIC_OFFSET, NAME_MAX, SUPERBLOCK_HEAD_LEN,
-    directory_entry_offset, directory_valid_word,
+    EPOCH_OFFSET, Geometry, HEADER_LEN, LEN_WORD_OFFSET, MAGIC_OFFSET, NAME_MAX,
+    SUPERBLOCK_HEAD_LEN, directory_entry_offset, directory_valid_word,
 };
 use mapping::Mapping;
 use region::Region;
@@ -296,8 +296,8 @@ impl Heap {
         let media = Media::new(region, backend);
 
         // PERSIST: INV-REC-1: recovery decides on the durable image, so whatever a crashed
-        // process left dirty in the mapping is written back first.
-        media.persist(0, geometry.heap_size)?;
+        // process left dirty is written back before it is read.
+        media.settle_before_recovery(geometry.data_offset)?;
         let clean = media.load(CLEAN_SHUTDOWN_OFFSET)? == 1;
         let (free, mut report) =
             recovery::recover(&media, &geometry, config.recovery_threads, decide)?;
@@ -389,7 +389,7 @@ impl Heap {
         let index = dir
             .iter()
             .position(Option::is_none)
-            .ok_or(Error::DirectoryFull {
+            .ok_or_else(|| Error::DirectoryFull {
                 capacity: DIRECTORY_CAPACITY,
             })?;
         let owner = owner_of(index);
@@ -534,10 +534,13 @@ impl Heap {
     /// [`Error::InvalidBlock`] for a handle that is not a block of this heap;
     /// [`Error::Poisoned`] after a failed write-back.
     pub fn flush_block(&self, block: PBlock) -> Result<()> {
-        let info = self.info(block)?;
+        let capacity = self.alloc.capacity(block)?;
+        // The recorded length bounds the write-back; the header is not validated here, which
+        // a flush does not need (a bad length only flushes more or less of this block).
+        let recorded = self.media.load(block.offset() + LEN_WORD_OFFSET)? >> 32;
+        let len = recorded.min(capacity);
         // PERSIST: header and payload start their write-back; the caller's fence completes it.
-        self.media
-            .flush(block.offset(), HEADER_LEN + u64::from(info.len))
+        self.media.flush(block.offset(), HEADER_LEN + len)
     }
 
     /// Waits until everything this thread flushed is durable.
@@ -589,11 +592,15 @@ impl Heap {
             }
             Ok(seen)
         };
+        let options = scan::ScanOptions {
+            threads,
+            settle: false,
+        };
         let counts = scan::scan(
             &self.media,
             &self.geometry,
             &units,
-            threads,
+            options,
             &progress,
             &work,
             &|| Ok(()),

@@ -45,15 +45,19 @@ impl Region {
         &self.mapping
     }
 
+    /// The region's length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len as u64
+    }
+
     /// Checks that `[offset, offset + len)` lies inside the region and returns `offset` as a
     /// `usize`.
     pub(crate) fn check(&self, offset: u64, len: u64) -> Result<usize> {
-        let oob = Error::OutOfBounds { offset, len };
         let end = offset
             .checked_add(len)
-            .ok_or(Error::OutOfBounds { offset, len })?;
+            .ok_or_else(|| Error::OutOfBounds { offset, len })?;
         if end > self.len as u64 {
-            return Err(oob);
+            return Err(Error::OutOfBounds { offset, len });
         }
         usize::try_from(offset).map_err(|_| Error::OutOfBounds { offset, len })
     }
@@ -64,16 +68,7 @@ impl Region {
         if at % 8 != 0 {
             return Err(Error::OutOfBounds { offset, len: 8 });
         }
-        // INV-MEM-1: the base is page-aligned, so an 8-aligned offset is an 8-aligned address.
-        #[allow(clippy::cast_ptr_alignment)]
-        let ptr = self.base.as_ptr().wrapping_add(at).cast::<u64>();
-        // SAFETY:
-        // - `ptr` is in bounds of the live mapping (checked above) and valid for the lifetime
-        //   of `&self`, because `self` owns the mapping;
-        // - it is 8-aligned (base page-aligned, offset checked 8-aligned);
-        // - every access to heap memory is atomic (INV-MEM-2), so there is no non-atomic
-        //   access to race with.
-        Ok(unsafe { AtomicU64::from_ptr(ptr) })
+        Ok(self.word_at(at))
     }
 
     /// The byte at the already-checked index `at`.
@@ -87,26 +82,47 @@ impl Region {
         unsafe { AtomicU8::from_ptr(ptr) }
     }
 
+    /// The word at the already-checked, 8-aligned index `at`.
+    fn word_at(&self, at: usize) -> &AtomicU64 {
+        debug_assert!(at.is_multiple_of(8) && at.checked_add(8).is_some_and(|end| end <= self.len));
+        // INV-MEM-1: the base is page-aligned, so an 8-aligned index is an 8-aligned address.
+        #[allow(clippy::cast_ptr_alignment)]
+        let ptr = self.base.as_ptr().wrapping_add(at).cast::<u64>();
+        // SAFETY:
+        // - callers pass an 8-aligned index whose 8 bytes lie inside a range checked by
+        //   `check`, so `ptr` is in bounds of the live mapping, which `self` owns and so
+        //   outlives the returned reference;
+        // - it is 8-aligned (INV-MEM-1);
+        // - every access to heap memory is atomic (INV-MEM-2), so there is no non-atomic
+        //   access to race with.
+        unsafe { AtomicU64::from_ptr(ptr) }
+    }
+
+    /// Splits the checked range `[start, start + len)` into an unaligned head, whole 8-byte
+    /// words, and an unaligned tail, returned as (head length, word count).
+    fn split(start: usize, len: usize) -> (usize, usize) {
+        let head = (8usize.wrapping_sub(start % 8) % 8).min(len);
+        let words = len.wrapping_sub(head) / 8;
+        (head, words)
+    }
+
     /// Copies `buf.len()` bytes from the heap at `offset` into `buf`.
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let start = self.check(offset, buf.len() as u64)?;
-        let mut at = start;
-        let mut rest = buf;
-        while !rest.is_empty() {
-            if at % 8 == 0 && rest.len() >= 8 {
-                let (word, tail) = rest.split_at_mut(8);
-                let value = self.word(at as u64)?.load(Ordering::Relaxed);
-                word.copy_from_slice(&value.to_ne_bytes());
-                rest = tail;
-                at = at.wrapping_add(8);
-            } else {
-                let (byte, tail) = rest.split_at_mut(1);
-                if let Some(b) = byte.first_mut() {
-                    *b = self.byte(at).load(Ordering::Relaxed);
-                }
-                rest = tail;
-                at = at.wrapping_add(1);
-            }
+        let (head, words) = Self::split(start, buf.len());
+        let (head_buf, rest) = buf.split_at_mut(head);
+        let (word_buf, tail_buf) = rest.split_at_mut(words.wrapping_mul(8));
+        for (i, b) in head_buf.iter_mut().enumerate() {
+            *b = self.byte(start.wrapping_add(i)).load(Ordering::Relaxed);
+        }
+        let words_at = start.wrapping_add(head);
+        for (i, chunk) in word_buf.chunks_exact_mut(8).enumerate() {
+            let value = self.word_at(words_at.wrapping_add(i.wrapping_mul(8)));
+            chunk.copy_from_slice(&value.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        let tail_at = words_at.wrapping_add(words.wrapping_mul(8));
+        for (i, b) in tail_buf.iter_mut().enumerate() {
+            *b = self.byte(tail_at.wrapping_add(i)).load(Ordering::Relaxed);
         }
         Ok(())
     }
@@ -114,25 +130,24 @@ impl Region {
     /// Copies `src` into the heap at `offset`.
     pub(crate) fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let start = self.check(offset, src.len() as u64)?;
-        let mut at = start;
-        let mut rest = src;
-        while !rest.is_empty() {
-            if at % 8 == 0 && rest.len() >= 8 {
-                let (word, tail) = rest.split_at(8);
-                let mut bytes = [0u8; 8];
-                bytes.copy_from_slice(word);
-                self.word(at as u64)?
-                    .store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
-                rest = tail;
-                at = at.wrapping_add(8);
-            } else {
-                let (byte, tail) = rest.split_at(1);
-                if let Some(b) = byte.first() {
-                    self.byte(at).store(*b, Ordering::Relaxed);
-                }
-                rest = tail;
-                at = at.wrapping_add(1);
-            }
+        let (head, words) = Self::split(start, src.len());
+        let (head_src, rest) = src.split_at(head);
+        let (word_src, tail_src) = rest.split_at(words.wrapping_mul(8));
+        for (i, b) in head_src.iter().enumerate() {
+            self.byte(start.wrapping_add(i))
+                .store(*b, Ordering::Relaxed);
+        }
+        let words_at = start.wrapping_add(head);
+        for (i, chunk) in word_src.chunks_exact(8).enumerate() {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(chunk);
+            self.word_at(words_at.wrapping_add(i.wrapping_mul(8)))
+                .store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
+        }
+        let tail_at = words_at.wrapping_add(words.wrapping_mul(8));
+        for (i, b) in tail_src.iter().enumerate() {
+            self.byte(tail_at.wrapping_add(i))
+                .store(*b, Ordering::Relaxed);
         }
         Ok(())
     }

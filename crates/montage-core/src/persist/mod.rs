@@ -209,6 +209,34 @@ impl Media {
         }
     }
 
+    /// Before recovery reads the heap: makes durable what a crashed process may have left
+    /// dirty in the metadata area `[0, metadata_len)` and, for a file, anywhere in it
+    /// (INV-REC-1). On persistent memory the block headers are written back one by one as
+    /// the scan reads them ([`settle_header`](Self::settle_header)), so pages recovery never
+    /// touches are not faulted in.
+    pub(crate) fn settle_before_recovery(&self, metadata_len: u64) -> Result<()> {
+        match &self.backend {
+            // PERSIST: msync of a clean mapping writes nothing; of a dirty one, what the
+            // crashed process left in the page cache.
+            Backend::Msync(_) => self.persist(0, self.region.len()),
+            // PERSIST: superblock, directory and span table, before they are trusted.
+            _ => self.persist(0, metadata_len),
+        }
+    }
+
+    /// During recovery: starts writing back the header line the scan just read, so that
+    /// what recovery decides on is durable (INV-REC-1); the scan worker's closing fence
+    /// completes it. Only persistent memory needs it (see
+    /// [`settle_before_recovery`](Self::settle_before_recovery)).
+    #[inline]
+    pub(crate) fn settle_header(&self, offset: u64) -> Result<()> {
+        match &self.backend {
+            #[cfg(target_arch = "x86_64")]
+            Backend::Pmem(_) => self.flush(offset, crate::heap::layout::HEADER_LEN),
+            _ => Ok(()),
+        }
+    }
+
     /// Flushes `[offset, offset + len)` and fences.
     pub(crate) fn persist(&self, offset: u64, len: u64) -> Result<()> {
         // PERSIST: the range is durable when this returns.

@@ -111,7 +111,11 @@ pub(crate) fn recover(
     };
     // PERSIST: each worker fences its own flushes (fences are per thread).
     let fence = || media.fence();
-    let outcomes = scan::scan(media, geometry, &units, threads, &progress, &work, &fence)?;
+    let options = scan::ScanOptions {
+        threads,
+        settle: true,
+    };
+    let outcomes = scan::scan(media, geometry, &units, options, &progress, &work, &fence)?;
 
     let mut free = FreeState::new(geometry.span_count);
     let mut report = RecoveryReport {

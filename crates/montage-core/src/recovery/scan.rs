@@ -114,14 +114,23 @@ pub(crate) struct UnitVisit<'a> {
     pub(crate) blocks: Vec<(u64, Option<BlockView<'a>>)>,
 }
 
-/// Visits every unit with `threads` workers. `work` gets each unit's block views and returns
+/// How a scan runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScanOptions {
+    /// Worker threads.
+    pub(crate) threads: usize,
+    /// Write back every header read (recovery, INV-REC-1).
+    pub(crate) settle: bool,
+}
+
+/// Visits every unit with `options.threads` workers. `work` gets each unit's block views and returns
 /// a per-unit result; `per_worker` runs once at the end of each worker (for its fence). The
 /// results come back in unit order.
 pub(crate) fn scan<'m, R: Send>(
     media: &'m Media,
     geometry: &Geometry,
     units: &[Unit],
-    threads: usize,
+    options: ScanOptions,
     progress: &AtomicU64,
     work: &(dyn Fn(UnitVisit<'m>) -> Result<R> + Sync),
     per_worker: &(dyn Fn() -> Result<()> + Sync),
@@ -140,7 +149,7 @@ pub(crate) fn scan<'m, R: Send>(
                 break;
             }
             for (index, unit) in units.iter().enumerate().skip(start).take(CHUNK) {
-                let visit = visit_unit(media, geometry, creation_id, *unit)?;
+                let visit = visit_unit(media, geometry, creation_id, *unit, options.settle)?;
                 local.push((index, work(visit)?));
                 // ORDERING: a monotonic counter for progress reports only.
                 progress.fetch_add(unit.blocks(), Ordering::Relaxed);
@@ -153,7 +162,7 @@ pub(crate) fn scan<'m, R: Send>(
             .extend(local);
         Ok(())
     };
-    let threads = threads.clamp(1, units.len().div_ceil(CHUNK).max(1));
+    let threads = options.threads.clamp(1, units.len().div_ceil(CHUNK).max(1));
     if threads == 1 {
         worker()?;
     } else {
@@ -179,7 +188,15 @@ fn visit_unit<'m>(
     geometry: &Geometry,
     creation_id: u64,
     unit: Unit,
+    settle: bool,
 ) -> Result<UnitVisit<'m>> {
+    let read = |offset: u64, capacity: u64| -> Result<Option<BlockView<'m>>> {
+        if settle {
+            media.settle_header(offset)?;
+        }
+        let info = read_header(media, creation_id, offset, capacity)?;
+        Ok(info.map(|info| BlockView { info, media }))
+    };
     let mut blocks = Vec::new();
     match unit {
         Unit::Class { span, class } => {
@@ -187,15 +204,12 @@ fn visit_unit<'m>(
             let size = class_size(class);
             for i in 0..blocks_per_span(class) {
                 let offset = start + i * size;
-                let info = read_header(media, creation_id, offset, size - HEADER_LEN)?;
-                blocks.push((offset, info.map(|info| BlockView { info, media })));
+                blocks.push((offset, read(offset, size - HEADER_LEN)?));
             }
         }
         Unit::Large { span, extent } => {
             let offset = geometry.span_start(span);
-            let capacity = extent * SPAN_SIZE - HEADER_LEN;
-            let info = read_header(media, creation_id, offset, capacity)?;
-            blocks.push((offset, info.map(|info| BlockView { info, media })));
+            blocks.push((offset, read(offset, extent * SPAN_SIZE - HEADER_LEN)?));
         }
     }
     Ok(UnitVisit { unit, blocks })

@@ -1,0 +1,207 @@
+//! Property and stress tests of the allocator: random alloc/write/free/reopen sequences
+//! against a model (no overlap, nothing lost across close and reopen), and several threads
+//! allocating and freeing at once.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use montage_core::{
+    BlockSpec, Error, HEADER_LEN, Heap, HeapConfig, PBlock, ScanFilter, SplitMix64,
+};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { len: u64 },
+    Write { pick: usize, seed: u64 },
+    Free { pick: usize },
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => prop_oneof![1u64..200, 200u64..3000, 3000u64..20_000, 60_000u64..140_000]
+            .prop_map(|len| Op::Alloc { len }),
+        3 => (any::<usize>(), any::<u64>()).prop_map(|(pick, seed)| Op::Write { pick, seed }),
+        4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn bytes(seed: u64, len: u64) -> Vec<u8> {
+    let mut rng = SplitMix64::new(seed);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
+}
+
+fn test_dir() -> tempfile::TempDir {
+    // tmpfs keeps msync cheap; any directory gives the same results.
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+/// Every live block's extent, checked for overlap with every other.
+fn assert_no_overlap(heap: &Heap, live: &BTreeMap<PBlock, (u64, Vec<u8>)>) {
+    let mut extents: Vec<(u64, u64)> = live
+        .keys()
+        .map(|b| {
+            let info = heap.info(*b).unwrap();
+            (b.offset(), b.offset() + HEADER_LEN + info.capacity)
+        })
+        .collect();
+    extents.sort_unstable();
+    for pair in extents.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "overlap: {pair:?}");
+    }
+}
+
+fn run(ops: &[Op]) {
+    let dir = test_dir();
+    let config = HeapConfig::new(dir.path().join("model.heap")).size(2 << 20);
+    let mut heap = Heap::create(&config).unwrap();
+    // The model: block -> (uid, payload).
+    let mut live: BTreeMap<PBlock, (u64, Vec<u8>)> = BTreeMap::new();
+    let mut next_uid = 1;
+    for op in ops {
+        match *op {
+            Op::Alloc { len } => {
+                let data = bytes(next_uid, len);
+                match heap.alloc_bytes(BlockSpec::new(1, next_uid), &data) {
+                    Ok(block) => {
+                        heap.persist_block(block).unwrap();
+                        assert!(!live.contains_key(&block), "handed out a live block");
+                        live.insert(block, (next_uid, data));
+                        next_uid += 1;
+                    }
+                    Err(Error::OutOfSpace { .. }) => {}
+                    Err(e) => panic!("alloc: {e}"),
+                }
+            }
+            Op::Write { pick, seed } if !live.is_empty() => {
+                let count = live.len();
+                let (block, (_, data)) = live.iter_mut().nth(pick % count).unwrap();
+                *data = bytes(seed, data.len() as u64);
+                heap.write(*block, 0, data).unwrap();
+                heap.persist_block(*block).unwrap();
+            }
+            Op::Free { pick } if !live.is_empty() => {
+                let block = *live.keys().nth(pick % live.len()).unwrap();
+                heap.free(block).unwrap();
+                live.remove(&block);
+            }
+            Op::Reopen => {
+                heap.close().unwrap();
+                heap = Heap::open(&config).unwrap();
+                let found: BTreeMap<PBlock, (u64, Vec<u8>)> = heap
+                    .collect(ScanFilter::all())
+                    .unwrap()
+                    .into_iter()
+                    .map(|info| {
+                        (
+                            info.block,
+                            (info.spec.uid, heap.read_payload(info.block).unwrap()),
+                        )
+                    })
+                    .collect();
+                assert_eq!(found, live, "reopen changed the heap's contents");
+            }
+            _ => {}
+        }
+        assert_no_overlap(&heap, &live);
+        for (block, (uid, data)) in &live {
+            assert_eq!(heap.info(*block).unwrap().spec.uid, *uid);
+            assert_eq!(&heap.read_payload(*block).unwrap(), data);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)
+    ))]
+
+    #[test]
+    fn random_alloc_free_sequences_never_overlap_and_survive_reopen(
+        ops in proptest::collection::vec(op(), 1..80)
+    ) {
+        run(&ops);
+    }
+}
+
+/// Several threads allocate, fill, check and free at once; a block handed to two threads
+/// at once shows up as a payload overwritten by the other thread's pattern.
+fn stress(config: &HeapConfig, threads: u64, ops: u64) {
+    let heap = Heap::create(config).unwrap();
+    let kept: Vec<Vec<(PBlock, Vec<u8>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let heap = &heap;
+                s.spawn(move || {
+                    let mut rng = SplitMix64::new(t);
+                    let mut mine: Vec<(PBlock, Vec<u8>)> = Vec::new();
+                    for i in 0..ops {
+                        if mine.len() < 64 && !rng.next_u64().is_multiple_of(3) {
+                            let len = if rng.next_u64().is_multiple_of(50) {
+                                70_000
+                            } else {
+                                1 + rng.next_u64() % 600
+                            };
+                            let data = bytes(t << 32 | i, len);
+                            match heap.alloc_bytes(BlockSpec::new(1, t << 32 | i), &data) {
+                                Ok(block) => mine.push((block, data)),
+                                Err(Error::OutOfSpace { .. }) => {}
+                                Err(e) => panic!("alloc: {e}"),
+                            }
+                        } else if !mine.is_empty() {
+                            let at = (rng.next_u64() % mine.len() as u64) as usize;
+                            let (block, data) = mine.swap_remove(at);
+                            assert_eq!(
+                                heap.read_payload(block).unwrap(),
+                                data,
+                                "block shared by two owners"
+                            );
+                            heap.free(block).unwrap();
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut all: Vec<(PBlock, Vec<u8>)> = kept.into_iter().flatten().collect();
+    all.sort_unstable_by_key(|(b, _)| *b);
+    let found = heap.collect(ScanFilter::all()).unwrap();
+    assert_eq!(
+        found.iter().map(|i| i.block).collect::<Vec<_>>(),
+        all.iter().map(|(b, _)| *b).collect::<Vec<_>>()
+    );
+    for (block, data) in &all {
+        assert_eq!(&heap.read_payload(*block).unwrap(), data);
+    }
+}
+
+#[test]
+fn concurrent_alloc_and_free_never_share_a_block() {
+    stress(&HeapConfig::in_memory(32 << 20), 4, 20_000);
+}
+
+#[test]
+fn concurrent_alloc_and_free_on_a_nearly_full_heap_never_share_a_block() {
+    // Small enough that threads run out of spans and steal from each other's caches.
+    stress(&HeapConfig::in_memory(1 << 20).thread_slots(2), 4, 5_000);
+}
+
+#[test]
+fn concurrent_alloc_and_free_on_the_simulator_never_share_a_block() {
+    stress(
+        &HeapConfig::simulated(4 << 20, montage_core::SimMode::Prefix),
+        2,
+        2_000,
+    );
+}
