@@ -241,6 +241,35 @@ fn the_spans_of_a_freed_large_block_are_reused() {
 }
 
 #[test]
+fn spans_freed_by_another_thread_are_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    let heap = Heap::create(&HeapConfig::new(&path).size(21 * montage_core::SPAN_SIZE)).unwrap();
+    let len = (1 << 20) + 17;
+    let first = heap.alloc(BlockSpec::new(1, 1), len).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| heap.free(first).unwrap());
+    });
+    // The freeing thread left its invalidation pending; the allocator drains it.
+    assert_eq!(heap.alloc(BlockSpec::new(1, 2), len).unwrap(), first);
+    // Small blocks too: fill the heap, free everything from another thread, fill again.
+    heap.free(first).unwrap();
+    let mut small = Vec::new();
+    while let Ok(block) = heap.alloc(BlockSpec::new(2, small.len() as u64), 100) {
+        small.push(block);
+    }
+    let count = small.len();
+    std::thread::scope(|s| {
+        s.spawn(|| small.drain(..).for_each(|b| heap.free(b).unwrap()));
+    });
+    let mut again = 0;
+    while heap.alloc(BlockSpec::new(3, again), 100).is_ok() {
+        again += 1;
+    }
+    assert_eq!(again as usize, count);
+}
+
+#[test]
 fn block_handles_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);

@@ -137,13 +137,22 @@ pub struct AllocStats {
 }
 
 /// The allocator of one heap. See the module docs for its invariants.
-#[derive(Debug)]
 pub(crate) struct Allocator {
     geometry: Geometry,
     mirror: Box<[AtomicU32]>,
     span_pool: Mutex<BTreeSet<u64>>,
     class_pools: Box<[Mutex<Vec<u64>>]>,
     caches: Box<[CachePadded<Mutex<ThreadCache>>]>,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The free lists can hold millions of entries: summarise.
+        f.debug_struct("Allocator")
+            .field("stats", &self.stats())
+            .field("thread_caches", &self.caches.len())
+            .finish_non_exhaustive()
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -271,7 +280,7 @@ impl Allocator {
         if let Some(offset) = cache.free[c].pop() {
             return Ok(offset);
         }
-        match self.carve(media, class) {
+        match self.carve(media, class, len) {
             Ok(blocks) => {
                 cache.free[c].extend(blocks.into_iter().rev());
             }
@@ -286,22 +295,39 @@ impl Allocator {
             .ok_or_else(|| Error::OutOfSpace { requested: len })
     }
 
-    /// The heap has no free span: look for a free block of `class` in other threads' caches
-    /// (draining their pending frees) before reporting the heap full.
-    fn steal(&self, media: &Media, class: u8, len: u64) -> Result<u64> {
-        let c = usize::from(class);
+    /// Drains the pending frees of every thread cache not busy right now, so that blocks
+    /// and spans freed by other threads become reusable.
+    fn drain_everywhere(&self, media: &Media) -> Result<()> {
         for slot in &self.caches {
-            let Ok(mut cache) = slot.try_lock() else {
-                continue;
-            };
-            if !cache.pending.is_empty() {
+            // A busy cache is being used by its thread, which drains it itself.
+            if let Ok(mut cache) = slot.try_lock()
+                && !cache.pending.is_empty()
+            {
                 self.drain(media, &mut cache)?;
             }
-            if let Some(offset) = cache.free[c].pop() {
+        }
+        Ok(())
+    }
+
+    /// The heap has no free span: take a free block of `class` from another thread's cache,
+    /// or carve a span that draining other threads' frees gave back, before reporting the
+    /// heap full. Called without holding the caller's cache.
+    fn steal(&self, media: &Media, class: u8, len: u64) -> Result<u64> {
+        let c = usize::from(class);
+        self.drain_everywhere(media)?;
+        for slot in &self.caches {
+            if let Ok(mut cache) = slot.try_lock()
+                && let Some(offset) = cache.free[c].pop()
+            {
                 return Ok(offset);
             }
         }
-        Err(Error::OutOfSpace { requested: len })
+        let blocks = self.carve(media, class, len)?;
+        let mut cache = lock(self.cache());
+        cache.free[c].extend(blocks.into_iter().rev());
+        cache.free[c]
+            .pop()
+            .ok_or_else(|| Error::OutOfSpace { requested: len })
     }
 
     fn take_spans(&self, extent: u64, len: u64) -> Result<u64> {
@@ -363,9 +389,10 @@ impl Allocator {
         Ok(())
     }
 
-    /// Takes a free span, carves it into blocks of `class`, and returns their offsets.
-    fn carve(&self, media: &Media, class: u8) -> Result<Vec<u64>> {
-        let span = self.take_spans(1, class_size(class))?;
+    /// Takes a free span, carves it into blocks of `class`, and returns their offsets. `len`
+    /// is the payload size being allocated, reported if the heap is full.
+    fn carve(&self, media: &Media, class: u8, len: u64) -> Result<Vec<u64>> {
+        let span = self.take_spans(1, len)?;
         let start = self.geometry.span_start(span);
         let size = class_size(class);
         let blocks: Vec<u64> = (0..blocks_per_span(class))
@@ -396,13 +423,8 @@ impl Allocator {
         let span = match self.take_spans(extent, len) {
             Ok(span) => span,
             Err(Error::OutOfSpace { .. }) => {
-                // Freed large blocks may still sit on pending lists: drain ours and retry once.
-                let mut cache = lock(self.cache());
-                if cache.pending.is_empty() {
-                    return Err(Error::OutOfSpace { requested: len });
-                }
-                self.drain(media, &mut cache)?;
-                drop(cache);
+                // Freed large blocks may still sit on pending lists: drain them, retry once.
+                self.drain_everywhere(media)?;
                 self.take_spans(extent, len)?
             }
             Err(other) => return Err(other),

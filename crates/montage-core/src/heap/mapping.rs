@@ -24,12 +24,6 @@ enum Kind {
     Sync { ptr: NonNull<u8>, len: usize },
 }
 
-// SAFETY: the mapping is a plain range of process memory; nothing about it is tied to the
-// thread that created it. All accesses go through `Region`, whose invariants make them sound.
-unsafe impl Send for Kind {}
-// SAFETY: as above; shared access is through raw pointers and atomics only (STYLE 3.4.6).
-unsafe impl Sync for Kind {}
-
 impl Mapping {
     /// Maps `len` bytes of `file` shared. With `want_sync`, tries `MAP_SYNC` first (so CPU
     /// flushes reach the media without `msync`), falling back to a plain shared mapping when

@@ -96,7 +96,6 @@ enum Source<'a> {
 /// assert_eq!(heap.read_payload(found[0].block)?, b"hello");
 /// # Ok::<(), montage_core::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct Heap {
     media: Media,
     geometry: Geometry,
@@ -652,6 +651,21 @@ impl Heap {
     #[cfg(test)]
     pub(crate) fn media(&self) -> &Media {
         &self.media
+    }
+}
+
+impl std::fmt::Debug for Heap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heap")
+            .field("path", &self.path())
+            .field("size", &self.geometry.heap_size)
+            .field("backend", &self.backend)
+            .field(
+                "creation_id",
+                &format_args!("{:#018x}", self.geometry.creation_id),
+            )
+            .field("stats", &self.alloc.stats())
+            .finish_non_exhaustive()
     }
 }
 
