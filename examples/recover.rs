@@ -1,12 +1,12 @@
-//! Creates a heap file, registers a structure, allocates and frees payloads, closes the heap,
-//! reopens it and prints what recovery found.
+//! Creates a heap file, registers a structure, allocates, updates and deletes payloads in
+//! operations, syncs, closes the heap, reopens it and prints what recovery found.
 //!
 //! `cargo run --release --example recover [PATH]`
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
 
-use montage::{BlockSpec, Heap, HeapConfig, ScanFilter};
+use montage::{Heap, HeapConfig, ScanFilter};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args_os().nth(1).map_or_else(
@@ -22,22 +22,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let owner = heap.register("greetings")?;
     let words = ["hello", "bonjour", "hola", "ciao", "hallo", "ola"];
     let mut blocks = Vec::new();
-    for (uid, word) in (1u64..).zip(words) {
-        let spec = BlockSpec::new(1, uid).owner(owner);
-        let block = heap.alloc_bytes(spec, word.as_bytes())?;
-        heap.persist_block(block)?;
-        blocks.push(block);
+    for word in words {
+        // Each operation runs in one epoch; its payload is written back in the background.
+        blocks.push(heap.run_op(|op| op.alloc(owner, 0, word.as_bytes()))?);
     }
-    // Free every other payload; the frees are made durable before the blocks are reused.
+    // Update one payload and delete every other one.
+    blocks[1] = heap.run_op(|op| op.update(blocks[1], b"bonjour, le monde"))?;
     for block in blocks.iter().step_by(2) {
-        heap.free(*block)?;
+        heap.run_op(|op| op.delete(*block))?;
     }
+    // Everything so far is durable once sync returns: the moment to acknowledge a client.
+    heap.sync()?;
     println!(
-        "created {} ({} MiB), wrote {} payloads, freed {}",
+        "created {} ({} MiB), wrote {} payloads, deleted {}, synced at epoch {}",
         path.display(),
         heap.size() >> 20,
         blocks.len(),
-        blocks.len().div_ceil(2)
+        blocks.len().div_ceil(2),
+        heap.epoch()
     );
     heap.close()?;
 

@@ -2,6 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use crate::epoch::EpochLength;
 use crate::error::{Error, Result};
 use crate::persist::sim::SimMode;
 
@@ -59,6 +62,18 @@ pub struct HeapConfig {
     pub(crate) thread_slots: usize,
     pub(crate) recovery_threads: usize,
     pub(crate) sim_crash_at: Option<u64>,
+    pub(crate) epoch_length: EpochLength,
+    pub(crate) progress: Option<Progress>,
+}
+
+/// A recovery progress callback (see [`HeapConfig::on_recovery_progress`]).
+#[derive(Clone)]
+pub(crate) struct Progress(pub(crate) Arc<dyn Fn(u64) + Send + Sync>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress(..)")
+    }
 }
 
 /// The heap size used when none is given: 64 MiB.
@@ -75,6 +90,8 @@ impl HeapConfig {
             thread_slots: default_thread_slots(),
             recovery_threads: default_recovery_threads(),
             sim_crash_at: None,
+            epoch_length: EpochLength::DEFAULT,
+            progress: None,
         }
     }
 
@@ -88,12 +105,17 @@ impl HeapConfig {
             thread_slots: default_thread_slots(),
             recovery_threads: default_recovery_threads(),
             sim_crash_at: None,
+            epoch_length: EpochLength::DEFAULT,
+            progress: None,
         }
     }
 
-    /// An in-memory heap on the power-failure simulator in `mode`.
+    /// An in-memory heap on the power-failure simulator in `mode`. Its clock is manual (no
+    /// background thread), so a test's persistence events are deterministic.
     pub fn simulated(size: u64, mode: SimMode) -> Self {
-        HeapConfig::in_memory(size).backend(BackendKind::Simulated(mode))
+        HeapConfig::in_memory(size)
+            .backend(BackendKind::Simulated(mode))
+            .epoch_length(EpochLength::Manual)
     }
 
     /// The size of a heap to create, in bytes (ignored when opening: the file records it).
@@ -135,6 +157,24 @@ impl HeapConfig {
         self
     }
 
+    /// How the epoch clock advances: every so often in a background thread (default
+    /// [`EpochLength::DEFAULT`], 50 ms), or only when asked ([`EpochLength::Manual`]).
+    /// `sync` always advances the clock itself, so its latency does not depend on this.
+    #[must_use]
+    pub fn epoch_length(mut self, length: EpochLength) -> Self {
+        self.epoch_length = length;
+        self
+    }
+
+    /// A callback that recovery calls from its worker threads now and then with the number of
+    /// block headers read so far (recovery reads each header twice: the count runs to about
+    /// twice the number of block positions in carved spans), for progress bars.
+    #[must_use]
+    pub fn on_recovery_progress(mut self, progress: impl Fn(u64) + Send + Sync + 'static) -> Self {
+        self.progress = Some(Progress(Arc::new(progress)));
+        self
+    }
+
     /// The configured heap size in bytes.
     pub fn heap_size(&self) -> u64 {
         self.size
@@ -157,6 +197,11 @@ impl HeapConfig {
         if self.thread_slots == 0 {
             return Err(Error::InvalidConfig {
                 what: "thread_slots must be at least 1",
+            });
+        }
+        if self.epoch_length == EpochLength::Every(std::time::Duration::ZERO) {
+            return Err(Error::InvalidConfig {
+                what: "an epoch length must be positive; use EpochLength::Manual for none",
             });
         }
         if self.recovery_threads == 0 {

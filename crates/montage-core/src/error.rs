@@ -94,6 +94,30 @@ pub enum Error {
         /// The handle's offset.
         offset: u64,
     },
+    /// The block was already superseded or deleted by another operation: two operations
+    /// raced on one payload without the synchronization the structure must provide.
+    #[error("block at offset {offset:#x} was already superseded or deleted")]
+    Retired {
+        /// The block's offset.
+        offset: u64,
+    },
+    /// The operation met a payload written in a newer epoch than its own and must be
+    /// retried in a new operation ([`Heap::run_op`](crate::Heap::run_op) does this).
+    #[error("operation aborted: it met a payload of a newer epoch; retry it")]
+    Aborted,
+    /// `begin_op` was called on a thread that already has an operation open on this heap.
+    #[error("an operation is already open on this thread; operations do not nest")]
+    NestedOperation,
+    /// `sync` was called inside an operation; it would wait for that operation to end.
+    #[error("sync called inside an operation; end the operation first")]
+    SyncInOperation,
+    /// The epoch clock stopped after a failure (an earlier error is in the log of the
+    /// operation that hit it); durability can no longer be promised.
+    #[error("the epoch clock has stopped after a failure: {reason}")]
+    ClockStopped {
+        /// What stopped it.
+        reason: &'static str,
+    },
     /// An access falls outside the block or the heap it addresses.
     #[error("access of {len} bytes at offset {offset:#x} is out of bounds")]
     OutOfBounds {

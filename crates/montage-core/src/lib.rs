@@ -25,19 +25,22 @@
 //! # Example
 //!
 //! ```
-//! use montage_core::{BlockSpec, Heap, HeapConfig, SimMode, ScanFilter};
+//! use montage_core::{Heap, HeapConfig, ScanFilter, SimMode};
 //!
-//! // A heap on the power-failure simulator.
-//! let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix))?;
-//! let durable = heap.alloc_bytes(BlockSpec::new(1, 1), b"written back")?;
-//! heap.persist_block(durable)?;
-//! let _lost = heap.alloc_bytes(BlockSpec::new(1, 2), b"never flushed")?;
+//! // A heap on the power-failure simulator (its clock moves only when asked).
+//! let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+//! let heap = Heap::create(&config)?;
+//! let owner = heap.register("greetings")?;
+//! heap.run_op(|op| op.alloc(owner, 0, b"acknowledged"))?;
+//! heap.sync()?; // everything completed so far is durable now
+//! heap.run_op(|op| op.alloc(owner, 0, b"not yet synced"))?;
 //!
-//! // Pull the plug: seed 1 decides which unflushed stores reached the media.
-//! let image = heap.simulator().unwrap().crash(1);
-//! let recovered = Heap::open_image(image, &HeapConfig::simulated(1 << 20, SimMode::Prefix))?;
-//! let blocks = recovered.collect(ScanFilter::all())?;
-//! assert!(blocks.iter().any(|b| b.spec.uid == 1)); // persisted: always there
+//! // Pull the plug: seed 7 decides which unflushed cache lines reached the media.
+//! let image = heap.simulator().unwrap().crash(7);
+//! let heap = Heap::open_image(image, &config)?;
+//! let found = heap.collect(ScanFilter::all().owner(owner))?;
+//! assert_eq!(found.len(), 1); // a consistent prefix: the synced operation, not the other
+//! assert_eq!(heap.read_payload(found[0].block)?, b"acknowledged");
 //! # Ok::<(), montage_core::Error>(())
 //! ```
 
@@ -52,6 +55,7 @@
 
 mod alloc;
 mod config;
+mod epoch;
 mod error;
 mod heap;
 mod persist;
@@ -61,6 +65,8 @@ mod slot;
 pub use alloc::AllocStats;
 pub use alloc::block::{BlockInfo, BlockKind, BlockSpec, OwnerId, PBlock};
 pub use config::{BackendKind, DEFAULT_HEAP_SIZE, HeapConfig};
+pub use epoch::EpochLength;
+pub use epoch::op::OpGuard;
 pub use error::{Error, Result};
 pub use heap::layout::{
     DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX, SPAN_SIZE,

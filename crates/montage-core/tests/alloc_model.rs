@@ -96,7 +96,7 @@ fn run(ops: &[Op]) {
             }
             Op::Reopen => {
                 heap.close().unwrap();
-                heap = Heap::open(&config).unwrap();
+                heap = Heap::open_with(&config, |_| montage_core::Verdict::Keep).unwrap();
                 let found: BTreeMap<PBlock, (u64, Vec<u8>)> = heap
                     .collect(ScanFilter::all())
                     .unwrap()

@@ -15,6 +15,12 @@ use montage_core::{
 
 const HEAP: u64 = 1 << 20;
 
+/// These tests exercise the raw block layer, whose blocks carry epochs the test chose: recover
+/// keeping every valid block rather than applying the epoch rule.
+fn open_raw(image: montage_core::CrashImage, config: &HeapConfig) -> montage_core::Result<Heap> {
+    Heap::open_image_with(image, config, |_| Verdict::Keep)
+}
+
 fn config(mode: SimMode) -> HeapConfig {
     HeapConfig::simulated(HEAP, mode).recovery_threads(2)
 }
@@ -247,7 +253,7 @@ fn crash_once(mode: SimMode, seed: u64) {
     drop(heap);
     eprintln!("mode {mode:?} seed {seed}: crash at step {step} of {total}");
 
-    let recovered = Heap::open_image(image.clone(), &config(mode)).unwrap();
+    let recovered = open_raw(image.clone(), &config(mode)).unwrap();
     assert!(!recovered.recovery_report().clean_shutdown);
     check_recovered(&recovered, &payloads, step);
     let before_fill = contents(&recovered);
@@ -262,7 +268,7 @@ fn crash_once(mode: SimMode, seed: u64) {
     let sim = recovered.simulator().unwrap();
     recovered.close().unwrap();
     let image = montage_core::CrashImage::from_bytes(sim.durable_image());
-    let reopened = Heap::open_image(image, &config(mode)).unwrap();
+    let reopened = open_raw(image, &config(mode)).unwrap();
     assert!(reopened.recovery_report().clean_shutdown);
     assert!(contents(&reopened).is_empty());
     let stats = reopened.stats();
@@ -302,7 +308,7 @@ fn crash_during_recovery(mode: SimMode, seed: u64) {
     // INV-REC-2: what recovery dropped is durably gone when open returns: even a recovery
     // that would keep everything does not see it again.
     let durable = montage_core::CrashImage::from_bytes(first_sim.durable_image());
-    let keep_all = Heap::open_image(durable, &config(mode)).unwrap();
+    let keep_all = open_raw(durable, &config(mode)).unwrap();
     assert_eq!(contents(&keep_all), want, "a dropped block came back");
     drop(keep_all);
     drop(first);
@@ -351,7 +357,7 @@ fn a_crash_during_create_leaves_a_file_open_rejects() {
             let sim_heap = Heap::create(&config(SimMode::Prefix).sim_crash_at(step)).unwrap();
             let image = sim_heap.simulator().unwrap().crash(seed);
             drop(sim_heap);
-            match Heap::open_image(image, &config(SimMode::Prefix)) {
+            match open_raw(image, &config(SimMode::Prefix)) {
                 Ok(heap) => {
                     assert!(contents(&heap).is_empty());
                     outcomes.insert("heap");

@@ -12,6 +12,12 @@ use montage_core::{
 
 const SIZE: u64 = 4 << 20;
 
+/// These tests exercise the file and the raw block layer, whose blocks carry epochs the test
+/// chose: recover keeping every valid block rather than applying the epoch rule.
+fn open_raw(config: &HeapConfig) -> montage_core::Result<Heap> {
+    Heap::open_with(config, |_| montage_core::Verdict::Keep)
+}
+
 fn heap_path(dir: &tempfile::TempDir) -> PathBuf {
     dir.path().join("test.heap")
 }
@@ -43,7 +49,7 @@ fn reopened_heap_has_every_persisted_payload_and_name() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
     make_heap(&path);
-    let heap = Heap::open(&config(&path)).unwrap();
+    let heap = open_raw(&config(&path)).unwrap();
     assert!(heap.recovery_report().clean_shutdown);
     let owner = heap.lookup("things").unwrap();
     let blocks = heap.collect(ScanFilter::all().owner(owner)).unwrap();
@@ -75,7 +81,7 @@ fn open_rejects_random_bytes_as_bad_magic_and_leaves_the_file_untouched() {
     let mut rng = montage_core::SplitMix64::new(7);
     let bytes: Vec<u8> = (0..SIZE).map(|_| rng.next_u64() as u8).collect();
     std::fs::write(&path, &bytes).unwrap();
-    let err = Heap::open(&config(&path)).unwrap_err();
+    let err = open_raw(&config(&path)).unwrap_err();
     assert!(matches!(err, Error::BadMagic), "{err}");
     assert_eq!(file_bytes(&path), bytes);
 }
@@ -85,7 +91,7 @@ fn open_rejects_an_empty_file_as_truncated() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
     std::fs::write(&path, b"").unwrap();
-    let err = Heap::open(&config(&path)).unwrap_err();
+    let err = open_raw(&config(&path)).unwrap_err();
     assert!(matches!(err, Error::Truncated { .. }), "{err}");
     assert!(file_bytes(&path).is_empty());
 }
@@ -99,7 +105,7 @@ fn open_rejects_a_truncated_heap_and_leaves_the_file_untouched() {
     file.set_len(SIZE / 2).unwrap();
     drop(file);
     let before = file_bytes(&path);
-    let err = Heap::open(&config(&path)).unwrap_err();
+    let err = open_raw(&config(&path)).unwrap_err();
     assert!(
         matches!(err, Error::Truncated { expected, actual } if expected == SIZE && actual == SIZE / 2),
         "{err}"
@@ -115,7 +121,7 @@ fn open_rejects_another_format_version_and_leaves_the_file_untouched() {
     let mut bytes = file_bytes(&path);
     bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
-    let err = Heap::open(&config(&path)).unwrap_err();
+    let err = open_raw(&config(&path)).unwrap_err();
     assert!(
         matches!(
             err,
@@ -137,7 +143,7 @@ fn open_rejects_a_damaged_superblock_and_leaves_the_file_untouched() {
     let mut bytes = file_bytes(&path);
     bytes[0x28] ^= 0x01; // span count
     std::fs::write(&path, &bytes).unwrap();
-    let err = Heap::open(&config(&path)).unwrap_err();
+    let err = open_raw(&config(&path)).unwrap_err();
     assert!(matches!(err, Error::Corrupted { .. }), "{err}");
     assert_eq!(file_bytes(&path), bytes);
 }
@@ -150,7 +156,7 @@ fn open_rejects_a_damaged_span_table_and_leaves_the_file_untouched() {
     let mut bytes = file_bytes(&path);
     bytes[0x4000] ^= 0x10; // the first span's entry
     std::fs::write(&path, &bytes).unwrap();
-    let err = Heap::open(&config(&path)).unwrap_err();
+    let err = open_raw(&config(&path)).unwrap_err();
     assert!(
         matches!(err, Error::Corrupted { offset: 0x4000, .. }),
         "{err}"
@@ -175,11 +181,11 @@ fn a_second_open_in_this_process_is_locked_out_until_close() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
     make_heap(&path);
-    let heap = Heap::open(&config(&path)).unwrap();
-    let err = Heap::open(&config(&path)).unwrap_err();
+    let heap = open_raw(&config(&path)).unwrap();
+    let err = open_raw(&config(&path)).unwrap_err();
     assert!(matches!(err, Error::Locked { .. }), "{err}");
     heap.close().unwrap();
-    assert!(Heap::open(&config(&path)).is_ok());
+    assert!(open_raw(&config(&path)).is_ok());
 }
 
 #[test]
@@ -216,7 +222,7 @@ fn large_payloads_survive_reopen() {
     let free_with_block = heap.stats().free_spans;
     heap.close().unwrap();
 
-    let heap = Heap::open(&config(&path)).unwrap();
+    let heap = open_raw(&config(&path)).unwrap();
     let found = heap.collect(ScanFilter::all()).unwrap();
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].len as usize, payload.len());
@@ -332,7 +338,7 @@ fn the_directory_holds_64_names_and_rejects_bad_ones() {
     ));
     assert!(owners.iter().all(|o| *o != OwnerId::NONE));
     heap.close().unwrap();
-    let heap = Heap::open(&config(&path)).unwrap();
+    let heap = open_raw(&config(&path)).unwrap();
     let names = heap.structures();
     assert_eq!(names.len(), DIRECTORY_CAPACITY);
     assert_eq!(names.iter().map(|(_, o)| *o).collect::<Vec<_>>(), owners);
@@ -357,7 +363,7 @@ fn every_backend_creates_and_reopens_a_file_heap() {
         let block = heap.alloc_bytes(BlockSpec::new(1, 1), b"payload").unwrap();
         heap.persist_block(block).unwrap();
         heap.close().unwrap();
-        let heap = Heap::open(&config).unwrap();
+        let heap = open_raw(&config).unwrap();
         let found = heap.collect(ScanFilter::all()).unwrap();
         assert_eq!(found.len(), 1, "{backend:?}");
         assert_eq!(heap.read_payload(found[0].block).unwrap(), b"payload");

@@ -100,7 +100,7 @@ fn a_process_that_exits_without_closing_leaves_an_unclean_heap_with_its_durable_
     let path = heap_path(&dir);
     make_heap(&path);
     assert_eq!(run_child("die", &path), Some(0));
-    let heap = Heap::open(&config(&path)).unwrap();
+    let heap = Heap::open_with(&config(&path), |_| montage_core::Verdict::Keep).unwrap();
     assert!(!heap.recovery_report().clean_shutdown);
     let found = heap.collect(ScanFilter::all()).unwrap();
     let child = found.iter().find(|b| b.spec.uid == 77).unwrap();

@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, Result};
-use crate::heap::layout::{Geometry, HEADER_LEN, RawHeader, SPAN_SIZE, SpanEntry};
+use crate::heap::layout::{Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_SIZE, SpanEntry};
 use crate::persist::Media;
 use block::{BlockInfo, BlockSpec, PBlock};
 use size_class::{NUM_CLASSES, blocks_per_span, class_for, class_size, spans_for};
@@ -248,15 +248,85 @@ impl Allocator {
             Some(class) => self.alloc_small(media, class, len)?,
             None => self.alloc_large(media, spans_for(total), len)?,
         };
-        let header = spec.raw(stored_len);
+        self.write_header(media, offset, &spec.raw(stored_len))?;
+        Ok(PBlock(offset))
+    }
+
+    /// Writes a whole header: the four body words, then the meta word, which with its
+    /// checksum makes the header valid (INV-HDR-1).
+    pub(crate) fn write_header(
+        &self,
+        media: &Media,
+        offset: u64,
+        header: &RawHeader,
+    ) -> Result<()> {
         let mut body = [0u8; 32];
         for (chunk, word) in body.chunks_exact_mut(8).zip(header.body_words()) {
             chunk.copy_from_slice(&word.to_le_bytes());
         }
         media.write(offset + 8, &body)?;
-        // The meta word goes last: with the checksum it makes the header valid (INV-HDR-1).
-        media.store(offset, header.meta(offset, self.geometry.creation_id))?;
-        Ok(PBlock(offset))
+        media.store(offset, header.meta(offset, self.geometry.creation_id))
+    }
+
+    /// Sets the retired bit of a live block's meta word. Fails with `InvalidBlock` if the
+    /// block is not live, and with `Retired` if it is retired already (INV-EP-3).
+    pub(crate) fn mark_retired(&self, media: &Media, block: PBlock) -> Result<()> {
+        let offset = block.0;
+        self.locate(offset)?;
+        let meta = media.load(offset)?;
+        if meta == 0 {
+            return Err(Error::InvalidBlock { offset });
+        }
+        if meta & META_RETIRED != 0 {
+            return Err(Error::Retired { offset });
+        }
+        match media.compare_exchange(offset, meta, meta | META_RETIRED)? {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::Retired { offset }),
+        }
+    }
+
+    /// Clears the retired bit set by [`mark_retired`](Self::mark_retired) (an aborted
+    /// operation gives its claim back).
+    pub(crate) fn clear_retired(&self, media: &Media, block: PBlock) -> Result<()> {
+        self.locate(block.0)?;
+        let meta = media.load(block.0)?;
+        if meta & META_RETIRED != 0 {
+            media.store(block.0, meta & !META_RETIRED)?;
+        }
+        Ok(())
+    }
+
+    /// Invalidates blocks whose reclamation the epoch protocol allows, makes that durable,
+    /// and gives them to the shared pools (not to the calling thread's cache: the caller is
+    /// usually the epoch advancer, which does not allocate).
+    pub(crate) fn release(&self, media: &Media, blocks: &[PBlock]) -> Result<()> {
+        let mut pending = Vec::with_capacity(blocks.len());
+        for block in blocks {
+            let place = self.locate(block.0)?;
+            media.store(block.0, 0)?;
+            if let Place::Large { span, .. } = place {
+                media.store(self.geometry.span_entry_offset(span), 0)?;
+            }
+            pending.push(Pending {
+                offset: block.0,
+                place,
+            });
+        }
+        self.make_durable(media, &pending)?;
+        let mut by_class: Vec<Vec<u64>> = vec![Vec::new(); NUM_CLASSES];
+        for p in pending {
+            match p.place {
+                Place::Small { class } => by_class[usize::from(class)].push(p.offset),
+                Place::Large { span, extent } => self.return_spans(span, extent),
+            }
+        }
+        for (class, blocks) in by_class.into_iter().enumerate() {
+            if !blocks.is_empty() {
+                lock(&self.class_pools[class]).extend(blocks);
+            }
+        }
+        Ok(())
     }
 
     fn alloc_small(&self, media: &Media, class: u8, len: u64) -> Result<u64> {
@@ -485,7 +555,19 @@ impl Allocator {
 
     /// Makes every pending invalidation in `cache` durable, then makes the blocks reusable.
     fn drain(&self, media: &Media, cache: &mut ThreadCache) -> Result<()> {
-        for pending in &cache.pending {
+        self.make_durable(media, &cache.pending)?;
+        for pending in cache.pending.drain(..) {
+            match pending.place {
+                Place::Small { class } => cache.free[usize::from(class)].push(pending.offset),
+                Place::Large { span, extent } => self.return_spans(span, extent),
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes the zeroed meta words (and span entries) of `pending` and fences.
+    fn make_durable(&self, media: &Media, pending: &[Pending]) -> Result<()> {
+        for pending in pending {
             // PERSIST: the zeroed meta must be durable before the block is reused
             // (INV-ALLOC-1); the flush is issued by the fencing thread, as fences are
             // per thread.
@@ -497,14 +579,7 @@ impl Allocator {
             }
         }
         // PERSIST: completes every flush above.
-        media.fence()?;
-        for pending in cache.pending.drain(..) {
-            match pending.place {
-                Place::Small { class } => cache.free[usize::from(class)].push(pending.offset),
-                Place::Large { span, extent } => self.return_spans(span, extent),
-            }
-        }
-        Ok(())
+        media.fence()
     }
 
     /// Drains every thread cache's pending frees (at close).

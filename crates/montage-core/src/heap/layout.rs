@@ -35,7 +35,8 @@
 //! bits 15..0   check: low 16 bits of crc32c(span index, creation id, bits 63..16)
 //!
 //! Block header (40 B at the start of every block; blocks are 64-byte aligned)
-//! 0x00  meta             u64      HEADER_TAG << 48 | kind << 40 | crc32c(...); 0 = free
+//! 0x00  meta             u64      HEADER_TAG << 48 | kind << 40 | retired << 32 | crc32c(...);
+//!                                 0 = free
 //! 0x08  epoch            u64
 //! 0x10  uid              u64
 //! 0x18  type id          u64
@@ -89,6 +90,10 @@ pub const SPAN_SIZE: u64 = 64 << 10;
 /// Bytes of header in front of every payload.
 pub const HEADER_LEN: u64 = 40;
 pub(crate) const HEADER_TAG: u64 = 0x4D42; // "MB"
+/// Meta bit 32: the block has been superseded or deleted by a committed or running operation
+/// and waits for reclamation. Not covered by the checksum: recovery ignores it, because a
+/// retired block stays the durable version until its replacement is (INV-EP-3).
+pub(crate) const META_RETIRED: u64 = 1 << 32;
 /// The header word holding the owner id (low half) and the payload length (high half).
 pub(crate) const LEN_WORD_OFFSET: u64 = 0x20;
 
@@ -356,7 +361,7 @@ impl RawHeader {
         if meta >> 48 != HEADER_TAG {
             return None;
         }
-        let upper = meta & !0xFFFF_FFFF;
+        let upper = meta & !0xFFFF_FFFF & !META_RETIRED;
         let body = [epoch, uid, type_id, owner_len];
         if meta & 0xFFFF_FFFF != u64::from(header_crc(offset, creation_id, upper, &body)) {
             return None;

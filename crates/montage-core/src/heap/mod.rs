@@ -18,6 +18,7 @@ use zerocopy::IntoBytes;
 use crate::alloc::block::{BlockInfo, BlockSpec, OwnerId, PBlock};
 use crate::alloc::{AllocStats, Allocator, FreeState};
 use crate::config::{BackendKind, HeapConfig, Location};
+use crate::epoch::{EpochLength, Epochs};
 use crate::error::{Error, Result};
 use crate::persist::sim::{CrashImage, Simulator};
 use crate::persist::{Backend, Media};
@@ -69,6 +70,15 @@ impl ScanFilter {
     }
 }
 
+/// How recovery decides which blocks live.
+#[derive(Clone, Copy)]
+enum Policy<'a> {
+    /// The epoch rule (DESIGN.md section 5).
+    Epochs,
+    /// The caller's decision.
+    Custom(&'a (dyn Fn(&BlockView<'_>) -> Verdict + Sync)),
+}
+
 /// Where an opened heap's bytes came from.
 enum Source<'a> {
     File(&'a Path),
@@ -82,28 +92,38 @@ enum Source<'a> {
 /// fails with [`Error::Locked`].
 ///
 /// ```
-/// use montage_core::{BlockSpec, Heap, HeapConfig, ScanFilter};
+/// use montage_core::{Heap, HeapConfig, ScanFilter};
 /// # let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("doc.heap");
 /// let heap = Heap::create(&HeapConfig::new(&path).size(4 << 20))?;
-/// let block = heap.alloc_bytes(BlockSpec::new(1, 42), b"hello")?;
-/// heap.persist_block(block)?;
+/// let owner = heap.register("greetings")?;
+/// heap.run_op(|op| op.alloc(owner, 0, b"hello"))?;
+/// heap.sync()?; // durable from here on
 /// heap.close()?;
 ///
 /// let heap = Heap::open(&HeapConfig::new(&path))?;
-/// let found = heap.collect(ScanFilter::all())?;
+/// let owner = heap.lookup("greetings").unwrap();
+/// let found = heap.collect(ScanFilter::all().owner(owner))?;
 /// assert_eq!(found.len(), 1);
 /// assert_eq!(heap.read_payload(found[0].block)?, b"hello");
 /// # Ok::<(), montage_core::Error>(())
 /// ```
 pub struct Heap {
-    media: Media,
-    geometry: Geometry,
-    alloc: Allocator,
+    shared: Arc<Shared>,
+    advancer: Option<std::thread::JoinHandle<()>>,
+    closed: bool,
+}
+
+/// The state of an open heap, shared with its background advancer.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) media: Media,
+    pub(crate) geometry: Geometry,
+    pub(crate) alloc: Allocator,
+    pub(crate) epochs: Epochs,
     directory: Mutex<Vec<Option<String>>>,
     report: RecoveryReport,
     backend: BackendKind,
-    closed: bool,
     /// Holds the `flock`; dropped after `media`, so the file is unmapped before it unlocks.
     file: Option<(File, PathBuf)>,
 }
@@ -171,8 +191,9 @@ impl Heap {
             free_spans: (0..geometry.span_count).collect(),
             ..FreeState::new(geometry.span_count)
         };
-        Ok(Heap {
+        let shared = Shared {
             alloc: Allocator::new(geometry, config.thread_slots, free),
+            epochs: Epochs::new(INITIAL_EPOCH, 1, config.thread_slots, config.epoch_length),
             media,
             geometry,
             directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
@@ -181,22 +202,15 @@ impl Heap {
                 ..RecoveryReport::default()
             },
             backend: config.backend,
-            closed: false,
             file,
-        })
+        };
+        Heap::start(shared)
     }
 
-    /// Opens an existing heap file and recovers it, keeping every valid block.
-    ///
-    /// # Errors
-    ///
-    /// See [`open_with`](Self::open_with).
-    pub fn open(config: &HeapConfig) -> Result<Heap> {
-        Self::open_with(config, |_| Verdict::Keep)
-    }
-
-    /// Opens an existing heap file and recovers it, asking `decide` about every valid block.
-    /// Dropped blocks are durably invalidated and freed before this returns.
+    /// Opens an existing heap file and recovers it: with `w` the stored epoch word, keeps
+    /// the blocks of epochs `<= w - 2`, the newest version of each uid, none whose newest
+    /// version is an anti-block, and durably invalidates everything else before returning.
+    /// Each named structure then finds its payloads with [`scan`](Self::scan).
     ///
     /// # Errors
     ///
@@ -204,13 +218,28 @@ impl Heap {
     /// [`Error::FormatVersion`], [`Error::Truncated`] or [`Error::Corrupted`] if the file is
     /// not a heap this build can read (the file is left untouched); [`Error::Io`] if it
     /// cannot be opened or mapped.
+    pub fn open(config: &HeapConfig) -> Result<Heap> {
+        Self::open_file(config, Policy::Epochs)
+    }
+
+    /// Opens an existing heap file with a recovery decision of the caller's instead of the
+    /// epoch rule: the raw block layer's recovery, for tools and tests that manage block
+    /// lifetimes themselves. Dropped blocks are durably invalidated before this returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
     pub fn open_with(
         config: &HeapConfig,
         decide: impl Fn(&BlockView<'_>) -> Verdict + Sync,
     ) -> Result<Heap> {
+        Self::open_file(config, Policy::Custom(&decide))
+    }
+
+    fn open_file(config: &HeapConfig, policy: Policy<'_>) -> Result<Heap> {
         config.validate()?;
         match &config.location {
-            Location::File(path) => Self::open_source(config, Source::File(path), &decide),
+            Location::File(path) => Self::open_source(config, Source::File(path), policy),
             Location::Memory => Err(Error::InvalidConfig {
                 what: "an in-memory heap cannot be opened; use open_image",
             }),
@@ -219,24 +248,33 @@ impl Heap {
 
     /// Opens a heap from a crash image (or any saved heap bytes) into memory, on the
     /// configured in-memory backend (usually the simulator, so recovery can itself be
-    /// crashed), and recovers it keeping every valid block.
+    /// crashed), and recovers it as [`open`](Self::open) does.
     ///
     /// # Errors
     ///
-    /// As [`open_with`](Self::open_with), for the image's contents.
+    /// As [`open`](Self::open), for the image's contents.
     pub fn open_image(image: CrashImage, config: &HeapConfig) -> Result<Heap> {
-        Self::open_image_with(image, config, |_| Verdict::Keep)
+        Self::open_image_policy(image, config, Policy::Epochs)
     }
 
-    /// [`open_image`](Self::open_image) with a recovery decision.
+    /// [`open_image`](Self::open_image) with a recovery decision of the caller's, as
+    /// [`open_with`](Self::open_with).
     ///
     /// # Errors
     ///
-    /// As [`open_with`](Self::open_with), for the image's contents.
+    /// As [`open`](Self::open), for the image's contents.
     pub fn open_image_with(
         image: CrashImage,
         config: &HeapConfig,
         decide: impl Fn(&BlockView<'_>) -> Verdict + Sync,
+    ) -> Result<Heap> {
+        Self::open_image_policy(image, config, Policy::Custom(&decide))
+    }
+
+    fn open_image_policy(
+        image: CrashImage,
+        config: &HeapConfig,
+        policy: Policy<'_>,
     ) -> Result<Heap> {
         config.validate()?;
         if config.location != Location::Memory {
@@ -244,14 +282,10 @@ impl Heap {
                 what: "open_image needs an in-memory configuration",
             });
         }
-        Self::open_source(config, Source::Image(image.into_bytes()), &decide)
+        Self::open_source(config, Source::Image(image.into_bytes()), policy)
     }
 
-    fn open_source(
-        config: &HeapConfig,
-        source: Source<'_>,
-        decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
-    ) -> Result<Heap> {
+    fn open_source(config: &HeapConfig, source: Source<'_>, policy: Policy<'_>) -> Result<Heap> {
         let (geometry, mapping, file, initial) = match source {
             Source::File(path) => {
                 let mut file = OpenOptions::new()
@@ -298,59 +332,84 @@ impl Heap {
         // process left dirty is written back before it is read.
         media.settle_before_recovery(geometry.data_offset)?;
         let clean = media.load(CLEAN_SHUTDOWN_OFFSET)? == 1;
-        let (free, mut report) =
-            recovery::recover(&media, &geometry, config.recovery_threads, decide)?;
+        let epoch = media.load(EPOCH_OFFSET)?;
+        if epoch < INITIAL_EPOCH {
+            return Err(Error::Corrupted {
+                offset: EPOCH_OFFSET,
+                what: "the epoch word is below the first epoch",
+            });
+        }
+        let options = recovery::Options {
+            threads: config.recovery_threads,
+            progress: config.progress.as_ref().map(|p| &*p.0),
+        };
+        let recovered = match policy {
+            Policy::Epochs => recovery::recover_epochs(&media, &geometry, options, epoch)?,
+            Policy::Custom(decide) => recovery::recover(&media, &geometry, options, decide)?,
+        };
+        let recovery::Recovered {
+            free,
+            mut report,
+            max_uid,
+            antis,
+        } = recovered;
+        let next_uid = max_uid + 1;
         report.clean_shutdown = clean;
         let directory = read_directory(&media, &geometry)?;
         media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
         // PERSIST: the heap is marked open (not cleanly shut down) before it is used.
         media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
-        Ok(Heap {
+        let shared = Shared {
             alloc: Allocator::new(geometry, config.thread_slots, free),
+            epochs: Epochs::new(epoch, next_uid, config.thread_slots, config.epoch_length),
             media,
             geometry,
             directory: Mutex::new(directory),
             report,
             backend: config.backend,
-            closed: false,
             file,
-        })
+        };
+        let heap = Heap::start(shared)?;
+        // The anti-blocks recovery kept shadow versions it has durably invalidated; they can
+        // go now (INV-EP-3), in a fence of their own after the one that covered the victims.
+        heap.shared.alloc.release(&heap.shared.media, &antis)?;
+        Ok(heap)
     }
 
     /// What recovery found when this heap was opened (all zero for a new heap).
     pub fn recovery_report(&self) -> &RecoveryReport {
-        &self.report
+        &self.shared.report
     }
 
     /// The heap file, for a file heap.
     pub fn path(&self) -> Option<&Path> {
-        self.file.as_ref().map(|(_, path)| path.as_path())
+        self.shared.file.as_ref().map(|(_, path)| path.as_path())
     }
 
     /// The heap's size in bytes.
     pub fn size(&self) -> u64 {
-        self.geometry.heap_size
+        self.shared.geometry.heap_size
     }
 
     /// The random id chosen when the heap was created.
     pub fn creation_id(&self) -> u64 {
-        self.geometry.creation_id
+        self.shared.geometry.creation_id
     }
 
     /// The backend this heap was opened with.
     pub fn backend(&self) -> BackendKind {
-        self.backend
+        self.shared.backend
     }
 
     /// Whether the heap is mapped with `MAP_SYNC` on a DAX file system, so that cache-line
     /// write-back reaches the media without `msync`.
     pub fn is_dax(&self) -> bool {
-        self.media.region().mapping().is_dax()
+        self.shared.media.region().mapping().is_dax()
     }
 
     /// The power-failure simulator, if this heap runs on [`BackendKind::Simulated`].
     pub fn simulator(&self) -> Option<Arc<Simulator>> {
-        self.media.simulator().cloned()
+        self.shared.media.simulator().cloned()
     }
 
     /// The epoch word as stored in the heap.
@@ -359,12 +418,12 @@ impl Heap {
     ///
     /// Only if the heap cannot be read, which a validated heap never causes.
     pub fn stored_epoch(&self) -> Result<u64> {
-        self.media.load(EPOCH_OFFSET)
+        self.shared.media.load(EPOCH_OFFSET)
     }
 
     /// Space statistics.
     pub fn stats(&self) -> AllocStats {
-        self.alloc.stats()
+        self.shared.alloc.stats()
     }
 
     // ---- named structures ------------------------------------------------------------
@@ -379,6 +438,7 @@ impl Heap {
     pub fn register(&self, name: &str) -> Result<OwnerId> {
         check_name(name)?;
         let mut dir = self
+            .shared
             .directory
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -397,11 +457,11 @@ impl Heap {
         entry[DIR_OWNER_OFFSET as usize..DIR_OWNER_OFFSET as usize + 8]
             .copy_from_slice(&u64::from(owner.0).to_le_bytes());
         let at = directory_entry_offset(index as u64);
-        self.media.write(at, &entry)?;
-        let valid = directory_valid_word(index as u64, self.geometry.creation_id, &entry);
-        self.media.store(at + DIR_VALID_OFFSET, valid)?;
+        self.shared.media.write(at, &entry)?;
+        let valid = directory_valid_word(index as u64, self.shared.geometry.creation_id, &entry);
+        self.shared.media.store(at + DIR_VALID_OFFSET, valid)?;
         // PERSIST: the name is durable before its owner id is handed out.
-        self.media.persist(at, DIR_ENTRY_LEN)?;
+        self.shared.media.persist(at, DIR_ENTRY_LEN)?;
         dir[index] = Some(name.to_owned());
         Ok(owner)
     }
@@ -409,6 +469,7 @@ impl Heap {
     /// The owner id of the structure called `name`, if it is registered.
     pub fn lookup(&self, name: &str) -> Option<OwnerId> {
         let dir = self
+            .shared
             .directory
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -420,6 +481,7 @@ impl Heap {
     /// Every registered structure, with its owner id.
     pub fn structures(&self) -> Vec<(String, OwnerId)> {
         let dir = self
+            .shared
             .directory
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -440,7 +502,7 @@ impl Heap {
     /// [`Error::OutOfSpace`] when the heap cannot fit the block; [`Error::Poisoned`] after a
     /// failed write-back.
     pub fn alloc(&self, spec: BlockSpec, len: u64) -> Result<PBlock> {
-        self.alloc.alloc(&self.media, spec, len)
+        self.shared.alloc.alloc(&self.shared.media, spec, len)
     }
 
     /// Allocates a block holding `bytes`.
@@ -450,7 +512,7 @@ impl Heap {
     /// As [`alloc`](Self::alloc).
     pub fn alloc_bytes(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let block = self.alloc(spec, bytes.len() as u64)?;
-        self.media.write(block.payload_offset(), bytes)?;
+        self.shared.media.write(block.payload_offset(), bytes)?;
         Ok(block)
     }
 
@@ -461,7 +523,7 @@ impl Heap {
     ///
     /// [`Error::InvalidBlock`] if `block` is not a live block (a double free).
     pub fn free(&self, block: PBlock) -> Result<()> {
-        self.alloc.free(&self.media, block)
+        self.shared.alloc.free(&self.shared.media, block)
     }
 
     /// The handle of the live block whose header is at `offset` (for handles stored as
@@ -481,7 +543,7 @@ impl Heap {
     ///
     /// [`Error::InvalidBlock`] if `block` is not a live block of this heap.
     pub fn info(&self, block: PBlock) -> Result<BlockInfo> {
-        self.alloc.header(&self.media, block)
+        self.shared.alloc.header(&self.shared.media, block)
     }
 
     /// Writes `bytes` into `block`'s payload at byte `at`.
@@ -492,7 +554,7 @@ impl Heap {
     /// [`Error::InvalidBlock`] if `block` is not a block of this heap.
     pub fn write(&self, block: PBlock, at: u64, bytes: &[u8]) -> Result<()> {
         let offset = self.payload_range(block, at, bytes.len() as u64)?;
-        self.media.write(offset, bytes)
+        self.shared.media.write(offset, bytes)
     }
 
     /// Reads `buf.len()` bytes of `block`'s payload from byte `at`.
@@ -502,7 +564,7 @@ impl Heap {
     /// As [`write`](Self::write).
     pub fn read(&self, block: PBlock, at: u64, buf: &mut [u8]) -> Result<()> {
         let offset = self.payload_range(block, at, buf.len() as u64)?;
-        self.media.read(offset, buf)
+        self.shared.media.read(offset, buf)
     }
 
     /// The payload of a live block (its recorded length).
@@ -513,12 +575,12 @@ impl Heap {
     pub fn read_payload(&self, block: PBlock) -> Result<Vec<u8>> {
         let info = self.info(block)?;
         let mut buf = vec![0u8; info.len as usize];
-        self.media.read(block.payload_offset(), &mut buf)?;
+        self.shared.media.read(block.payload_offset(), &mut buf)?;
         Ok(buf)
     }
 
     fn payload_range(&self, block: PBlock, at: u64, len: u64) -> Result<u64> {
-        let capacity = self.alloc.capacity(block)?;
+        let capacity = self.shared.alloc.capacity(block)?;
         if at.checked_add(len).is_none_or(|end| end > capacity) {
             return Err(Error::OutOfBounds { offset: at, len });
         }
@@ -533,13 +595,13 @@ impl Heap {
     /// [`Error::InvalidBlock`] for a handle that is not a block of this heap;
     /// [`Error::Poisoned`] after a failed write-back.
     pub fn flush_block(&self, block: PBlock) -> Result<()> {
-        let capacity = self.alloc.capacity(block)?;
+        let capacity = self.shared.alloc.capacity(block)?;
         // The recorded length bounds the write-back; the header is not validated here, which
         // a flush does not need (a bad length only flushes more or less of this block).
-        let recorded = self.media.load(block.offset() + LEN_WORD_OFFSET)? >> 32;
+        let recorded = self.shared.media.load(block.offset() + LEN_WORD_OFFSET)? >> 32;
         let len = recorded.min(capacity);
         // PERSIST: header and payload start their write-back; the caller's fence completes it.
-        self.media.flush(block.offset(), HEADER_LEN + len)
+        self.shared.media.flush(block.offset(), HEADER_LEN + len)
     }
 
     /// Waits until everything this thread flushed is durable.
@@ -550,7 +612,7 @@ impl Heap {
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn fence(&self) -> Result<()> {
         // PERSIST: completes this thread's earlier flushes.
-        self.media.fence()
+        self.shared.media.fence()
     }
 
     /// Makes `block`'s header and payload durable.
@@ -579,7 +641,7 @@ impl Heap {
         threads: usize,
         visit: impl Fn(&BlockView<'_>) -> Result<()> + Sync,
     ) -> Result<u64> {
-        let units = scan::read_span_table(&self.media, &self.geometry)?;
+        let units = scan::read_span_table(&self.shared.media, &self.shared.geometry)?;
         let progress = std::sync::atomic::AtomicU64::new(0);
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
             let mut seen = 0;
@@ -594,10 +656,11 @@ impl Heap {
         let options = scan::ScanOptions {
             threads,
             settle: false,
+            progress: None,
         };
         let counts = scan::scan(
-            &self.media,
-            &self.geometry,
+            &self.shared.media,
+            &self.shared.geometry,
             &units,
             options,
             &progress,
@@ -640,17 +703,97 @@ impl Heap {
         self.shutdown()
     }
 
-    fn shutdown(&self) -> Result<()> {
-        self.alloc.drain_all(&self.media)?;
-        self.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
+    fn shutdown(&mut self) -> Result<()> {
+        self.shared.epochs.request_shutdown();
+        if let Some(advancer) = self.advancer.take() {
+            // A panicked advancer stopped the clock; the sync below reports it.
+            let _ = advancer.join();
+        }
+        // A final sync: everything completed so far becomes durable.
+        let target = self.epoch() + 2;
+        self.shared.epochs.advance_to(&self.shared, target)?;
+        self.shared.alloc.drain_all(&self.shared.media)?;
+        self.shared.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
         // PERSIST: the clean flag is the last thing written; everything before it is durable
         // by the drains above and by the callers' own persists.
-        self.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)
+        self.shared.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)
     }
 
     #[cfg(test)]
     pub(crate) fn media(&self) -> &Media {
-        &self.media
+        &self.shared.media
+    }
+
+    /// Wraps the shared state and starts the background advancer, if any.
+    fn start(shared: Shared) -> Result<Heap> {
+        let shared = Arc::new(shared);
+        let advancer = match shared.epochs.length {
+            EpochLength::Manual => None,
+            EpochLength::Every(length) => {
+                let for_thread = Arc::clone(&shared);
+                let handle = std::thread::Builder::new()
+                    .name("montage-epoch".to_owned())
+                    .spawn(move || crate::epoch::run_advancer(&for_thread, length))
+                    .map_err(|e| Error::io("spawn the epoch advancer", Path::new("<thread>"), e))?;
+                Some(handle)
+            }
+        };
+        Ok(Heap {
+            shared,
+            advancer,
+            closed: false,
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// An identity for this open heap (the address of its shared state).
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    // ---- epochs ----------------------------------------------------------------------
+
+    /// The current epoch: the one new operations join, and the value of the stored epoch
+    /// word.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epochs.current()
+    }
+
+    /// Makes everything that completed before this call durable: returns once the stored
+    /// epoch is at least two past the epoch at the call. Concurrent callers share the same
+    /// advances (group commit).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SyncInOperation`] if called inside an operation on this heap (it would wait
+    /// for itself); [`Error::ClockStopped`] if an advance failed, or the advance's own error.
+    pub fn sync(&self) -> Result<()> {
+        if crate::epoch::op::has_active_op(self.id()) {
+            return Err(Error::SyncInOperation);
+        }
+        let target = self.epoch() + 2;
+        self.shared.epochs.advance_to(&self.shared, target)
+    }
+
+    /// Advances the clock by one epoch now (the background advancer does this every epoch
+    /// length; with [`EpochLength::Manual`] only this and [`sync`](Self::sync) do).
+    ///
+    /// # Errors
+    ///
+    /// As [`sync`](Self::sync).
+    pub fn advance_epoch(&self) -> Result<u64> {
+        if crate::epoch::op::has_active_op(self.id()) {
+            return Err(Error::SyncInOperation);
+        }
+        self.shared.epochs.advance(&self.shared)
+    }
+
+    /// How many epoch advances this heap has made since it was opened.
+    pub fn advances(&self) -> u64 {
+        self.shared.epochs.advances()
     }
 }
 
@@ -658,13 +801,13 @@ impl std::fmt::Debug for Heap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Heap")
             .field("path", &self.path())
-            .field("size", &self.geometry.heap_size)
-            .field("backend", &self.backend)
+            .field("size", &self.shared.geometry.heap_size)
+            .field("backend", &self.shared.backend)
             .field(
                 "creation_id",
-                &format_args!("{:#018x}", self.geometry.creation_id),
+                &format_args!("{:#018x}", self.shared.geometry.creation_id),
             )
-            .field("stats", &self.alloc.stats())
+            .field("stats", &self.shared.alloc.stats())
             .finish_non_exhaustive()
     }
 }

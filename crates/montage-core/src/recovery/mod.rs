@@ -15,11 +15,14 @@
 //!   spans with no kept block.
 
 pub(crate) mod scan;
+mod winners;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::alloc::FreeState;
+use crate::alloc::block::{BlockKind, PBlock};
 use crate::error::Result;
 use crate::heap::layout::Geometry;
 use crate::persist::Media;
@@ -55,6 +58,25 @@ pub struct RecoveryReport {
     pub duration: Duration,
 }
 
+/// How a recovery runs.
+#[derive(Clone, Copy)]
+pub(crate) struct Options<'a> {
+    /// Worker threads.
+    pub(crate) threads: usize,
+    /// Called now and then with the number of block headers read so far.
+    pub(crate) progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,
+}
+
+/// What a recovery hands to the heap it opens.
+pub(crate) struct Recovered {
+    pub(crate) free: FreeState,
+    pub(crate) report: RecoveryReport,
+    /// The largest uid of any valid header seen (0 if none).
+    pub(crate) max_uid: u64,
+    /// Kept anti-blocks: their victims are durably invalid now, so they can be released.
+    pub(crate) antis: Vec<PBlock>,
+}
+
 struct UnitOutcome {
     unit: Unit,
     kept: u64,
@@ -63,16 +85,67 @@ struct UnitOutcome {
     released: bool,
 }
 
+/// Recovers with the epoch rule: with `word` the stored epoch, the newest version of each
+/// uid among the blocks of epochs `<= word - 2` wins; the rest is dropped. Winning
+/// anti-blocks are kept through the scan (so the versions they shadow are durably
+/// invalidated first) and returned for release.
+pub(crate) fn recover_epochs(
+    media: &Media,
+    geometry: &Geometry,
+    options: Options<'_>,
+    word: u64,
+) -> Result<Recovered> {
+    let started = std::time::Instant::now();
+    let units = scan::read_span_table(media, geometry)?;
+    let progress = AtomicU64::new(0);
+    let winners = winners::choose(media, geometry, &units, options, &progress, word)?;
+    let antis = Mutex::new(Vec::new());
+    let decide = |view: &BlockView<'_>| {
+        let info = view.info();
+        if !winners.contains(info.block) {
+            return Verdict::Drop;
+        }
+        if info.spec.kind == BlockKind::Delete {
+            antis
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(info.block);
+        }
+        Verdict::Keep
+    };
+    let mut recovered = recover_units(media, geometry, &units, options, &progress, &decide)?;
+    recovered.antis = antis
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    recovered.max_uid = recovered.max_uid.max(winners.max_uid());
+    recovered.report.duration = started.elapsed();
+    Ok(recovered)
+}
+
 /// Scans the heap, applies `decide`, and returns the allocator's free state.
 pub(crate) fn recover(
     media: &Media,
     geometry: &Geometry,
-    threads: usize,
+    options: Options<'_>,
     decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
-) -> Result<(FreeState, RecoveryReport)> {
+) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;
     let progress = AtomicU64::new(0);
+    let mut recovered = recover_units(media, geometry, &units, options, &progress, decide)?;
+    recovered.report.duration = started.elapsed();
+    Ok(recovered)
+}
+
+fn recover_units(
+    media: &Media,
+    geometry: &Geometry,
+    units: &[Unit],
+    options: Options<'_>,
+    progress: &AtomicU64,
+    decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
+) -> Result<Recovered> {
+    let max_uid = AtomicU64::new(0);
     let work = |visit: UnitVisit<'_>| -> Result<UnitOutcome> {
         let mut outcome = UnitOutcome {
             unit: visit.unit,
@@ -82,6 +155,10 @@ pub(crate) fn recover(
             released: false,
         };
         for (offset, view) in visit.blocks {
+            if let Some(v) = &view {
+                // ORDERING: a maximum read after the scope joins.
+                max_uid.fetch_max(v.info().spec.uid, Ordering::Relaxed);
+            }
             match view.map(|v| decide(&v)) {
                 Some(Verdict::Keep) => outcome.kept += 1,
                 Some(Verdict::Drop) => {
@@ -111,16 +188,26 @@ pub(crate) fn recover(
     };
     // PERSIST: each worker fences its own flushes (fences are per thread).
     let fence = || media.fence();
-    let options = scan::ScanOptions {
-        threads,
+    let scan_options = scan::ScanOptions {
+        threads: options.threads,
         settle: true,
+        progress: options.progress,
     };
-    let outcomes = scan::scan(media, geometry, &units, options, &progress, &work, &fence)?;
+    let outcomes = scan::scan(
+        media,
+        geometry,
+        units,
+        scan_options,
+        progress,
+        &work,
+        &fence,
+    )?;
 
     let mut free = FreeState::new(geometry.span_count);
     let mut report = RecoveryReport {
         spans_scanned: units.len() as u64,
-        blocks_scanned: progress.into_inner(),
+        // ORDERING: read after the scan's threads joined.
+        blocks_scanned: progress.load(Ordering::Relaxed),
         ..RecoveryReport::default()
     };
     let mut taken = vec![false; geometry.span_count as usize];
@@ -149,6 +236,10 @@ pub(crate) fn recover(
     free.free_spans = (0..geometry.span_count)
         .filter(|&span| !taken[span as usize])
         .collect();
-    report.duration = started.elapsed();
-    Ok((free, report))
+    Ok(Recovered {
+        free,
+        report,
+        max_uid: max_uid.into_inner(),
+        antis: Vec::new(),
+    })
 }

@@ -115,12 +115,14 @@ pub(crate) struct UnitVisit<'a> {
 }
 
 /// How a scan runs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ScanOptions {
+#[derive(Clone, Copy)]
+pub(crate) struct ScanOptions<'a> {
     /// Worker threads.
     pub(crate) threads: usize,
     /// Write back every header read (recovery, INV-REC-1).
     pub(crate) settle: bool,
+    /// Called after every chunk of spans with the number of headers read so far.
+    pub(crate) progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,
 }
 
 /// Visits every unit with `options.threads` workers. `work` gets each unit's block views and returns
@@ -130,7 +132,7 @@ pub(crate) fn scan<'m, R: Send>(
     media: &'m Media,
     geometry: &Geometry,
     units: &[Unit],
-    options: ScanOptions,
+    options: ScanOptions<'_>,
     progress: &AtomicU64,
     work: &(dyn Fn(UnitVisit<'m>) -> Result<R> + Sync),
     per_worker: &(dyn Fn() -> Result<()> + Sync),
@@ -153,6 +155,10 @@ pub(crate) fn scan<'m, R: Send>(
                 local.push((index, work(visit)?));
                 // ORDERING: a monotonic counter for progress reports only.
                 progress.fetch_add(unit.blocks(), Ordering::Relaxed);
+            }
+            if let Some(report) = options.progress {
+                // ORDERING: as above.
+                report(progress.load(Ordering::Relaxed));
             }
         }
         per_worker()?;

@@ -1,0 +1,338 @@
+//! The epoch clock: operations announce the epoch they run in, a background advancer (or a
+//! `sync` caller) moves the clock, writes back what each epoch wrote, reclaims what the
+//! protocol allows, and persists the epoch word. This is what makes the heap buffered
+//! durably linearizable (DESIGN.md section 5).
+//!
+//! # The advance `e -> e + 1`
+//!
+//! Advances are serialized (one at a time, by the background thread or by `sync` callers,
+//! which share them: group commit). With the clock at `e`:
+//!
+//! 1. wait until no operation that began in `e - 1` is still running (INV-EP-1);
+//! 2. write back every range that operations of `e - 1` wrote (one batched pass);
+//! 3. reclaim: invalidate the versions superseded or deleted in `e - 2` (and blocks killed
+//!    in `e - 2`), and the anti-blocks written in `e - 3`;
+//! 4. fence: the write-backs and the invalidations are durable;
+//! 5. store `e + 1` into the epoch word, flush, fence (INV-EP-2);
+//! 6. publish `e + 1` to new operations.
+//!
+//! So when the stored word reads `w`, every block written in epochs `<= w - 2` is durable, and
+//! recovery keeps exactly the blocks of epochs `<= w - 2` (newest version per uid, anti-blocks
+//! meaning deleted).
+//!
+//! # Reclamation rules (INV-EP-3)
+//!
+//! * A version superseded (copy-on-write) or deleted in epoch `r` stays valid on the media
+//!   until the advance to `r + 3`. By then its replacement or anti-block, written in `r`, is
+//!   durable (the word reached `r + 2` one advance earlier), so recovery can no longer choose
+//!   the old version; and no operation of an epoch `<= r + 1`, which might still hold its
+//!   handle from before the replacement, is running (step 1 of that advance).
+//! * An anti-block written in `r` stays until the advance to `r + 4`: the version it shadows
+//!   was durably invalidated by the advance to `r + 3`, so dropping the anti-block can no
+//!   longer resurrect it.
+//! * A block killed in `r` (allocated by an operation that aborted, or deleted in the epoch
+//!   that created it) has its meta word zeroed in `r`; that store is written back with the
+//!   rest of epoch `r`, and the block is reused from the advance to `r + 3`, like a
+//!   superseded version.
+//! * A retired block carries the retired bit, so a second operation that tries to supersede
+//!   or delete it fails with `Error::Retired` instead of freeing it twice.
+//!
+//! # Announcements (INV-EP-1)
+//!
+//! Each thread slot keeps four counters of running operations, indexed by epoch mod 4. An
+//! operation reads the clock `e`, increments counter `e % 4`, and re-reads the clock; if it
+//! moved, it undoes the increment and tries again. The advancer publishes `e + 1` before it
+//! ever waits for counter `e % 4` to drain (at the next advance). With sequentially
+//! consistent operations on both sides, either the advancer sees the increment and waits, or
+//! the operation's re-read sees the new epoch and retries: no operation runs in an epoch the
+//! advancer has already waited out. Four counters suffice because only epochs `e - 1` and
+//! `e` can have running operations while the clock reads `e`.
+
+pub(crate) mod op;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use crate::alloc::block::PBlock;
+use crate::error::{Error, Result};
+use crate::heap::Shared;
+use crate::heap::layout::EPOCH_OFFSET;
+
+/// How the clock advances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochLength {
+    /// A background thread advances the clock this often (and `sync` advances it at once).
+    Every(Duration),
+    /// No background thread: the clock moves only when `sync` or
+    /// [`Heap::advance_epoch`](crate::Heap::advance_epoch) moves it. For deterministic tests.
+    Manual,
+}
+
+impl EpochLength {
+    /// The default: 50 ms, as in the Montage paper's configuration.
+    pub const DEFAULT: EpochLength = EpochLength::Every(Duration::from_millis(50));
+}
+
+/// What operations of one epoch left for the advancer, in one thread slot.
+#[derive(Debug, Default)]
+struct Bucket {
+    /// Byte ranges to write back.
+    persist: Vec<(u64, u64)>,
+    /// Superseded, deleted or killed blocks, reclaimed three advances later.
+    victims: Vec<PBlock>,
+    /// Anti-blocks, reclaimed four advances later.
+    antis: Vec<PBlock>,
+}
+
+/// One thread slot: announcement counters and the buckets of four epochs.
+#[derive(Debug, Default)]
+struct Slot {
+    running: [AtomicU32; 4],
+    buckets: Mutex<[Bucket; 4]>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The epoch state of one open heap.
+#[derive(Debug)]
+pub(crate) struct Epochs {
+    /// The epoch new operations join. Equal to the stored epoch word, which is persisted
+    /// before a new value is published here.
+    current: CachePadded<AtomicU64>,
+    slots: Box<[CachePadded<Slot>]>,
+    /// Serializes advances; holds the number of advances made (for tests and stats).
+    advance: Mutex<u64>,
+    /// Set when an advance failed half-way: durability can no longer be promised.
+    stopped: AtomicBool,
+    /// The next uid to hand out.
+    next_uid: AtomicU64,
+    /// Wakes the background advancer early (shutdown).
+    wake: (Mutex<bool>, Condvar),
+    pub(crate) length: EpochLength,
+}
+
+impl Epochs {
+    pub(crate) fn new(epoch: u64, next_uid: u64, slots: usize, length: EpochLength) -> Epochs {
+        Epochs {
+            current: CachePadded::new(AtomicU64::new(epoch)),
+            slots: (0..slots)
+                .map(|_| CachePadded::new(Slot::default()))
+                .collect(),
+            advance: Mutex::new(0),
+            stopped: AtomicBool::new(false),
+            next_uid: AtomicU64::new(next_uid),
+            wake: (Mutex::new(false), Condvar::new()),
+            length,
+        }
+    }
+
+    /// The epoch new operations join, which is also the durable epoch word.
+    pub(crate) fn current(&self) -> u64 {
+        // ORDERING: SeqCst pairs with the announcement protocol (INV-EP-1).
+        self.current.load(Ordering::SeqCst)
+    }
+
+    fn slot(&self, index: usize) -> &Slot {
+        &self.slots[index % self.slots.len()]
+    }
+
+    /// A fresh uid.
+    pub(crate) fn fresh_uid(&self) -> u64 {
+        // ORDERING: uids only need to be distinct.
+        self.next_uid.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn check_running(&self) -> Result<()> {
+        // ORDERING: Acquire pairs with the Release in `stop`.
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(Error::ClockStopped {
+                reason: "an epoch advance failed; reopen the heap to recover",
+            });
+        }
+        Ok(())
+    }
+
+    fn stop(&self) {
+        // ORDERING: pairs with the Acquire in `check_running`.
+        self.stopped.store(true, Ordering::Release);
+    }
+
+    /// Announces an operation in the calling thread's slot; returns its epoch (INV-EP-1).
+    pub(crate) fn announce(&self, slot: usize) -> Result<u64> {
+        self.check_running()?;
+        let running = &self.slot(slot).running;
+        loop {
+            let epoch = self.current();
+            // ORDERING: SeqCst: the increment and the re-read below are ordered with the
+            // advancer's publish and its reads of the counters (INV-EP-1).
+            running[(epoch % 4) as usize].fetch_add(1, Ordering::SeqCst);
+            if self.current() == epoch {
+                return Ok(epoch);
+            }
+            // ORDERING: undoing our own increment; nothing depends on its ordering.
+            running[(epoch % 4) as usize].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Ends an operation of `epoch`: hands what it wrote and retired to the advancer, then
+    /// withdraws the announcement.
+    pub(crate) fn retire_op(
+        &self,
+        slot: usize,
+        epoch: u64,
+        persist: &mut Vec<(u64, u64)>,
+        victims: &mut Vec<PBlock>,
+        antis: &mut Vec<PBlock>,
+    ) {
+        let s = self.slot(slot);
+        if !(persist.is_empty() && victims.is_empty() && antis.is_empty()) {
+            let mut buckets = lock(&s.buckets);
+            let bucket = &mut buckets[(epoch % 4) as usize];
+            bucket.persist.append(persist);
+            bucket.victims.append(victims);
+            bucket.antis.append(antis);
+        }
+        // ORDERING: Release: the buckets filled above happen-before the advancer's Acquire
+        // read of a drained counter.
+        s.running[(epoch % 4) as usize].fetch_sub(1, Ordering::Release);
+    }
+
+    /// Waits until no operation of `epoch` is running.
+    fn wait_quiescent(&self, epoch: u64) {
+        let index = (epoch % 4) as usize;
+        for slot in &self.slots {
+            let mut spins = 0u32;
+            // ORDERING: SeqCst pairs with `announce` (INV-EP-1) and acquires `retire_op`.
+            while slot.running[index].load(Ordering::SeqCst) != 0 {
+                spins = spins.saturating_add(1);
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else if spins < 1024 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+    }
+
+    /// Moves the clock forward once (see the module docs); returns the new epoch.
+    pub(crate) fn advance(&self, shared: &Shared) -> Result<u64> {
+        let mut advances = self.advance.lock().map_err(|_| Error::ClockStopped {
+            reason: "an epoch advance panicked; reopen the heap to recover",
+        })?;
+        self.check_running()?;
+        let result = self.advance_locked(shared);
+        if result.is_err() {
+            self.stop();
+        } else {
+            *advances += 1;
+        }
+        result
+    }
+
+    /// Advances until the clock reaches `target`, sharing advances with concurrent callers.
+    pub(crate) fn advance_to(&self, shared: &Shared, target: u64) -> Result<()> {
+        while self.current() < target {
+            let advances = self.advance.lock().map_err(|_| Error::ClockStopped {
+                reason: "an epoch advance panicked; reopen the heap to recover",
+            })?;
+            // Another caller may have advanced while we waited for the lock: group commit.
+            if self.current() >= target {
+                break;
+            }
+            drop(advances);
+            self.advance(shared)?;
+        }
+        self.check_running()
+    }
+
+    fn advance_locked(&self, shared: &Shared) -> Result<u64> {
+        let e = self.current();
+        let media = &shared.media;
+        // 1. Every operation of e - 1 has ended (INV-EP-1).
+        self.wait_quiescent(e.wrapping_sub(1));
+        // 2-3. Collect the write-backs of e - 1 and the reclamation owed.
+        let mut persist = Vec::new();
+        let mut victims = Vec::new();
+        let mut antis = Vec::new();
+        for slot in &self.slots {
+            let mut buckets = lock(&slot.buckets);
+            persist.append(&mut buckets[(e.wrapping_sub(1) % 4) as usize].persist);
+            victims.append(&mut buckets[(e.wrapping_sub(2) % 4) as usize].victims);
+            antis.append(&mut buckets[(e.wrapping_sub(3) % 4) as usize].antis);
+        }
+        persist.sort_unstable();
+        for (offset, len) in coalesce_ranges(persist) {
+            // PERSIST: INV-EP-2: every block written in e - 1 is durable before the word
+            // reads e + 1; the fence below completes these flushes.
+            media.flush(offset, len)?;
+        }
+        // PERSIST: the write-backs above become durable; the victims' invalidation below
+        // carries its own fence, before the anti-blocks that shadow them are released.
+        media.fence()?;
+        shared.alloc.release(media, &victims)?;
+        shared.alloc.release(media, &antis)?;
+        // 5. The new epoch word.
+        let next = e + 1;
+        media.store(EPOCH_OFFSET, next)?;
+        // PERSIST: INV-EP-2: the word is durable before any operation can join epoch e + 1.
+        media.persist(EPOCH_OFFSET, 8)?;
+        // 6. Publish.
+        // ORDERING: SeqCst pairs with `announce` (INV-EP-1).
+        self.current.store(next, Ordering::SeqCst);
+        Ok(next)
+    }
+
+    /// Asks the background advancer to stop.
+    pub(crate) fn request_shutdown(&self) {
+        *lock(&self.wake.0) = true;
+        self.wake.1.notify_all();
+    }
+
+    /// Sleeps for one epoch length, or until shutdown is requested; returns whether to stop.
+    pub(crate) fn sleep_epoch(&self, length: Duration) -> bool {
+        let guard = lock(&self.wake.0);
+        let (guard, _) = self
+            .wake
+            .1
+            .wait_timeout_while(guard, length, |stop| !*stop)
+            .unwrap_or_else(PoisonError::into_inner);
+        *guard
+    }
+
+    /// How many advances this heap has made since it was opened.
+    pub(crate) fn advances(&self) -> u64 {
+        *lock(&self.advance)
+    }
+}
+
+/// Merges sorted byte ranges that overlap or touch.
+fn coalesce_ranges(ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (offset, len) in ranges {
+        let end = offset + len;
+        match out.last_mut() {
+            Some((last_off, last_len)) if offset <= *last_off + *last_len => {
+                *last_len = (*last_off + *last_len).max(end) - *last_off;
+            }
+            _ => out.push((offset, len)),
+        }
+    }
+    out
+}
+
+/// The background advancer: advances the clock every epoch length until shutdown, or
+/// until an advance fails (the clock then stays stopped and `sync` reports it).
+pub(crate) fn run_advancer(shared: &Shared, length: Duration) {
+    while !shared.epochs.sleep_epoch(length) {
+        if shared.epochs.advance(shared).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! `OpGuard`: one operation, bound to the epoch it announced. Everything an operation does
+//! to payloads goes through it, so the epoch rules of DESIGN.md section 5 hold: payloads of
+//! the operation's own epoch are changed in place, older ones by copy-on-write, deletion
+//! writes an anti-block, and meeting a payload of a newer epoch aborts the operation.
+
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+
+use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, OwnerId, PBlock};
+use crate::error::{Error, Result};
+use crate::heap::Heap;
+use crate::heap::layout::HEADER_LEN;
+
+thread_local! {
+    /// The heaps (by address of their shared state) on which this thread has an operation
+    /// open: operations do not nest, and `sync` inside one would wait for itself.
+    static ACTIVE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether the calling thread has an operation open on the heap identified by `heap_id`.
+pub(crate) fn has_active_op(heap_id: usize) -> bool {
+    ACTIVE.with(|active| active.borrow().contains(&heap_id))
+}
+
+/// What an operation did, to hand to the advancer when it ends or to undo if it aborts.
+#[derive(Debug, Default)]
+struct OpLog {
+    /// Byte ranges written, to write back with the operation's epoch.
+    persist: Vec<(u64, u64)>,
+    /// Blocks this operation allocated (undone on abort).
+    allocated: Vec<PBlock>,
+    /// Older versions this operation superseded or deleted (retired bit set).
+    victims: Vec<PBlock>,
+    /// Blocks of this epoch to invalidate when the operation commits (retired bit set).
+    kills: Vec<PBlock>,
+    /// Anti-blocks this operation wrote.
+    antis: Vec<PBlock>,
+}
+
+/// An operation in progress: the RAII guard `Heap::begin_op` returns. Dropping it ends the
+/// operation (commits); [`abort`](Self::abort) undoes what it allocated and retired.
+///
+/// A guard is bound to the thread that began it (it is not `Send`).
+///
+/// # What an operation may rely on
+///
+/// Every payload it creates, updates or deletes carries its epoch; the operation takes
+/// effect in that epoch, and after a crash it is either wholly recovered (its epoch is at
+/// least two behind the stored clock) or wholly absent. An access that meets a payload
+/// written in a newer epoch fails with [`Error::Aborted`]: the operation must be retried in a
+/// new operation. Make every access that can abort before the operation's first write:
+/// an abort undoes allocations and retirements, but not bytes written in place.
+pub struct OpGuard<'h> {
+    heap: &'h Heap,
+    epoch: u64,
+    slot: usize,
+    log: RefCell<OpLog>,
+    done: Cell<bool>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for OpGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpGuard")
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'h> OpGuard<'h> {
+    pub(crate) fn begin(heap: &'h Heap) -> Result<OpGuard<'h>> {
+        let id = heap.id();
+        let nested = ACTIVE.with(|active| {
+            let mut active = active.borrow_mut();
+            if active.contains(&id) {
+                true
+            } else {
+                active.push(id);
+                false
+            }
+        });
+        if nested {
+            return Err(Error::NestedOperation);
+        }
+        let slot = crate::slot::current();
+        match heap.shared().epochs.announce(slot) {
+            Ok(epoch) => Ok(OpGuard {
+                heap,
+                epoch,
+                slot,
+                log: RefCell::new(OpLog::default()),
+                done: Cell::new(false),
+                _not_send: PhantomData,
+            }),
+            Err(err) => {
+                deactivate(id);
+                Err(err)
+            }
+        }
+    }
+
+    /// The epoch this operation runs in.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Allocates a payload holding `bytes`, owned by `owner`, of type `type_id`, with a fresh
+    /// uid.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfSpace`] when the heap is full.
+    pub fn alloc(&self, owner: OwnerId, type_id: u64, bytes: &[u8]) -> Result<PBlock> {
+        let shared = self.heap.shared();
+        let spec = BlockSpec {
+            kind: BlockKind::Alloc,
+            epoch: self.epoch,
+            uid: shared.epochs.fresh_uid(),
+            type_id,
+            owner,
+        };
+        self.alloc_spec(spec, bytes)
+    }
+
+    fn alloc_spec(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
+        let shared = self.heap.shared();
+        let block = shared
+            .alloc
+            .alloc(&shared.media, spec, bytes.len() as u64)?;
+        let mut log = self.log.borrow_mut();
+        log.allocated.push(block);
+        log.persist
+            .push((block.offset(), HEADER_LEN + bytes.len() as u64));
+        drop(log);
+        shared.media.write(block.payload_offset(), bytes)?;
+        Ok(block)
+    }
+
+    /// The header of `block`, checked against this operation's epoch.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Aborted`] if the block was written in a newer epoch;
+    /// [`Error::InvalidBlock`] if it is not a live block.
+    pub fn info(&self, block: PBlock) -> Result<BlockInfo> {
+        let info = self.heap.info(block)?;
+        if info.spec.epoch > self.epoch {
+            return Err(Error::Aborted);
+        }
+        Ok(info)
+    }
+
+    /// The payload of `block`.
+    ///
+    /// # Errors
+    ///
+    /// As [`info`](Self::info).
+    pub fn read(&self, block: PBlock) -> Result<Vec<u8>> {
+        let info = self.info(block)?;
+        let mut buf = vec![0u8; info.len as usize];
+        self.heap.read(block, 0, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Replaces `block`'s payload with `bytes` and returns the handle to use from now on: the
+    /// same block when it was written in this epoch and `bytes` fits, otherwise a new copy
+    /// with the same uid (the old one is retired).
+    ///
+    /// # Errors
+    ///
+    /// As [`info`](Self::info); [`Error::Retired`] if another operation already superseded
+    /// or deleted it; [`Error::OutOfSpace`].
+    pub fn update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
+        let info = self.info(block)?;
+        let shared = self.heap.shared();
+        let len = bytes.len() as u64;
+        if info.spec.epoch == self.epoch && len <= info.capacity {
+            shared.media.write(block.payload_offset(), bytes)?;
+            if len != u64::from(info.len) {
+                let header = info.spec.raw(len as u32);
+                shared
+                    .alloc
+                    .write_header(&shared.media, block.offset(), &header)?;
+            }
+            self.log
+                .borrow_mut()
+                .persist
+                .push((block.offset(), HEADER_LEN + len));
+            return Ok(block);
+        }
+        self.replace(&info, bytes)
+    }
+
+    /// Writes `bytes` at byte `at` of `block`'s payload (inside its current length) and
+    /// returns the handle to use from now on, as [`update`](Self::update) does.
+    ///
+    /// # Errors
+    ///
+    /// As [`update`](Self::update); [`Error::OutOfBounds`] if the range leaves the payload.
+    pub fn write(&self, block: PBlock, at: u64, bytes: &[u8]) -> Result<PBlock> {
+        let info = self.info(block)?;
+        let len = bytes.len() as u64;
+        if at
+            .checked_add(len)
+            .is_none_or(|end| end > u64::from(info.len))
+        {
+            return Err(Error::OutOfBounds { offset: at, len });
+        }
+        if info.spec.epoch == self.epoch {
+            self.heap.write(block, at, bytes)?;
+            self.log
+                .borrow_mut()
+                .persist
+                .push((block.payload_offset() + at, len));
+            return Ok(block);
+        }
+        let mut payload = vec![0u8; info.len as usize];
+        self.heap.read(block, 0, &mut payload)?;
+        payload[at as usize..(at + len) as usize].copy_from_slice(bytes);
+        self.replace(&info, &payload)
+    }
+
+    /// Copy-on-write: a new block with `info`'s uid holding `bytes`; the old one retired.
+    fn replace(&self, info: &BlockInfo, bytes: &[u8]) -> Result<PBlock> {
+        let shared = self.heap.shared();
+        shared.alloc.mark_retired(&shared.media, info.block)?;
+        let same_epoch = info.spec.epoch == self.epoch;
+        let spec = BlockSpec {
+            // A block of this epoch has no older version unless it is an update itself.
+            kind: if same_epoch {
+                info.spec.kind
+            } else {
+                BlockKind::Update
+            },
+            epoch: self.epoch,
+            ..info.spec
+        };
+        match self.alloc_spec(spec, bytes) {
+            Ok(block) => {
+                let mut log = self.log.borrow_mut();
+                if same_epoch {
+                    log.kills.push(info.block);
+                } else {
+                    log.victims.push(info.block);
+                }
+                Ok(block)
+            }
+            Err(err) => {
+                shared.alloc.clear_retired(&shared.media, info.block)?;
+                Err(err)
+            }
+        }
+    }
+
+    /// Deletes `block`'s payload: an anti-block records the deletion (unless the payload was
+    /// first created in this epoch, when invalidating it is enough) and the block is retired.
+    ///
+    /// # Errors
+    ///
+    /// As [`update`](Self::update).
+    pub fn delete(&self, block: PBlock) -> Result<()> {
+        let info = self.info(block)?;
+        let shared = self.heap.shared();
+        shared.alloc.mark_retired(&shared.media, block)?;
+        let same_epoch = info.spec.epoch == self.epoch;
+        if same_epoch && info.spec.kind == BlockKind::Alloc {
+            self.log.borrow_mut().kills.push(block);
+            return Ok(());
+        }
+        let spec = BlockSpec {
+            kind: BlockKind::Delete,
+            epoch: self.epoch,
+            ..info.spec
+        };
+        match self.alloc_spec(spec, &[]) {
+            Ok(anti) => {
+                let mut log = self.log.borrow_mut();
+                log.antis.push(anti);
+                if same_epoch {
+                    log.kills.push(block);
+                } else {
+                    log.victims.push(block);
+                }
+                Ok(())
+            }
+            Err(err) => {
+                shared.alloc.clear_retired(&shared.media, block)?;
+                Err(err)
+            }
+        }
+    }
+
+    /// Ends the operation without its effects: the blocks it allocated are invalidated and
+    /// the blocks it retired are live again. Bytes it wrote in place are not restored.
+    ///
+    /// # Errors
+    ///
+    /// Only if the heap cannot be written (a poisoned heap).
+    pub fn abort(self) -> Result<()> {
+        let result = self.rollback();
+        self.finish();
+        result
+    }
+
+    fn rollback(&self) -> Result<()> {
+        let shared = self.heap.shared();
+        let mut log = self.log.borrow_mut();
+        let log = &mut *log;
+        let mut first_error = Ok(());
+        for block in log.victims.drain(..).chain(log.kills.drain(..)) {
+            let result = shared.alloc.clear_retired(&shared.media, block);
+            first_error = first_error.and(result);
+        }
+        log.antis.clear();
+        // What this operation allocated was never part of any committed state: kill it, so
+        // that the zeroed header is written back with this epoch and the block is reused
+        // once that is durable (INV-EP-3).
+        log.kills.append(&mut log.allocated);
+        first_error
+    }
+
+    /// Commits (or, after `rollback`, just ends): kills, then hands everything to the
+    /// advancer and withdraws the announcement.
+    fn finish(&self) {
+        if self.done.replace(true) {
+            return;
+        }
+        let shared = self.heap.shared();
+        let mut log = self.log.borrow_mut();
+        let log = &mut *log;
+        for block in log.kills.drain(..) {
+            // A failed store leaves the block valid until reclamation invalidates it; the
+            // heap is poisoned then and every later write reports it.
+            if shared.media.store(block.offset(), 0).is_ok() {
+                log.persist.push((block.offset(), 8));
+            }
+            log.victims.push(block);
+        }
+        shared.epochs.retire_op(
+            self.slot,
+            self.epoch,
+            &mut log.persist,
+            &mut log.victims,
+            &mut log.antis,
+        );
+        deactivate(self.heap.id());
+    }
+}
+
+impl Drop for OpGuard<'_> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+fn deactivate(heap_id: usize) {
+    // During thread teardown the list may be gone already; nothing is left to track then.
+    let _ = ACTIVE.try_with(|active| active.borrow_mut().retain(|&id| id != heap_id));
+}
+
+impl Heap {
+    /// Begins an operation in the current epoch. Dropping the guard ends it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NestedOperation`] if this thread already has an operation open on this heap;
+    /// [`Error::ClockStopped`] if an epoch advance failed.
+    pub fn begin_op(&self) -> Result<OpGuard<'_>> {
+        OpGuard::begin(self)
+    }
+
+    /// Runs `op` in an operation until it commits: when it fails with [`Error::Aborted`], the
+    /// attempt is rolled back and `op` runs again in a new operation. Any other error rolls
+    /// the attempt back and is returned.
+    ///
+    /// # Errors
+    ///
+    /// The first error `op` returns other than `Aborted`, or an error from `begin_op`.
+    pub fn run_op<T>(&self, mut op: impl FnMut(&OpGuard<'_>) -> Result<T>) -> Result<T> {
+        loop {
+            let guard = self.begin_op()?;
+            match op(&guard) {
+                Ok(value) => {
+                    drop(guard);
+                    return Ok(value);
+                }
+                Err(Error::Aborted) => {
+                    guard.abort()?;
+                    std::thread::yield_now();
+                }
+                Err(err) => {
+                    guard.abort()?;
+                    return Err(err);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The epoch rule's first pass: which block is the newest durable version of each uid.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::alloc::block::{BlockKind, PBlock};
+use crate::error::Result;
+use crate::heap::layout::Geometry;
+use crate::persist::Media;
+
+use super::Options;
+use super::scan::{self, Unit, UnitVisit};
+
+/// The winning blocks, as a bitmap over 64-byte block positions of the data area.
+pub(super) struct Winners {
+    data_offset: u64,
+    bits: Vec<AtomicU64>,
+    max_uid: u64,
+}
+
+impl Winners {
+    /// Whether `block` is the newest durable version of its uid.
+    pub(super) fn contains(&self, block: PBlock) -> bool {
+        let Some(index) = block.offset().checked_sub(self.data_offset).map(|d| d / 64) else {
+            return false;
+        };
+        self.bits.get((index / 64) as usize).is_some_and(|word| {
+            // ORDERING: written before the scope that filled it joined.
+            word.load(Ordering::Relaxed) & (1 << (index % 64)) != 0
+        })
+    }
+
+    /// The largest uid of any valid header.
+    pub(super) fn max_uid(&self) -> u64 {
+        self.max_uid
+    }
+
+    fn insert(&self, offset: u64) {
+        let index = (offset - self.data_offset) / 64;
+        if let Some(word) = self.bits.get((index / 64) as usize) {
+            // ORDERING: read after the scope joins.
+            word.fetch_or(1 << (index % 64), Ordering::Relaxed);
+        }
+    }
+}
+
+/// One durable version: (uid, epoch, kind rank, offset). Sorting puts, per uid, the newest
+/// version last; an anti-block beats an update of the same epoch, which beats an alloc.
+type Version = (u64, u64, u8, u64);
+
+fn rank(kind: BlockKind) -> u8 {
+    match kind {
+        BlockKind::Alloc => 0,
+        BlockKind::Update => 1,
+        BlockKind::Delete => 2,
+    }
+}
+
+/// Reads every valid header and picks, per uid, the newest version among the blocks of
+/// epochs `<= epoch_word - 2`.
+pub(super) fn choose(
+    media: &Media,
+    geometry: &Geometry,
+    units: &[Unit],
+    options: Options<'_>,
+    progress: &AtomicU64,
+    epoch_word: u64,
+) -> Result<Winners> {
+    let threads = options.threads.max(1);
+    let max_uid = AtomicU64::new(0);
+    let work = |visit: UnitVisit<'_>| -> Result<Vec<Version>> {
+        let mut versions = Vec::new();
+        for view in visit.blocks.iter().filter_map(|(_, v)| v.as_ref()) {
+            let info = view.info();
+            // ORDERING: a maximum read after the scope joins.
+            max_uid.fetch_max(info.spec.uid, Ordering::Relaxed);
+            if info.spec.epoch.saturating_add(2) <= epoch_word {
+                versions.push((
+                    info.spec.uid,
+                    info.spec.epoch,
+                    rank(info.spec.kind),
+                    info.block.offset(),
+                ));
+            }
+        }
+        Ok(versions)
+    };
+    let scan_options = scan::ScanOptions {
+        threads,
+        settle: true,
+        progress: options.progress,
+    };
+    let per_unit = scan::scan(
+        media,
+        geometry,
+        units,
+        scan_options,
+        progress,
+        &work,
+        &|| Ok(()),
+    )?;
+
+    // Partition by uid so that each partition can be sorted on its own thread.
+    let mut parts: Vec<Vec<Version>> = vec![Vec::new(); threads];
+    for version in per_unit.into_iter().flatten() {
+        parts[(version.0 % threads as u64) as usize].push(version);
+    }
+    let positions = geometry.span_count * (crate::heap::layout::SPAN_SIZE / 64);
+    let winners = Winners {
+        data_offset: geometry.data_offset,
+        bits: (0..positions.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        max_uid: 0,
+    };
+    std::thread::scope(|scope| {
+        for part in &mut parts {
+            let winners = &winners;
+            scope.spawn(move || {
+                part.sort_unstable();
+                for (i, version) in part.iter().enumerate() {
+                    let newest = part.get(i + 1).is_none_or(|next| next.0 != version.0);
+                    if newest {
+                        winners.insert(version.3);
+                    }
+                }
+            });
+        }
+    });
+    Ok(Winners {
+        max_uid: max_uid.into_inner(),
+        ..winners
+    })
+}
