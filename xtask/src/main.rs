@@ -75,18 +75,22 @@ fn ci() -> Result {
     )?;
     // The test command README.md gives.
     cargo(&["test", "--workspace"], &deny)?;
-    // The crash-simulator tests again, optimised, with more seeds than the debug run.
-    cargo(
-        &[
-            "test",
-            "--release",
-            "--package",
-            "montage-core",
-            "--test",
-            "crash_sim",
-        ],
-        &[("MONTAGE_CRASH_SEEDS", "300"), deny[0]],
-    )?;
+    // The crash-simulator tests again, optimised, with more seeds than the debug run: 300
+    // seeds per mode of the heap tests, and 700 seeds of three crashes each (2,100 simulated
+    // crashes) of the epoch model test.
+    for (test, seeds) in [("crash_sim", "300"), ("epoch_model", "700")] {
+        cargo(
+            &[
+                "test",
+                "--release",
+                "--package",
+                "montage-core",
+                "--test",
+                test,
+            ],
+            &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
+        )?;
+    }
     cargo(&["doc", "--workspace", "--no-deps"], &deny)?;
     cargo(&["bench", "--workspace", "--no-run"], &deny)?;
     tidy::run(&project_root())?;
@@ -94,21 +98,65 @@ fn ci() -> Result {
     Ok(())
 }
 
+/// Runs the crash-simulator tests with `--seeds N` seeds each, every seed even after a
+/// failure, and ends with one line `N passed, M failed` counting seeds over all of them.
 fn crash(args: &[String]) -> Result {
     let seeds = match args {
         [] => "2000".to_owned(),
-        [flag, n] if flag == "--seeds" => n.clone(),
+        [flag, n] if flag == "--seeds" && n.parse::<u64>().is_ok() => n.clone(),
         _ => return Err("usage: cargo xtask crash [--seeds N]".to_owned()),
     };
-    cargo(
-        &[
-            "test",
-            "--release",
-            "--package",
-            "montage-core",
-            "--test",
-            "crash_sim",
-        ],
-        &[("MONTAGE_CRASH_SEEDS", seeds.as_str())],
-    )
+    let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let args = [
+        "test",
+        "--release",
+        "--package",
+        "montage-core",
+        "--test",
+        "crash_sim",
+        "--test",
+        "epoch_model",
+        "--",
+        "--nocapture",
+    ];
+    println!("$ cargo {}", args.join(" "));
+    let output = Command::new(cargo_bin)
+        .args(args)
+        .env("MONTAGE_CRASH_SEEDS", &seeds)
+        .env("MONTAGE_CRASH_KEEP_GOING", "1")
+        .current_dir(project_root())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (mut passed, mut failed) = (0u64, 0u64);
+    for line in stderr.lines() {
+        if line.contains("failed at seed") {
+            eprintln!("{line}");
+        }
+        let Some(counts) = line
+            .strip_prefix("crash test `")
+            .and_then(|l| l.split("`: ").nth(1))
+        else {
+            continue;
+        };
+        eprintln!("{line}");
+        let numbers: Vec<u64> = counts
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        if let [p, f] = numbers[..] {
+            passed += p;
+            failed += f;
+        }
+    }
+    if passed + failed == 0 {
+        eprintln!("{stderr}");
+        return Err("the crash tests did not run".to_owned());
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 && output.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{failed} crash seeds failed"))
+    }
 }

@@ -104,6 +104,26 @@ impl<'h> OpGuard<'h> {
         self.epoch
     }
 
+    /// Checks an epoch stamp the data structure keeps in DRAM beside state that payloads do
+    /// not carry (for example the absence of a key after a delete): fails with
+    /// [`Error::Aborted`] if `stamp` is newer than this operation's epoch.
+    ///
+    /// An operation must never act on an effect of an operation of a newer epoch: recovery
+    /// could keep this operation and lose the other. Payload accesses check this themselves;
+    /// a structure stamps everything else it protects (a bucket, a lock) with the epoch of
+    /// the last operation that changed it, and checks the stamp here before acting on it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Aborted`] when `stamp > self.epoch()`.
+    pub fn check_epoch(&self, stamp: u64) -> Result<()> {
+        if stamp > self.epoch {
+            Err(Error::Aborted)
+        } else {
+            Ok(())
+        }
+    }
+
     /// Allocates a payload holding `bytes`, owned by `owner`, of type `type_id`, with a fresh
     /// uid.
     ///

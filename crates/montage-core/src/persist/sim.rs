@@ -521,17 +521,40 @@ pub fn crash_seeds(default: u64) -> Vec<u64> {
 }
 
 /// Runs `test` once per seed of [`crash_seeds`]. When one panics, prints the seed and how to
-/// replay it, then lets the panic continue.
+/// replay it, then lets the panic continue; with `MONTAGE_CRASH_KEEP_GOING=1` it runs every
+/// seed first and fails at the end. Either way it ends with a line
+/// ``crash test `name`: N passed, M failed`` on standard error.
+///
+/// # Panics
+///
+/// When `test` panics for a seed.
 pub fn for_each_seed(name: &str, default: u64, mut test: impl FnMut(u64)) {
+    let keep_going = std::env::var_os("MONTAGE_CRASH_KEEP_GOING").is_some_and(|v| v == "1");
+    let (mut passed, mut failed) = (0u64, Vec::new());
     for seed in crash_seeds(default) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(seed)));
-        if let Err(panic) = result {
-            eprintln!(
-                "crash test `{name}` failed at seed {seed}; replay with MONTAGE_CRASH_SEED={seed}"
-            );
-            std::panic::resume_unwind(panic);
+        match result {
+            Ok(()) => passed += 1,
+            Err(panic) => {
+                eprintln!(
+                    "crash test `{name}` failed at seed {seed}; replay with MONTAGE_CRASH_SEED={seed}"
+                );
+                failed.push(seed);
+                if !keep_going {
+                    eprintln!("crash test `{name}`: {passed} passed, 1 failed");
+                    std::panic::resume_unwind(panic);
+                }
+            }
         }
     }
+    eprintln!(
+        "crash test `{name}`: {passed} passed, {} failed",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "crash test `{name}` failed at seeds {failed:?}"
+    );
 }
 
 #[cfg(test)]

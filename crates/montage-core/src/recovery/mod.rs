@@ -24,7 +24,7 @@ use std::time::Duration;
 use crate::alloc::FreeState;
 use crate::alloc::block::{BlockKind, PBlock};
 use crate::error::Result;
-use crate::heap::layout::Geometry;
+use crate::heap::layout::{Geometry, META_RETIRED};
 use crate::persist::Media;
 use scan::{Unit, UnitVisit};
 
@@ -160,7 +160,15 @@ fn recover_units(
                 max_uid.fetch_max(v.info().spec.uid, Ordering::Relaxed);
             }
             match view.map(|v| decide(&v)) {
-                Some(Verdict::Keep) => outcome.kept += 1,
+                Some(Verdict::Keep) => {
+                    // A kept version may carry the retired bit of an operation the crash
+                    // undid: it is live again (INV-EP-3).
+                    let meta = media.load(offset)?;
+                    if meta & META_RETIRED != 0 {
+                        media.store(offset, meta & !META_RETIRED)?;
+                    }
+                    outcome.kept += 1;
+                }
                 Some(Verdict::Drop) => {
                     media.store(offset, 0)?;
                     // PERSIST: a dropped header is durably zero before open returns

@@ -1,0 +1,333 @@
+//! The buffered-durable-linearizability proof on the simulator: several threads run random
+//! inserts, updates and deletes on a small key space through operations, while another
+//! thread syncs and advances the clock; the simulator crashes at a random persistence event;
+//! the recovered state must equal a sequential model that applied exactly the operations of
+//! the epochs the recovered clock covers (`<= w - 2`), in each key's lock order, and must
+//! contain every operation that completed before a `sync` that returned before the crash.
+//! Each seed runs several generations: recover, run more operations, crash again.
+//!
+//! `MONTAGE_CRASH_SEEDS=N` runs more seeds; `MONTAGE_CRASH_SEED=S` replays one (the thread
+//! interleaving is not replayed, only the choices the seed makes).
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use montage_core::{
+    CrashImage, Error, Heap, HeapConfig, OwnerId, PBlock, ScanFilter, SimMode, SplitMix64,
+    for_each_seed,
+};
+
+const KEYS: u64 = 8;
+const THREADS: u64 = 3;
+const OPS_PER_THREAD: u64 = 40;
+const GENERATIONS: usize = 3;
+const TYPE_KV: u64 = 0x4B56;
+
+/// One key's DRAM state: its payload, and the epoch of the last operation that changed it.
+#[derive(Debug, Default)]
+struct Slot {
+    block: Option<PBlock>,
+    stamp: u64,
+    /// Every committed operation on this key, in lock order: (epoch, value after it).
+    history: Vec<(u64, Option<u64>)>,
+}
+
+fn encode(key: u64, value: u64) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&key.to_le_bytes());
+    bytes[8..].copy_from_slice(&value.to_le_bytes());
+    bytes
+}
+
+fn decode(bytes: &[u8]) -> (u64, u64) {
+    let key = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let value = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    (key, value)
+}
+
+/// The key/value state a heap holds, and each key's block.
+fn recovered_state(heap: &Heap, owner: OwnerId) -> BTreeMap<u64, (u64, PBlock)> {
+    let mut state = BTreeMap::new();
+    for info in heap
+        .collect(ScanFilter::all().owner(owner).type_id(TYPE_KV))
+        .unwrap()
+    {
+        let (key, value) = decode(&heap.read_payload(info.block).unwrap());
+        let previous = state.insert(key, (value, info.block));
+        assert!(previous.is_none(), "key {key} recovered twice");
+    }
+    state
+}
+
+/// One operation on `slot`: insert or update to `value`, or delete.
+fn apply(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], key: u64, value: Option<u64>) {
+    heap.run_op(|op| {
+        let mut slot = slots[key as usize].lock().unwrap();
+        op.check_epoch(slot.stamp)?;
+        let block = match (slot.block, value) {
+            (Some(block), Some(v)) => Some(op.update(block, &encode(key, v))?),
+            (None, Some(v)) => Some(op.alloc(owner, TYPE_KV, &encode(key, v))?),
+            (Some(block), None) => {
+                op.delete(block)?;
+                None
+            }
+            (None, None) => None,
+        };
+        slot.block = block;
+        slot.stamp = op.epoch();
+        slot.history.push((op.epoch(), value));
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The syncs that returned: (epoch when called, persistence events when it returned).
+type Syncs = Vec<(u64, u64)>;
+
+fn generation(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], seed: u64) -> Syncs {
+    let sim = heap.simulator().unwrap();
+    let done = AtomicBool::new(false);
+    let syncs = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut rng = SplitMix64::new(seed ^ (t + 1).wrapping_mul(0x9E37));
+                    for _ in 0..OPS_PER_THREAD {
+                        let key = rng.next_u64() % KEYS;
+                        let value = if rng.next_u64().is_multiple_of(4) {
+                            None
+                        } else {
+                            Some(rng.next_u64() % 1000)
+                        };
+                        apply(heap, owner, slots, key, value);
+                    }
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            let mut rng = SplitMix64::new(seed ^ 0xC10C);
+            // ORDERING: a stop flag; the scope's joins order everything else.
+            while !done.load(Ordering::Relaxed) {
+                if rng.next_u64().is_multiple_of(3) {
+                    let called = heap.epoch();
+                    heap.sync().unwrap();
+                    syncs.lock().unwrap().push((called, sim.events()));
+                } else {
+                    heap.advance_epoch().unwrap();
+                }
+                std::thread::yield_now();
+            }
+        });
+        let results: Vec<_> = workers
+            .into_iter()
+            .map(std::thread::ScopedJoinHandle::join)
+            .collect();
+        // Stop the syncing thread before a worker's panic is passed on, or the scope would
+        // wait for it forever.
+        done.store(true, Ordering::Relaxed);
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    syncs.into_inner().unwrap()
+}
+
+/// The state the model gives for the operations of epochs `<= cut`, starting from `start`;
+/// checks on the way that every key's epochs never decrease in lock order (so those
+/// operations are a prefix of it).
+fn model(start: &BTreeMap<u64, u64>, slots: &[Mutex<Slot>], cut: u64) -> BTreeMap<u64, u64> {
+    let mut state = start.clone();
+    for (key, slot) in slots.iter().enumerate() {
+        let slot = slot.lock().unwrap();
+        for pair in slot.history.windows(2) {
+            assert!(
+                pair[0].0 <= pair[1].0,
+                "key {key}: epochs go backwards in lock order"
+            );
+        }
+        for &(_, value) in slot.history.iter().filter(|(e, _)| *e <= cut) {
+            match value {
+                Some(v) => state.insert(key as u64, v),
+                None => state.remove(&(key as u64)),
+            };
+        }
+    }
+    state
+}
+
+fn stored_epoch(image: &CrashImage) -> u64 {
+    u64::from_le_bytes(image.bytes()[0x40..0x48].try_into().unwrap())
+}
+
+fn run_seed(seed: u64) {
+    let mode = SimMode::ALL[(seed % 4) as usize];
+    let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
+    let mut rng = SplitMix64::new(seed);
+    let mut heap = Heap::create(&config).unwrap();
+    let owner = heap.register("kv").unwrap();
+    let mut state: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut blocks: BTreeMap<u64, PBlock> = BTreeMap::new();
+    for generation_index in 0..GENERATIONS {
+        let slots: Vec<Mutex<Slot>> = (0..KEYS)
+            .map(|key| {
+                Mutex::new(Slot {
+                    block: blocks.get(&key).copied(),
+                    stamp: 0,
+                    history: Vec::new(),
+                })
+            })
+            .collect();
+        let sim = heap.simulator().unwrap();
+        let step = sim.events() + rng.below_or_equal(THREADS * OPS_PER_THREAD * 12);
+        sim.crash_at(step);
+        eprintln!("seed {seed} generation {generation_index}: crash point {step}");
+        let syncs = generation(
+            &heap,
+            owner,
+            &slots,
+            seed.wrapping_add(generation_index as u64),
+        );
+        let image = sim.crash(seed);
+        drop(heap);
+
+        let word = stored_epoch(&image);
+        let cut = word.saturating_sub(2);
+        for &(called, returned_at) in &syncs {
+            if returned_at <= step {
+                assert!(
+                    cut >= called,
+                    "generation {generation_index}: a sync called in epoch {called} returned \
+                     before the crash, but the recovered clock covers only epochs <= {cut}"
+                );
+            }
+        }
+        let want = model(&state, &slots, cut);
+        heap = Heap::open_image(image, &config).unwrap();
+        let owner_now = heap.lookup("kv").unwrap();
+        assert_eq!(owner_now, owner);
+        let got = recovered_state(&heap, owner);
+        let got_values: BTreeMap<u64, u64> = got.iter().map(|(k, (v, _))| (*k, *v)).collect();
+        assert_eq!(
+            got_values, want,
+            "generation {generation_index}: crash at step {step}, stored epoch {word}"
+        );
+        state = want;
+        blocks = got.into_iter().map(|(k, (_, b))| (k, b)).collect();
+    }
+    // The last recovered heap still works: every key can be deleted, and after a sync and a
+    // clean reopen nothing remains.
+    let slots: Vec<Mutex<Slot>> = (0..KEYS)
+        .map(|key| {
+            Mutex::new(Slot {
+                block: blocks.get(&key).copied(),
+                ..Slot::default()
+            })
+        })
+        .collect();
+    for key in 0..KEYS {
+        apply(&heap, owner, &slots, key, None);
+    }
+    heap.sync().unwrap();
+    let image = CrashImage::from_bytes(heap.simulator().unwrap().durable_image());
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    assert!(recovered_state(&heap, owner).is_empty());
+}
+
+#[test]
+fn recovered_state_is_the_model_of_the_recovered_epochs_over_generations() {
+    for_each_seed("epoch model", 40, run_seed);
+}
+
+#[test]
+fn an_operation_meeting_a_newer_epoch_aborts_and_retries() {
+    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let owner = heap.register("kv").unwrap();
+    let old = heap.begin_op().unwrap();
+    let old_epoch = old.epoch();
+    // While `old` runs in epoch e, the clock moves to e + 1 and another thread writes.
+    let newer = std::thread::scope(|s| {
+        s.spawn(|| {
+            heap.advance_epoch().unwrap();
+            heap.run_op(|op| op.alloc(owner, TYPE_KV, &encode(1, 1)))
+                .unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(matches!(old.read(newer), Err(Error::Aborted)));
+    assert!(matches!(
+        old.update(newer, &encode(1, 2)),
+        Err(Error::Aborted)
+    ));
+    assert!(matches!(old.delete(newer), Err(Error::Aborted)));
+    assert!(matches!(
+        old.check_epoch(old_epoch + 1),
+        Err(Error::Aborted)
+    ));
+    old.abort().unwrap();
+    // A retry runs in the new epoch and succeeds.
+    let mut attempts = 0;
+    let updated = heap
+        .run_op(|op| {
+            attempts += 1;
+            op.update(newer, &encode(1, 3))
+        })
+        .unwrap();
+    assert_eq!(attempts, 1);
+    assert_eq!(decode(&heap.read_payload(updated).unwrap()), (1, 3));
+}
+
+#[test]
+fn misuse_is_a_typed_error() {
+    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let op = heap.begin_op().unwrap();
+    assert!(matches!(heap.begin_op(), Err(Error::NestedOperation)));
+    assert!(matches!(heap.sync(), Err(Error::SyncInOperation)));
+    drop(op);
+    heap.sync().unwrap();
+    // Two operations retiring one block: the second gets `Retired`, not a double free.
+    let owner = heap.register("kv").unwrap();
+    let block = heap
+        .run_op(|op| op.alloc(owner, TYPE_KV, &encode(1, 1)))
+        .unwrap();
+    heap.sync().unwrap();
+    let first = heap.begin_op().unwrap();
+    first.update(block, &encode(1, 2)).unwrap();
+    drop(first);
+    let second = heap.begin_op().unwrap();
+    assert!(matches!(second.delete(block), Err(Error::Retired { .. })));
+}
+
+#[test]
+fn an_aborted_operation_leaves_no_trace_after_recovery() {
+    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let owner = heap.register("kv").unwrap();
+    let kept = heap
+        .run_op(|op| op.alloc(owner, TYPE_KV, &encode(1, 1)))
+        .unwrap();
+    heap.sync().unwrap();
+    let op = heap.begin_op().unwrap();
+    op.alloc(owner, TYPE_KV, &encode(2, 2)).unwrap();
+    op.update(kept, &encode(1, 9)).unwrap();
+    op.abort().unwrap();
+    heap.sync().unwrap();
+    heap.sync().unwrap();
+    let image = CrashImage::from_bytes(heap.simulator().unwrap().durable_image());
+    let heap = Heap::open_image(image, &config).unwrap();
+    let state: Vec<(u64, u64)> = recovered_state(&heap, owner)
+        .into_values()
+        .map(|(v, b)| (v, heap.info(b).unwrap().spec.uid))
+        .collect();
+    assert_eq!(state.len(), 1);
+    assert_eq!(state[0].0, 1);
+}
