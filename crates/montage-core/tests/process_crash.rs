@@ -1,0 +1,195 @@
+//! Real process crashes on the `Msync` backend: a child process writes keys through
+//! operations and prints each one only after `sync()` returned; the parent kills it with
+//! SIGKILL at a random moment, reopens the heap, and checks that every acknowledged write
+//! is there and that the state is a prefix of what the child did. Twenty rounds on one heap
+//! file, each continuing from what the previous one recovered.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use montage_core::{
+    BackendKind, EpochLength, Heap, HeapConfig, OwnerId, PBlock, ScanFilter, SplitMix64,
+};
+
+const KEYS: u64 = 16;
+const TYPE_KV: u64 = 0x4B56;
+const ROUNDS: u64 = 20;
+
+fn config(path: &Path) -> HeapConfig {
+    HeapConfig::new(path)
+        .size(8 << 20)
+        .backend(BackendKind::Msync)
+        .epoch_length(EpochLength::Every(Duration::from_millis(5)))
+}
+
+fn decode(bytes: &[u8]) -> (u64, u64) {
+    let key = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let value = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    (key, value)
+}
+
+fn state(heap: &Heap, owner: OwnerId) -> BTreeMap<u64, (u64, PBlock)> {
+    let mut out = BTreeMap::new();
+    for info in heap
+        .collect(ScanFilter::all().owner(owner).type_id(TYPE_KV))
+        .unwrap()
+    {
+        let (key, value) = decode(&heap.read_payload(info.block).unwrap());
+        assert!(
+            out.insert(key, (value, info.block)).is_none(),
+            "key {key} twice"
+        );
+    }
+    out
+}
+
+/// The child: opens (or creates) the heap, then writes random keys forever, printing
+/// `MONTAGE begin <key> <value|-1>` before and `MONTAGE ack` after each synced operation.
+#[test]
+fn child_writer() {
+    let (Some(path), Some(seed)) = (
+        std::env::var_os("MONTAGE_CHILD_HEAP"),
+        std::env::var("MONTAGE_CHILD_SEED").ok(),
+    ) else {
+        return; // only meaningful when spawned by the test below
+    };
+    let path = Path::new(&path);
+    let heap = if path.exists() {
+        Heap::open(&config(path)).unwrap()
+    } else {
+        Heap::create(&config(path)).unwrap()
+    };
+    let owner = heap.register("kv").unwrap();
+    let mut blocks: BTreeMap<u64, PBlock> = state(&heap, owner)
+        .into_iter()
+        .map(|(k, (_, b))| (k, b))
+        .collect();
+    let mut rng = SplitMix64::new(seed.parse().unwrap());
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "MONTAGE ready").unwrap();
+    out.flush().unwrap();
+    loop {
+        let key = rng.next_u64() % KEYS;
+        let value = (!rng.next_u64().is_multiple_of(4)).then(|| rng.next_u64() % 1_000_000);
+        writeln!(
+            out,
+            "MONTAGE begin {key} {}",
+            value.map_or(-1, u64::cast_signed)
+        )
+        .unwrap();
+        out.flush().unwrap();
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&key.to_le_bytes());
+        bytes[8..].copy_from_slice(&value.unwrap_or(0).to_le_bytes());
+        let current = blocks.get(&key).copied();
+        let next = heap
+            .run_op(|op| match (current, value) {
+                (Some(b), Some(_)) => op.update(b, &bytes).map(Some),
+                (None, Some(_)) => op.alloc(owner, TYPE_KV, &bytes).map(Some),
+                (Some(b), None) => op.delete(b).map(|()| None),
+                (None, None) => Ok(None),
+            })
+            .unwrap();
+        match next {
+            Some(b) => blocks.insert(key, b),
+            None => blocks.remove(&key),
+        };
+        heap.sync().unwrap();
+        writeln!(out, "MONTAGE ack").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+#[test]
+fn every_acknowledged_write_survives_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kill.heap");
+    let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut rng = SplitMix64::new(42);
+    let mut total_acks = 0;
+    for round in 0..ROUNDS {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
+            .env("MONTAGE_CHILD_HEAP", &path)
+            .env("MONTAGE_CHILD_SEED", round.to_string())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            // The test harness may print its own words before ours on the same line.
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("MONTAGE ") {
+                    if lines.is_empty() {
+                        let _ = ready_tx.send(());
+                    }
+                    lines.push(line[at + 8..].to_owned());
+                }
+            }
+            lines
+        });
+        // Once the child has recovered the heap, let it run 5 to 200 ms, then pull the plug.
+        let came_up = ready_rx.recv_timeout(Duration::from_secs(60)).is_ok();
+        std::thread::sleep(Duration::from_millis(5 + rng.next_u64() % 195));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let lines = reader.join().unwrap();
+        assert!(came_up, "round {round}: the child did not start");
+        assert!(
+            lines.first().is_some_and(|l| l == "ready"),
+            "round {round}: the child never came up: {lines:?}"
+        );
+
+        // The operations the child began, and how many it acknowledged.
+        let mut ops: Vec<(u64, Option<u64>)> = Vec::new();
+        let mut acked = 0;
+        for line in &lines[1..] {
+            let words: Vec<&str> = line.split(' ').collect();
+            match words[..] {
+                ["begin", key, value] => {
+                    let value: i64 = value.parse().unwrap();
+                    ops.push((key.parse().unwrap(), u64::try_from(value).ok()));
+                }
+                ["ack"] => acked = ops.len(),
+                _ => panic!("unexpected line {line:?}"),
+            }
+        }
+        total_acks += acked;
+
+        let heap = Heap::open(&config(&path)).unwrap();
+        let owner = heap.lookup("kv").unwrap();
+        let got: BTreeMap<u64, u64> = state(&heap, owner)
+            .into_iter()
+            .map(|(k, (v, _))| (k, v))
+            .collect();
+        heap.close().unwrap();
+        // Some prefix of the operations, at least every acknowledged one, explains the state.
+        let mut candidate = model.clone();
+        let mut prefixes = Vec::new();
+        for (i, &(key, value)) in ops.iter().enumerate() {
+            if i >= acked {
+                prefixes.push(candidate.clone());
+            }
+            match value {
+                Some(v) => candidate.insert(key, v),
+                None => candidate.remove(&key),
+            };
+        }
+        prefixes.push(candidate);
+        let Some(matched) = prefixes.into_iter().find(|p| *p == got) else {
+            panic!(
+                "round {round}: recovered state is no prefix containing the {acked} acknowledged \
+                 of {} begun operations",
+                ops.len()
+            );
+        };
+        model = matched;
+    }
+    assert!(total_acks > 0, "the children never acknowledged a write");
+}
