@@ -3,6 +3,7 @@
 //! * `ci`: everything CI checks, in order, failing fast;
 //! * `tidy`: the conventions the compiler cannot check;
 //! * `crash [--seeds N]`: the crash-simulator tests with many seeds, in release mode;
+//! * `loom`: the loom tests of the epoch handshake;
 //! * `bench`: the criterion benchmarks.
 
 #![forbid(unsafe_code)]
@@ -22,7 +23,8 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(&project_root()),
         Some("crash") => crash(&args[1..]),
         Some("bench") => cargo(&["bench", "--workspace"], &[]),
-        _ => Err("usage: cargo xtask <ci | tidy | crash [--seeds N] | bench>".to_owned()),
+        Some("loom") => loom(),
+        _ => Err("usage: cargo xtask <ci | tidy | crash [--seeds N] | loom | bench>".to_owned()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -91,11 +93,34 @@ fn ci() -> Result {
             &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
         )?;
     }
+    loom()?;
     cargo(&["doc", "--workspace", "--no-deps"], &deny)?;
     cargo(&["bench", "--workspace", "--no-run"], &deny)?;
     tidy::run(&project_root())?;
     println!("xtask ci: all steps passed");
     Ok(())
+}
+
+/// Runs the loom tests of the epoch handshake (every interleaving up to three preemptions),
+/// in a target directory of their own so the loom build does not evict the normal one.
+fn loom() -> Result {
+    let target = project_root().join("target").join("loom");
+    let target = target.to_string_lossy();
+    cargo(
+        &[
+            "test",
+            "--release",
+            "--package",
+            "montage-core",
+            "--lib",
+            "loom",
+        ],
+        &[
+            ("RUSTFLAGS", "--cfg montage_loom -D warnings"),
+            ("CARGO_TARGET_DIR", &target),
+            ("LOOM_MAX_PREEMPTIONS", "3"),
+        ],
+    )
 }
 
 /// Runs the crash-simulator tests with `--seeds N` seeds each, every seed even after a

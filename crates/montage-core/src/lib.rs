@@ -59,6 +59,7 @@ mod epoch;
 mod error;
 mod heap;
 mod persist;
+mod primitive;
 mod recovery;
 mod slot;
 

@@ -39,18 +39,13 @@
 //!
 //! # Announcements (INV-EP-1)
 //!
-//! Each thread slot keeps four counters of running operations, indexed by epoch mod 4. An
-//! operation reads the clock `e`, increments counter `e % 4`, and re-reads the clock; if it
-//! moved, it undoes the increment and tries again. The advancer publishes `e + 1` before it
-//! ever waits for counter `e % 4` to drain (at the next advance). With sequentially
-//! consistent operations on both sides, either the advancer sees the increment and waits, or
-//! the operation's re-read sees the new epoch and retries: no operation runs in an epoch the
-//! advancer has already waited out. Four counters suffice because only epochs `e - 1` and
-//! `e` can have running operations while the clock reads `e`.
+//! No operation runs in an epoch after the advancer has found it quiescent; `tracker.rs`
+//! has the handshake and its argument, and loom tests that explore it.
 
 pub(crate) mod op;
+pub(crate) mod tracker;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -60,6 +55,7 @@ use crate::alloc::block::PBlock;
 use crate::error::{Error, Result};
 use crate::heap::Shared;
 use crate::heap::layout::EPOCH_OFFSET;
+use tracker::Tracker;
 
 /// How the clock advances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,10 +83,9 @@ struct Bucket {
     antis: Vec<PBlock>,
 }
 
-/// One thread slot: announcement counters and the buckets of four epochs.
+/// One thread slot's buckets, for four epochs.
 #[derive(Debug, Default)]
 struct Slot {
-    running: [AtomicU32; 4],
     buckets: Mutex<[Bucket; 4]>,
 }
 
@@ -101,9 +96,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The epoch state of one open heap.
 #[derive(Debug)]
 pub(crate) struct Epochs {
-    /// The epoch new operations join. Equal to the stored epoch word, which is persisted
-    /// before a new value is published here.
-    current: CachePadded<AtomicU64>,
+    /// The clock and the announcements. The clock equals the stored epoch word, which is
+    /// persisted before a new value is published.
+    tracker: Tracker,
     slots: Box<[CachePadded<Slot>]>,
     /// Serializes advances; holds the number of advances made (for tests and stats).
     advance: Mutex<u64>,
@@ -119,8 +114,8 @@ pub(crate) struct Epochs {
 impl Epochs {
     pub(crate) fn new(epoch: u64, next_uid: u64, slots: usize, length: EpochLength) -> Epochs {
         Epochs {
-            current: CachePadded::new(AtomicU64::new(epoch)),
-            slots: (0..slots)
+            tracker: Tracker::new(epoch, slots),
+            slots: (0..slots.max(1))
                 .map(|_| CachePadded::new(Slot::default()))
                 .collect(),
             advance: Mutex::new(0),
@@ -133,8 +128,7 @@ impl Epochs {
 
     /// The epoch new operations join, which is also the durable epoch word.
     pub(crate) fn current(&self) -> u64 {
-        // ORDERING: SeqCst pairs with the announcement protocol (INV-EP-1).
-        self.current.load(Ordering::SeqCst)
+        self.tracker.current()
     }
 
     fn slot(&self, index: usize) -> &Slot {
@@ -165,18 +159,7 @@ impl Epochs {
     /// Announces an operation in the calling thread's slot; returns its epoch (INV-EP-1).
     pub(crate) fn announce(&self, slot: usize) -> Result<u64> {
         self.check_running()?;
-        let running = &self.slot(slot).running;
-        loop {
-            let epoch = self.current();
-            // ORDERING: SeqCst: the increment and the re-read below are ordered with the
-            // advancer's publish and its reads of the counters (INV-EP-1).
-            running[(epoch % 4) as usize].fetch_add(1, Ordering::SeqCst);
-            if self.current() == epoch {
-                return Ok(epoch);
-            }
-            // ORDERING: undoing our own increment; nothing depends on its ordering.
-            running[(epoch % 4) as usize].fetch_sub(1, Ordering::Relaxed);
-        }
+        Ok(self.tracker.announce(slot))
     }
 
     /// Ends an operation of `epoch`: hands what it wrote and retired to the advancer, then
@@ -197,28 +180,8 @@ impl Epochs {
             bucket.victims.append(victims);
             bucket.antis.append(antis);
         }
-        // ORDERING: Release: the buckets filled above happen-before the advancer's Acquire
-        // read of a drained counter.
-        s.running[(epoch % 4) as usize].fetch_sub(1, Ordering::Release);
-    }
-
-    /// Waits until no operation of `epoch` is running.
-    fn wait_quiescent(&self, epoch: u64) {
-        let index = (epoch % 4) as usize;
-        for slot in &self.slots {
-            let mut spins = 0u32;
-            // ORDERING: SeqCst pairs with `announce` (INV-EP-1) and acquires `retire_op`.
-            while slot.running[index].load(Ordering::SeqCst) != 0 {
-                spins = spins.saturating_add(1);
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else if spins < 1024 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            }
-        }
+        // The buckets filled above happen-before the advancer's read of the drained counter.
+        self.tracker.leave(slot, epoch);
     }
 
     /// Moves the clock forward once (see the module docs); returns the new epoch.
@@ -256,7 +219,7 @@ impl Epochs {
         let e = self.current();
         let media = &shared.media;
         // 1. Every operation of e - 1 has ended (INV-EP-1).
-        self.wait_quiescent(e.wrapping_sub(1));
+        self.tracker.wait_quiescent(e.wrapping_sub(1));
         // 2-3. Collect the write-backs of e - 1 and the reclamation owed.
         let mut persist = Vec::new();
         let mut victims = Vec::new();
@@ -283,9 +246,8 @@ impl Epochs {
         media.store(EPOCH_OFFSET, next)?;
         // PERSIST: INV-EP-2: the word is durable before any operation can join epoch e + 1.
         media.persist(EPOCH_OFFSET, 8)?;
-        // 6. Publish.
-        // ORDERING: SeqCst pairs with `announce` (INV-EP-1).
-        self.current.store(next, Ordering::SeqCst);
+        // 6. Publish (INV-EP-1).
+        self.tracker.publish(next);
         Ok(next)
     }
 

@@ -1,0 +1,103 @@
+//! Multi-threaded stress of the epoch runtime on real threads and a real clock: threads run
+//! operations on shared keys while the background advancer ticks every millisecond and
+//! threads call `sync` now and then; after a clean close the reopened heap must hold exactly
+//! the final state.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use montage_core::{
+    BackendKind, EpochLength, Heap, HeapConfig, OwnerId, PBlock, ScanFilter, SplitMix64,
+};
+
+const KEYS: u64 = 64;
+const TYPE_KV: u64 = 0x4B56;
+
+#[derive(Default)]
+struct Slot {
+    block: Option<PBlock>,
+    value: Option<u64>,
+    stamp: u64,
+}
+
+fn run(backend: BackendKind, threads: u64, ops: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HeapConfig::new(dir.path().join("stress.heap"))
+        .size(16 << 20)
+        .backend(backend)
+        .epoch_length(EpochLength::Every(Duration::from_millis(1)));
+    let heap = Heap::create(&config).unwrap();
+    let owner = heap.register("kv").unwrap();
+    let slots: Vec<Mutex<Slot>> = (0..KEYS).map(|_| Mutex::new(Slot::default())).collect();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (heap, slots) = (&heap, &slots);
+            s.spawn(move || {
+                let mut rng = SplitMix64::new(t);
+                for _ in 0..ops {
+                    let key = rng.next_u64() % KEYS;
+                    let value = (!rng.next_u64().is_multiple_of(5)).then(|| rng.next_u64());
+                    write(heap, owner, &slots[key as usize], key, value);
+                    if rng.next_u64().is_multiple_of(200) {
+                        heap.sync().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let want: BTreeMap<u64, u64> = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(k, s)| s.lock().unwrap().value.map(|v| (k as u64, v)))
+        .collect();
+    assert!(heap.advances() > 0, "the background clock never advanced");
+    heap.close().unwrap();
+    let heap = Heap::open(&config).unwrap();
+    let mut got = BTreeMap::new();
+    for info in heap
+        .collect(ScanFilter::all().owner(owner).type_id(TYPE_KV))
+        .unwrap()
+    {
+        let bytes = heap.read_payload(info.block).unwrap();
+        let key = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        let value = u64::from_le_bytes(bytes[8..].try_into().unwrap());
+        assert!(got.insert(key, value).is_none(), "key {key} twice");
+    }
+    assert_eq!(got, want);
+}
+
+fn write(heap: &Heap, owner: OwnerId, slot: &Mutex<Slot>, key: u64, value: Option<u64>) {
+    heap.run_op(|op| {
+        let mut slot = slot.lock().unwrap();
+        op.check_epoch(slot.stamp)?;
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&key.to_le_bytes());
+        bytes[8..].copy_from_slice(&value.unwrap_or(0).to_le_bytes());
+        slot.block = match (slot.block, value) {
+            (Some(b), Some(_)) => Some(op.update(b, &bytes)?),
+            (None, Some(_)) => Some(op.alloc(owner, TYPE_KV, &bytes)?),
+            (Some(b), None) => {
+                op.delete(b)?;
+                None
+            }
+            (None, None) => None,
+        };
+        slot.value = value;
+        slot.stamp = op.epoch();
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn threads_and_a_fast_clock_on_pmem_leave_exactly_the_final_state() {
+    run(BackendKind::Pmem, 4, 25_000);
+}
+
+#[test]
+fn threads_and_a_fast_clock_on_msync_leave_exactly_the_final_state() {
+    run(BackendKind::Msync, 2, 5_000);
+}
