@@ -89,6 +89,9 @@ struct Slot {
     buckets: Mutex<[Bucket; 4]>,
 }
 
+/// Instance ids for open heaps (0 is never used, so a zeroed thread state names no heap).
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -106,6 +109,8 @@ pub(crate) struct Epochs {
     stopped: AtomicBool,
     /// The next uid to hand out.
     next_uid: AtomicU64,
+    /// See [`instance`](Self::instance).
+    instance: u64,
     /// Wakes the background advancer early (shutdown).
     wake: (Mutex<bool>, Condvar),
     pub(crate) length: EpochLength,
@@ -121,6 +126,8 @@ impl Epochs {
             advance: Mutex::new(0),
             stopped: AtomicBool::new(false),
             next_uid: AtomicU64::new(next_uid),
+            // ORDERING: only distinctness matters.
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             wake: (Mutex::new(false), Condvar::new()),
             length,
         }
@@ -135,10 +142,15 @@ impl Epochs {
         &self.slots[index % self.slots.len()]
     }
 
-    /// A fresh uid.
-    pub(crate) fn fresh_uid(&self) -> u64 {
+    /// Reserves `count` consecutive uids; returns the first.
+    pub(crate) fn reserve_uids(&self, count: u64) -> u64 {
         // ORDERING: uids only need to be distinct.
-        self.next_uid.fetch_add(1, Ordering::Relaxed)
+        self.next_uid.fetch_add(count, Ordering::Relaxed)
+    }
+
+    /// An id unique to this open heap among all heaps this process opens.
+    pub(crate) fn instance(&self) -> u64 {
+        self.instance
     }
 
     fn check_running(&self) -> Result<()> {
@@ -230,8 +242,9 @@ impl Epochs {
             victims.append(&mut buckets[(e.wrapping_sub(2) % 4) as usize].victims);
             antis.append(&mut buckets[(e.wrapping_sub(3) % 4) as usize].antis);
         }
-        persist.sort_unstable();
-        for (offset, len) in coalesce_ranges(persist) {
+        // Not sorted or merged: a line flushed twice costs little, sorting hundreds of
+        // thousands of ranges per epoch costs a core (the msync backend merges pages itself).
+        for (offset, len) in persist {
             // PERSIST: INV-EP-2: every block written in e - 1 is durable before the word
             // reads e + 1; the fence below completes these flushes.
             media.flush(offset, len)?;
@@ -272,21 +285,6 @@ impl Epochs {
     pub(crate) fn advances(&self) -> u64 {
         *lock(&self.advance)
     }
-}
-
-/// Merges sorted byte ranges that overlap or touch.
-fn coalesce_ranges(ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-    for (offset, len) in ranges {
-        let end = offset + len;
-        match out.last_mut() {
-            Some((last_off, last_len)) if offset <= *last_off + *last_len => {
-                *last_len = (*last_off + *last_len).max(end) - *last_off;
-            }
-            _ => out.push((offset, len)),
-        }
-    }
-    out
 }
 
 /// The background advancer: advances the clock every epoch length until shutdown, or

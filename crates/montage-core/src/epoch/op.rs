@@ -11,15 +11,29 @@ use crate::error::{Error, Result};
 use crate::heap::Heap;
 use crate::heap::layout::HEADER_LEN;
 
-thread_local! {
-    /// The heaps (by address of their shared state) on which this thread has an operation
-    /// open: operations do not nest, and `sync` inside one would wait for itself.
-    static ACTIVE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+/// What a thread keeps between its operations.
+#[derive(Default)]
+struct ThreadState {
+    /// The heaps (by instance id) on which this thread has an operation open: operations do
+    /// not nest, and `sync` inside one would wait for itself.
+    active: Vec<u64>,
+    /// Logs of finished operations, kept for their capacity: an operation allocates nothing
+    /// once its thread has warmed up.
+    spare_logs: Vec<OpLog>,
+    /// A range of uids reserved for this thread: (heap instance, next, end).
+    uids: (u64, u64, u64),
 }
 
-/// Whether the calling thread has an operation open on the heap identified by `heap_id`.
-pub(crate) fn has_active_op(heap_id: usize) -> bool {
-    ACTIVE.with(|active| active.borrow().contains(&heap_id))
+thread_local! {
+    static LOCAL: RefCell<ThreadState> = RefCell::new(ThreadState::default());
+}
+
+/// How many uids a thread reserves at a time.
+const UID_BATCH: u64 = 1024;
+
+/// Whether the calling thread has an operation open on the heap with this instance id.
+pub(crate) fn has_active_op(instance: u64) -> bool {
+    LOCAL.with(|local| local.borrow().active.contains(&instance))
 }
 
 /// What an operation did, to hand to the advancer when it ends or to undo if it aborts.
@@ -69,26 +83,26 @@ impl std::fmt::Debug for OpGuard<'_> {
 
 impl<'h> OpGuard<'h> {
     pub(crate) fn begin(heap: &'h Heap) -> Result<OpGuard<'h>> {
-        let id = heap.id();
-        let nested = ACTIVE.with(|active| {
-            let mut active = active.borrow_mut();
-            if active.contains(&id) {
-                true
+        let id = heap.shared().epochs.instance();
+        let log = LOCAL.with(|local| {
+            let mut local = local.borrow_mut();
+            if local.active.contains(&id) {
+                None
             } else {
-                active.push(id);
-                false
+                local.active.push(id);
+                Some(local.spare_logs.pop().unwrap_or_default())
             }
         });
-        if nested {
+        let Some(log) = log else {
             return Err(Error::NestedOperation);
-        }
+        };
         let slot = crate::slot::current();
         match heap.shared().epochs.announce(slot) {
             Ok(epoch) => Ok(OpGuard {
                 heap,
                 epoch,
                 slot,
-                log: RefCell::new(OpLog::default()),
+                log: RefCell::new(log),
                 done: Cell::new(false),
                 _not_send: PhantomData,
             }),
@@ -135,7 +149,7 @@ impl<'h> OpGuard<'h> {
         let spec = BlockSpec {
             kind: BlockKind::Alloc,
             epoch: self.epoch,
-            uid: shared.epochs.fresh_uid(),
+            uid: fresh_uid(&shared.epochs),
             type_id,
             owner,
         };
@@ -363,7 +377,17 @@ impl<'h> OpGuard<'h> {
             &mut log.victims,
             &mut log.antis,
         );
-        deactivate(self.heap.id());
+        // Everything was handed over; what is left is capacity for the next operation.
+        log.allocated.clear();
+        debug_assert!(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty());
+        let log = std::mem::take(log);
+        let id = shared.epochs.instance();
+        // During thread teardown the state may be gone already; nothing is left to track.
+        let _ = LOCAL.try_with(|local| {
+            let mut local = local.borrow_mut();
+            local.active.retain(|&a| a != id);
+            local.spare_logs.push(log);
+        });
     }
 }
 
@@ -373,9 +397,26 @@ impl Drop for OpGuard<'_> {
     }
 }
 
-fn deactivate(heap_id: usize) {
-    // During thread teardown the list may be gone already; nothing is left to track then.
-    let _ = ACTIVE.try_with(|active| active.borrow_mut().retain(|&id| id != heap_id));
+fn deactivate(instance: u64) {
+    // During thread teardown the state may be gone already; nothing is left to track then.
+    let _ = LOCAL.try_with(|local| local.borrow_mut().active.retain(|&id| id != instance));
+}
+
+/// A fresh uid from the calling thread's reserved range, reserving a new range when it runs
+/// out (or belongs to another heap).
+fn fresh_uid(epochs: &super::Epochs) -> u64 {
+    let instance = epochs.instance();
+    LOCAL.with(|local| {
+        let mut local = local.borrow_mut();
+        let (owner, next, end) = local.uids;
+        if owner == instance && next < end {
+            local.uids.1 = next + 1;
+            return next;
+        }
+        let first = epochs.reserve_uids(UID_BATCH);
+        local.uids = (instance, first + 1, first + UID_BATCH);
+        first
+    })
 }
 
 impl Heap {

@@ -749,11 +749,6 @@ impl Heap {
         &self.shared
     }
 
-    /// An identity for this open heap (the address of its shared state).
-    pub(crate) fn id(&self) -> usize {
-        Arc::as_ptr(&self.shared) as usize
-    }
-
     // ---- epochs ----------------------------------------------------------------------
 
     /// The current epoch: the one new operations join, and the value of the stored epoch
@@ -771,7 +766,7 @@ impl Heap {
     /// [`Error::SyncInOperation`] if called inside an operation on this heap (it would wait
     /// for itself); [`Error::ClockStopped`] if an advance failed, or the advance's own error.
     pub fn sync(&self) -> Result<()> {
-        if crate::epoch::op::has_active_op(self.id()) {
+        if crate::epoch::op::has_active_op(self.shared.epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
         let target = self.epoch() + 2;
@@ -785,7 +780,7 @@ impl Heap {
     ///
     /// As [`sync`](Self::sync).
     pub fn advance_epoch(&self) -> Result<u64> {
-        if crate::epoch::op::has_active_op(self.id()) {
+        if crate::epoch::op::has_active_op(self.shared.epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
         self.shared.epochs.advance(&self.shared)
