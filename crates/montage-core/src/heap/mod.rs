@@ -569,6 +569,11 @@ impl Heap {
 
     /// The payload of a live block (its recorded length).
     ///
+    /// Outside an operation this reads whatever the block holds now: possibly bytes an
+    /// operation is writing, possibly a version a crash would drop. It is always memory-safe
+    /// but promises no consistency; structures read inside operations
+    /// ([`OpGuard::read`](crate::OpGuard::read)), which also check epochs.
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidBlock`] if `block` is not a live block.
@@ -937,5 +942,60 @@ mod tests {
         // The heap was not marked clean; reopening recovers it like after a crash.
         let heap = Heap::open(&config).unwrap();
         assert!(!heap.recovery_report().clean_shutdown);
+    }
+
+    #[test]
+    fn a_failed_advance_stops_the_clock_and_sync_reports_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = HeapConfig::new(dir.path().join("stopped.heap"))
+            .size(1 << 20)
+            .epoch_length(EpochLength::Manual);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("kv").unwrap();
+        heap.run_op(|op| op.alloc(owner, 1, b"payload")).unwrap();
+        let state = heap.media().msync_state().unwrap();
+        state.fail_next.store(true, Ordering::Relaxed);
+        assert!(matches!(heap.sync(), Err(Error::WriteBack { .. })));
+        // From now on nothing can be promised durable: every caller hears it, none hangs.
+        assert!(matches!(heap.sync(), Err(Error::ClockStopped { .. })));
+        assert!(matches!(heap.begin_op(), Err(Error::ClockStopped { .. })));
+        assert!(matches!(
+            heap.advance_epoch(),
+            Err(Error::ClockStopped { .. })
+        ));
+    }
+
+    #[test]
+    fn recovery_reports_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("progress.heap");
+        let heap = Heap::create(&HeapConfig::new(&path).size(4 << 20)).unwrap();
+        let owner = heap.register("kv").unwrap();
+        for i in 0..3000u32 {
+            heap.run_op(|op| op.alloc(owner, 1, &i.to_le_bytes()))
+                .unwrap();
+        }
+        heap.close().unwrap();
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&seen);
+        let config = HeapConfig::new(&path)
+            .recovery_threads(1)
+            .on_recovery_progress(move |n| sink.lock().unwrap().push(n));
+        let heap = Heap::open(&config).unwrap();
+        assert_eq!(heap.recovery_report().blocks_kept, 3000);
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen.len() >= 2,
+            "progress was reported {} times",
+            seen.len()
+        );
+        assert!(
+            seen.windows(2).all(|w| w[0] <= w[1]),
+            "progress went backwards"
+        );
+        assert_eq!(
+            *seen.last().unwrap(),
+            2 * heap.recovery_report().blocks_scanned
+        );
     }
 }

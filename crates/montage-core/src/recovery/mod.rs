@@ -44,7 +44,7 @@ pub enum Verdict {
 pub struct RecoveryReport {
     /// Spans carved into blocks (or holding a large block) when the heap was opened.
     pub spans_scanned: u64,
-    /// Block positions whose headers were read.
+    /// Block positions in carved spans (each header is read once per recovery pass).
     pub blocks_scanned: u64,
     /// Valid blocks kept.
     pub blocks_kept: u64,
@@ -214,8 +214,7 @@ fn recover_units(
     let mut free = FreeState::new(geometry.span_count);
     let mut report = RecoveryReport {
         spans_scanned: units.len() as u64,
-        // ORDERING: read after the scan's threads joined.
-        blocks_scanned: progress.load(Ordering::Relaxed),
+        blocks_scanned: units.iter().map(|unit| unit.blocks()).sum(),
         ..RecoveryReport::default()
     };
     let mut taken = vec![false; geometry.span_count as usize];

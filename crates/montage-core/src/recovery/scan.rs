@@ -21,7 +21,7 @@ pub(crate) enum Unit {
 }
 
 impl Unit {
-    fn blocks(self) -> u64 {
+    pub(crate) fn blocks(self) -> u64 {
         match self {
             Unit::Class { class, .. } => blocks_per_span(class),
             Unit::Large { .. } => 1,
