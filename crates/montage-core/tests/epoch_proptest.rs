@@ -1,7 +1,8 @@
 //! A proptest state machine over the epoch runtime, single-threaded so that every failure
 //! shrinks to a minimal sequence: puts, deletes, advances, syncs and crashes (each with a
 //! seed for the simulator), checked after every crash against the model of exactly the
-//! operations of the epochs the recovered clock covers, and continued on the recovered heap.
+//! operations of the epochs the recovered clock covers (after a recovery that was itself
+//! crashed part-way and run again), and continued on the recovered heap.
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
@@ -123,7 +124,16 @@ impl Harness {
                 };
             }
         }
-        self.heap = Heap::open_image(image, &self.config).unwrap();
+        // Recovery itself may crash: recover part-way (at a step the seed picks), crash, and
+        // recover again; the result must be the same as an uninterrupted recovery's.
+        let dry = Heap::open_image(image.clone(), &self.config).unwrap();
+        let recovery_events = dry.simulator().unwrap().events();
+        drop(dry);
+        let step = seed % (recovery_events + 1);
+        let interrupted = Heap::open_image(image, &self.config.clone().sim_crash_at(step)).unwrap();
+        let second = interrupted.simulator().unwrap().crash(seed.rotate_left(17));
+        drop(interrupted);
+        self.heap = Heap::open_image(second, &self.config).unwrap();
         let mut got = BTreeMap::new();
         self.index.clear();
         for info in self
@@ -141,7 +151,7 @@ impl Harness {
         }
         assert_eq!(
             got, want,
-            "recovered state differs from the model at cut {cut}"
+            "state after a recovery crashed at step {step} differs from the model at cut {cut}"
         );
         self.base = want;
         self.log.clear();
