@@ -2,7 +2,8 @@
 //!
 //! * `ci`: everything CI checks, in order, failing fast;
 //! * `tidy`: the conventions the compiler cannot check;
-//! * `crash [--seeds N]`: the crash-simulator tests with many seeds, in release mode;
+//! * `crash [--seeds N] [--heap]`: the epoch model crash test (or the heap layer's crash
+//!   suites) with many seeds, in release mode, ending with `N passed, M failed`;
 //! * `loom`: the loom tests of the epoch handshake;
 //! * `bench`: the criterion benchmarks.
 
@@ -24,7 +25,9 @@ fn main() -> ExitCode {
         Some("crash") => crash(&args[1..]),
         Some("bench") => cargo(&["bench", "--workspace"], &[]),
         Some("loom") => loom(),
-        _ => Err("usage: cargo xtask <ci | tidy | crash [--seeds N] | loom | bench>".to_owned()),
+        _ => Err(
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | bench>".to_owned(),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -123,14 +126,24 @@ fn loom() -> Result {
     )
 }
 
-/// Runs the crash-simulator tests with `--seeds N` seeds each, every seed even after a
-/// failure, and ends with one line `N passed, M failed` counting seeds over all of them.
+/// Runs the epoch model crash test (or, with `--heap`, the heap layer's crash suites) with
+/// `--seeds N` seeds, every seed even after a failure, and ends with one line
+/// `N passed, M failed` counting seeds.
 fn crash(args: &[String]) -> Result {
-    let seeds = match args {
-        [] => "2000".to_owned(),
-        [flag, n] if flag == "--seeds" && n.parse::<u64>().is_ok() => n.clone(),
-        _ => return Err("usage: cargo xtask crash [--seeds N]".to_owned()),
-    };
+    let usage = || "usage: cargo xtask crash [--seeds N] [--heap]".to_owned();
+    let mut seeds = "2000".to_owned();
+    let mut test = "epoch_model";
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--seeds" => match rest.next() {
+                Some(n) if n.parse::<u64>().is_ok() => seeds.clone_from(n),
+                _ => return Err(usage()),
+            },
+            "--heap" => test = "crash_sim",
+            _ => return Err(usage()),
+        }
+    }
     let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let args = [
         "test",
@@ -138,9 +151,7 @@ fn crash(args: &[String]) -> Result {
         "--package",
         "montage-core",
         "--test",
-        "crash_sim",
-        "--test",
-        "epoch_model",
+        test,
         "--",
         "--nocapture",
     ];
