@@ -28,6 +28,26 @@ fn pmem_heap(name: &str, size: u64, length: EpochLength) -> (Heap, std::path::Pa
 
 const BATCH: u64 = 1000;
 
+/// Times `iters` runs of `make` in batches of `BATCH`; `dispose` gets each batch's results
+/// outside the timed region.
+fn timed_batches<T>(
+    iters: u64,
+    mut make: impl FnMut() -> T,
+    mut dispose: impl FnMut(Vec<T>),
+) -> Duration {
+    let mut elapsed = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let n = (iters - done).min(BATCH);
+        let start = Instant::now();
+        let batch: Vec<T> = (0..n).map(|_| make()).collect();
+        elapsed += start.elapsed();
+        dispose(batch);
+        done += n;
+    }
+    elapsed
+}
+
 fn op_overhead(c: &mut Criterion) {
     let mut group = c.benchmark_group("op_alloc_64B");
     let (heap, path) = pmem_heap("op", 512 << 20, EpochLength::DEFAULT);
@@ -35,46 +55,24 @@ fn op_overhead(c: &mut Criterion) {
     let payload = [7u8; 64];
     group.bench_function("montage-pmem begin+alloc+end", |b| {
         b.iter_custom(|iters| {
-            let mut elapsed = Duration::ZERO;
-            let mut done = 0;
-            while done < iters {
-                let n = (iters - done).min(BATCH);
-                let start = Instant::now();
-                let blocks: Vec<PBlock> = (0..n)
-                    .map(|_| {
-                        let op = heap.begin_op().unwrap();
-                        let block = op.alloc(owner, 1, black_box(&payload)).unwrap();
-                        drop(op);
-                        block
-                    })
-                    .collect();
-                elapsed += start.elapsed();
-                // Not timed: give the space back so the heap never fills.
-                let op = heap.begin_op().unwrap();
-                for block in blocks {
-                    op.delete(block).unwrap();
-                }
-                drop(op);
-                done += n;
-            }
-            elapsed
+            timed_batches(
+                iters,
+                || {
+                    let op = heap.begin_op().unwrap();
+                    op.alloc(owner, 1, black_box(&payload)).unwrap()
+                },
+                // Give the space back so the heap never fills.
+                |blocks: Vec<PBlock>| {
+                    let op = heap.begin_op().unwrap();
+                    for block in blocks {
+                        op.delete(block).unwrap();
+                    }
+                },
+            )
         });
     });
     group.bench_function("box-64B", |b| {
-        b.iter_custom(|iters| {
-            let mut elapsed = Duration::ZERO;
-            let mut done = 0;
-            while done < iters {
-                let n = (iters - done).min(BATCH);
-                let start = Instant::now();
-                let boxes: Vec<Box<[u8; 64]>> =
-                    (0..n).map(|_| Box::new(black_box(payload))).collect();
-                elapsed += start.elapsed();
-                drop(boxes);
-                done += n;
-            }
-            elapsed
-        });
+        b.iter_custom(|iters| timed_batches(iters, || Box::new(black_box(payload)), drop));
     });
     group.finish();
     drop(heap);

@@ -11,73 +11,34 @@
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use common::{Key, TYPE_KV, decode, encode, kv_state, write_key};
 use montage_core::{
-    CrashImage, Error, Heap, HeapConfig, OwnerId, PBlock, ScanFilter, SimMode, SplitMix64,
-    for_each_seed,
+    CrashImage, Error, Heap, HeapConfig, OwnerId, PBlock, SimMode, SplitMix64, for_each_seed,
 };
 
 const KEYS: u64 = 8;
 const THREADS: u64 = 3;
 const OPS_PER_THREAD: u64 = 40;
 const GENERATIONS: usize = 3;
-const TYPE_KV: u64 = 0x4B56;
-
-/// One key's DRAM state: its payload, and the epoch of the last operation that changed it.
+/// One key's DRAM state and every committed operation on it, in lock order:
+/// (epoch, value after it).
 #[derive(Debug, Default)]
 struct Slot {
-    block: Option<PBlock>,
-    stamp: u64,
-    /// Every committed operation on this key, in lock order: (epoch, value after it).
+    key: Key,
     history: Vec<(u64, Option<u64>)>,
 }
 
-fn encode(key: u64, value: u64) -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&key.to_le_bytes());
-    bytes[8..].copy_from_slice(&value.to_le_bytes());
-    bytes
-}
-
-fn decode(bytes: &[u8]) -> (u64, u64) {
-    let key = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-    let value = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
-    (key, value)
-}
-
-/// The key/value state a heap holds, and each key's block.
-fn recovered_state(heap: &Heap, owner: OwnerId) -> BTreeMap<u64, (u64, PBlock)> {
-    let mut state = BTreeMap::new();
-    for info in heap
-        .collect(ScanFilter::all().owner(owner).type_id(TYPE_KV))
-        .unwrap()
-    {
-        let (key, value) = decode(&heap.read_payload(info.block).unwrap());
-        let previous = state.insert(key, (value, info.block));
-        assert!(previous.is_none(), "key {key} recovered twice");
-    }
-    state
-}
-
-/// One operation on `slot`: insert or update to `value`, or delete.
+/// One operation on `key`: insert or update to `value`, or delete.
 fn apply(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], key: u64, value: Option<u64>) {
     heap.run_op(|op| {
         let mut slot = slots[key as usize].lock().unwrap();
-        op.check_epoch(slot.stamp)?;
-        let block = match (slot.block, value) {
-            (Some(block), Some(v)) => Some(op.update(block, &encode(key, v))?),
-            (None, Some(v)) => Some(op.alloc(owner, TYPE_KV, &encode(key, v))?),
-            (Some(block), None) => {
-                op.delete(block)?;
-                None
-            }
-            (None, None) => None,
-        };
-        slot.block = block;
-        slot.stamp = op.epoch();
+        write_key(op, owner, &mut slot.key, key, value)?;
         slot.history.push((op.epoch(), value));
         Ok(())
     })
@@ -177,8 +138,10 @@ fn run_seed(seed: u64) {
         let slots: Vec<Mutex<Slot>> = (0..KEYS)
             .map(|key| {
                 Mutex::new(Slot {
-                    block: blocks.get(&key).copied(),
-                    stamp: 0,
+                    key: Key {
+                        block: blocks.get(&key).copied(),
+                        stamp: 0,
+                    },
                     history: Vec::new(),
                 })
             })
@@ -211,7 +174,7 @@ fn run_seed(seed: u64) {
         heap = Heap::open_image(image, &config).unwrap();
         let owner_now = heap.lookup("kv").unwrap();
         assert_eq!(owner_now, owner);
-        let got = recovered_state(&heap, owner);
+        let got = kv_state(&heap, owner);
         let got_values: BTreeMap<u64, u64> = got.iter().map(|(k, (v, _))| (*k, *v)).collect();
         assert_eq!(
             got_values, want,
@@ -225,8 +188,11 @@ fn run_seed(seed: u64) {
     let slots: Vec<Mutex<Slot>> = (0..KEYS)
         .map(|key| {
             Mutex::new(Slot {
-                block: blocks.get(&key).copied(),
-                ..Slot::default()
+                key: Key {
+                    block: blocks.get(&key).copied(),
+                    stamp: 0,
+                },
+                history: Vec::new(),
             })
         })
         .collect();
@@ -237,7 +203,7 @@ fn run_seed(seed: u64) {
     let image = CrashImage::from_bytes(heap.simulator().unwrap().durable_image());
     drop(heap);
     let heap = Heap::open_image(image, &config).unwrap();
-    assert!(recovered_state(&heap, owner).is_empty());
+    assert!(kv_state(&heap, owner).is_empty());
 }
 
 #[test]
@@ -324,7 +290,7 @@ fn an_aborted_operation_leaves_no_trace_after_recovery() {
     heap.sync().unwrap();
     let image = CrashImage::from_bytes(heap.simulator().unwrap().durable_image());
     let heap = Heap::open_image(image, &config).unwrap();
-    let state: Vec<(u64, u64)> = recovered_state(&heap, owner)
+    let state: Vec<(u64, u64)> = kv_state(&heap, owner)
         .into_values()
         .map(|(v, b)| (v, heap.info(b).unwrap().spec.uid))
         .collect();

@@ -5,22 +5,20 @@
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use montage_core::{
-    BackendKind, EpochLength, Heap, HeapConfig, OwnerId, PBlock, ScanFilter, SplitMix64,
-};
+use common::{Key, kv_state, write_key};
+use montage_core::{BackendKind, EpochLength, Heap, HeapConfig, OwnerId, SplitMix64};
 
 const KEYS: u64 = 64;
-const TYPE_KV: u64 = 0x4B56;
-
 #[derive(Default)]
 struct Slot {
-    block: Option<PBlock>,
+    key: Key,
     value: Option<u64>,
-    stamp: u64,
 }
 
 fn run(backend: BackendKind, threads: u64, ops: u64) {
@@ -56,37 +54,18 @@ fn run(backend: BackendKind, threads: u64, ops: u64) {
     assert!(heap.advances() > 0, "the background clock never advanced");
     heap.close().unwrap();
     let heap = Heap::open(&config).unwrap();
-    let mut got = BTreeMap::new();
-    for info in heap
-        .collect(ScanFilter::all().owner(owner).type_id(TYPE_KV))
-        .unwrap()
-    {
-        let bytes = heap.read_payload(info.block).unwrap();
-        let key = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-        let value = u64::from_le_bytes(bytes[8..].try_into().unwrap());
-        assert!(got.insert(key, value).is_none(), "key {key} twice");
-    }
+    let got: BTreeMap<u64, u64> = kv_state(&heap, owner)
+        .into_iter()
+        .map(|(k, (v, _))| (k, v))
+        .collect();
     assert_eq!(got, want);
 }
 
 fn write(heap: &Heap, owner: OwnerId, slot: &Mutex<Slot>, key: u64, value: Option<u64>) {
     heap.run_op(|op| {
         let mut slot = slot.lock().unwrap();
-        op.check_epoch(slot.stamp)?;
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&key.to_le_bytes());
-        bytes[8..].copy_from_slice(&value.unwrap_or(0).to_le_bytes());
-        slot.block = match (slot.block, value) {
-            (Some(b), Some(_)) => Some(op.update(b, &bytes)?),
-            (None, Some(_)) => Some(op.alloc(owner, TYPE_KV, &bytes)?),
-            (Some(b), None) => {
-                op.delete(b)?;
-                None
-            }
-            (None, None) => None,
-        };
+        write_key(op, owner, &mut slot.key, key, value)?;
         slot.value = value;
-        slot.stamp = op.epoch();
         Ok(())
     })
     .unwrap();

@@ -6,17 +6,17 @@
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use montage_core::{
-    BackendKind, EpochLength, Heap, HeapConfig, OwnerId, PBlock, ScanFilter, SplitMix64,
-};
+use common::{Key, kv_state, write_key};
+use montage_core::{BackendKind, EpochLength, Heap, HeapConfig, SplitMix64};
 
 const KEYS: u64 = 16;
-const TYPE_KV: u64 = 0x4B56;
 const ROUNDS: u64 = 20;
 
 fn config(path: &Path) -> HeapConfig {
@@ -24,27 +24,6 @@ fn config(path: &Path) -> HeapConfig {
         .size(8 << 20)
         .backend(BackendKind::Msync)
         .epoch_length(EpochLength::Every(Duration::from_millis(5)))
-}
-
-fn decode(bytes: &[u8]) -> (u64, u64) {
-    let key = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-    let value = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
-    (key, value)
-}
-
-fn state(heap: &Heap, owner: OwnerId) -> BTreeMap<u64, (u64, PBlock)> {
-    let mut out = BTreeMap::new();
-    for info in heap
-        .collect(ScanFilter::all().owner(owner).type_id(TYPE_KV))
-        .unwrap()
-    {
-        let (key, value) = decode(&heap.read_payload(info.block).unwrap());
-        assert!(
-            out.insert(key, (value, info.block)).is_none(),
-            "key {key} twice"
-        );
-    }
-    out
 }
 
 /// The child: opens (or creates) the heap, then writes random keys forever, printing
@@ -64,9 +43,15 @@ fn child_writer() {
         Heap::create(&config(path)).unwrap()
     };
     let owner = heap.register("kv").unwrap();
-    let mut blocks: BTreeMap<u64, PBlock> = state(&heap, owner)
+    let mut slots: BTreeMap<u64, Key> = kv_state(&heap, owner)
         .into_iter()
-        .map(|(k, (_, b))| (k, b))
+        .map(|(k, (_, b))| {
+            let key = Key {
+                block: Some(b),
+                stamp: 0,
+            };
+            (k, key)
+        })
         .collect();
     let mut rng = SplitMix64::new(seed.parse().unwrap());
     let mut out = std::io::stdout().lock();
@@ -82,22 +67,14 @@ fn child_writer() {
         )
         .unwrap();
         out.flush().unwrap();
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&key.to_le_bytes());
-        bytes[8..].copy_from_slice(&value.unwrap_or(0).to_le_bytes());
-        let current = blocks.get(&key).copied();
-        let next = heap
-            .run_op(|op| match (current, value) {
-                (Some(b), Some(_)) => op.update(b, &bytes).map(Some),
-                (None, Some(_)) => op.alloc(owner, TYPE_KV, &bytes).map(Some),
-                (Some(b), None) => op.delete(b).map(|()| None),
-                (None, None) => Ok(None),
-            })
-            .unwrap();
-        match next {
-            Some(b) => blocks.insert(key, b),
-            None => blocks.remove(&key),
-        };
+        let slot = slots.entry(key).or_default();
+        heap.run_op(|op| {
+            let mut attempt = *slot;
+            write_key(op, owner, &mut attempt, key, value)?;
+            *slot = attempt;
+            Ok(())
+        })
+        .unwrap();
         heap.sync().unwrap();
         writeln!(out, "MONTAGE ack").unwrap();
         out.flush().unwrap();
@@ -164,7 +141,7 @@ fn every_acknowledged_write_survives_sigkill() {
 
         let heap = Heap::open(&config(&path)).unwrap();
         let owner = heap.lookup("kv").unwrap();
-        let got: BTreeMap<u64, u64> = state(&heap, owner)
+        let got: BTreeMap<u64, u64> = kv_state(&heap, owner)
             .into_iter()
             .map(|(k, (v, _))| (k, v))
             .collect();

@@ -196,11 +196,7 @@ fn recover_units(
     };
     // PERSIST: each worker fences its own flushes (fences are per thread).
     let fence = || media.fence();
-    let scan_options = scan::ScanOptions {
-        threads: options.threads,
-        settle: true,
-        progress: options.progress,
-    };
+    let scan_options = scan::ScanOptions::recovery(options.threads, options.progress);
     let outcomes = scan::scan(
         media,
         geometry,

@@ -125,6 +125,20 @@ pub(crate) struct ScanOptions<'a> {
     pub(crate) progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,
 }
 
+impl<'a> ScanOptions<'a> {
+    /// The options of a recovery pass: headers are written back as they are read.
+    pub(crate) fn recovery(
+        threads: usize,
+        progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,
+    ) -> Self {
+        ScanOptions {
+            threads,
+            settle: true,
+            progress,
+        }
+    }
+}
+
 /// Visits every unit with `options.threads` workers. `work` gets each unit's block views and returns
 /// a per-unit result; `per_worker` runs once at the end of each worker (for its fence). The
 /// results come back in unit order.

@@ -84,11 +84,7 @@ pub(super) fn choose(
         }
         Ok(versions)
     };
-    let scan_options = scan::ScanOptions {
-        threads,
-        settle: true,
-        progress: options.progress,
-    };
+    let scan_options = scan::ScanOptions::recovery(threads, options.progress);
     let per_unit = scan::scan(
         media,
         geometry,
