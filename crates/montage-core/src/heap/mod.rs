@@ -998,4 +998,20 @@ mod tests {
             2 * heap.recovery_report().blocks_scanned
         );
     }
+
+    #[test]
+    fn heap_is_send_and_sync_and_shared_by_reference() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Heap>();
+        assert_send_sync::<HeapConfig>();
+        let heap = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let owner = heap.register("kv").unwrap();
+        std::thread::scope(|s| {
+            for i in 0..2u8 {
+                let heap = &heap;
+                s.spawn(move || heap.run_op(|op| op.alloc(owner, 1, &[i])).unwrap());
+            }
+        });
+        assert_eq!(heap.collect(ScanFilter::all().owner(owner)).unwrap().len(), 2);
+    }
 }
