@@ -1012,6 +1012,9 @@ mod tests {
                 s.spawn(move || heap.run_op(|op| op.alloc(owner, 1, &[i])).unwrap());
             }
         });
-        assert_eq!(heap.collect(ScanFilter::all().owner(owner)).unwrap().len(), 2);
+        assert_eq!(
+            heap.collect(ScanFilter::all().owner(owner)).unwrap().len(),
+            2
+        );
     }
 }
