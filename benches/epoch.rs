@@ -1,7 +1,8 @@
 //! Epoch-runtime benchmarks: the cost of an operation that allocates a 64-byte payload
 //! beside a plain `Box` allocation, `sync()` latency (median and p99) with 1 and 2 threads
 //! issuing operations, and update throughput across epoch lengths from 100 us to 100 ms.
-//! Heap files go to `MONTAGE_BENCH_DIR` (default `/dev/shm`), on the pmem backend;
+//! Heap files go to `MONTAGE_BENCH_DIR` (default `/dev/shm`), on the pmem backend (or
+//! msync with `MONTAGE_BENCH_BACKEND=msync`);
 //! `MONTAGE_BENCH_REPORTS=0` skips the latency and epoch-length reports.
 
 #![forbid(unsafe_code)]
@@ -17,11 +18,19 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use montage::{BackendKind, EpochLength, Heap, HeapConfig, OwnerId, PBlock};
 
-fn pmem_heap(name: &str, size: u64, length: EpochLength) -> (Heap, std::path::PathBuf) {
+/// The backend under test: pmem (clwb + sfence), or msync with `MONTAGE_BENCH_BACKEND=msync`.
+fn backend() -> BackendKind {
+    match std::env::var("MONTAGE_BENCH_BACKEND").as_deref() {
+        Ok("msync") => BackendKind::Msync,
+        _ => BackendKind::Pmem,
+    }
+}
+
+fn bench_heap(name: &str, size: u64, length: EpochLength) -> (Heap, std::path::PathBuf) {
     let path = common::fresh_path(name);
     let config = HeapConfig::new(&path)
         .size(size)
-        .backend(BackendKind::Pmem)
+        .backend(backend())
         .epoch_length(length);
     (Heap::create(&config).unwrap(), path)
 }
@@ -50,7 +59,7 @@ fn timed_batches<T>(
 
 fn op_overhead(c: &mut Criterion) {
     let mut group = c.benchmark_group("op_alloc_64B");
-    let (heap, path) = pmem_heap("op", 512 << 20, EpochLength::DEFAULT);
+    let (heap, path) = bench_heap("op", 512 << 20, EpochLength::DEFAULT);
     let owner = heap.register("bench").unwrap();
     let payload = [7u8; 64];
     group.bench_function("montage-pmem begin+alloc+end", |b| {
@@ -106,11 +115,14 @@ fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
 }
 
 fn sync_latency() {
-    println!("\nsync() latency, pmem backend, 50 ms epochs (syncs advance the clock themselves)");
+    println!(
+        "\nsync() latency, {:?} backend, 50 ms epochs (syncs advance the clock themselves)",
+        backend()
+    );
     println!("| threads issuing operations | syncs | median | p99 |");
     println!("|---|---|---|---|");
     for writers in [0u64, 1, 2] {
-        let (heap, path) = pmem_heap("sync", 256 << 20, EpochLength::DEFAULT);
+        let (heap, path) = bench_heap("sync", 256 << 20, EpochLength::DEFAULT);
         let owner = heap.register("bench").unwrap();
         let stop = AtomicBool::new(false);
         let done = AtomicU64::new(0);
@@ -142,12 +154,15 @@ fn sync_latency() {
 }
 
 fn throughput_by_epoch_length() {
-    println!("\nupdate throughput, 2 threads, pmem backend, by epoch length (1 s each)");
+    println!(
+        "\nupdate throughput, 2 threads, {:?} backend, by epoch length (1 s each)",
+        backend()
+    );
     println!("| epoch length | operations/s | advances |");
     println!("|---|---|---|");
     for micros in [100u64, 1_000, 10_000, 50_000, 100_000] {
         let length = EpochLength::Every(Duration::from_micros(micros));
-        let (heap, path) = pmem_heap("tput", 256 << 20, length);
+        let (heap, path) = bench_heap("tput", 256 << 20, length);
         let owner = heap.register("bench").unwrap();
         let stop = AtomicBool::new(false);
         let done = AtomicU64::new(0);
