@@ -107,6 +107,10 @@ impl Region {
     }
 
     /// Copies `buf.len()` bytes from the heap at `offset` into `buf`.
+    ///
+    /// ORDERING: byte and word copies are Relaxed: they only make concurrent access
+    /// race-free (INV-MEM-2); what orders payload bytes with their readers is the header's
+    /// Release store and Acquire load, and the epoch protocol.
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let start = self.check(offset, buf.len() as u64)?;
         let (head, words) = Self::split(start, buf.len());
@@ -127,7 +131,7 @@ impl Region {
         Ok(())
     }
 
-    /// Copies `src` into the heap at `offset`.
+    /// Copies `src` into the heap at `offset` (Relaxed, as [`read`](Self::read) explains).
     pub(crate) fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let start = self.check(offset, src.len() as u64)?;
         let (head, words) = Self::split(start, src.len());

@@ -197,6 +197,8 @@ impl Media {
             }
             #[cfg(not(target_arch = "x86_64"))]
             Backend::Eadr => {
+                // ORDERING: without x86's sfence, a full fence orders earlier stores (which
+                // are durable once visible under eADR) before later ones.
                 std::sync::atomic::fence(Ordering::SeqCst);
                 Ok(())
             }

@@ -314,6 +314,7 @@ impl Simulator {
         let word = region.word(offset)?;
         let mut state = self.lock();
         Self::event(&mut state);
+        // ORDERING: as `Media::compare_exchange` on the other backends.
         let result = word.compare_exchange(
             current,
             new,
