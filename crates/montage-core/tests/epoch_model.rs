@@ -15,7 +15,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::{Key, TYPE_KV, decode, encode, kv_state, write_key};
 use montage_core::{
@@ -34,25 +34,42 @@ struct Slot {
     history: Vec<(u64, Option<u64>)>,
 }
 
-/// One operation on `key`: insert or update to `value`, or delete.
-fn apply(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], key: u64, value: Option<u64>) {
-    heap.run_op(|op| {
-        let mut slot = slots[key as usize].lock().unwrap();
-        write_key(op, owner, &mut slot.key, key, value)?;
-        slot.history.push((op.epoch(), value));
-        Ok(())
-    })
-    .unwrap();
+/// One operation on `key`: insert or update to `value`, or delete. Once it has ended, raises
+/// `ended` to its epoch if it changed anything (deleting an absent key writes nothing, so
+/// no sync has anything of it to make durable).
+fn apply(
+    heap: &Heap,
+    owner: OwnerId,
+    slots: &[Mutex<Slot>],
+    ended: &AtomicU64,
+    key: u64,
+    value: Option<u64>,
+) {
+    let (epoch, wrote) = heap
+        .run_op(|op| {
+            let mut slot = slots[key as usize].lock().unwrap();
+            let wrote = slot.key.block.is_some() || value.is_some();
+            write_key(op, owner, &mut slot.key, key, value)?;
+            slot.history.push((op.epoch(), value));
+            Ok((op.epoch(), wrote))
+        })
+        .unwrap();
+    if wrote {
+        ended.fetch_max(epoch, Ordering::SeqCst);
+    }
 }
 
-/// The syncs that returned: (epoch when called, persistence events when it returned).
+/// The syncs that returned: (newest epoch of an operation that had ended when the sync was
+/// called, persistence events when it returned).
 type Syncs = Vec<(u64, u64)>;
 
 fn generation(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], seed: u64) -> Syncs {
     let sim = heap.simulator().unwrap();
     let done = AtomicBool::new(false);
+    let ended = AtomicU64::new(0);
     let syncs = Mutex::new(Vec::new());
     std::thread::scope(|s| {
+        let ended = &ended;
         let workers: Vec<_> = (0..THREADS)
             .map(|t| {
                 s.spawn(move || {
@@ -64,7 +81,7 @@ fn generation(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], seed: u64) -> 
                         } else {
                             Some(rng.next_u64() % 1000)
                         };
-                        apply(heap, owner, slots, key, value);
+                        apply(heap, owner, slots, ended, key, value);
                     }
                 })
             })
@@ -74,9 +91,9 @@ fn generation(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], seed: u64) -> 
             // ORDERING: a stop flag; the scope's joins order everything else.
             while !done.load(Ordering::Relaxed) {
                 if rng.next_u64().is_multiple_of(3) {
-                    let called = heap.epoch();
+                    let covered = ended.load(Ordering::SeqCst);
                     heap.sync().unwrap();
-                    syncs.lock().unwrap().push((called, sim.events()));
+                    syncs.lock().unwrap().push((covered, sim.events()));
                 } else {
                     heap.advance_epoch().unwrap();
                 }
@@ -161,11 +178,11 @@ fn run_seed(seed: u64) {
 
         let word = stored_epoch(&image);
         let cut = word.saturating_sub(2);
-        for &(called, returned_at) in &syncs {
+        for &(covered, returned_at) in &syncs {
             if returned_at <= step {
                 assert!(
-                    cut >= called,
-                    "generation {generation_index}: a sync called in epoch {called} returned \
+                    cut >= covered,
+                    "generation {generation_index}: a sync covering epoch {covered} returned \
                      before the crash, but the recovered clock covers only epochs <= {cut}"
                 );
             }
@@ -197,7 +214,7 @@ fn run_seed(seed: u64) {
         })
         .collect();
     for key in 0..KEYS {
-        apply(&heap, owner, &slots, key, None);
+        apply(&heap, owner, &slots, &AtomicU64::new(0), key, None);
     }
     heap.sync().unwrap();
     let image = CrashImage::from_bytes(heap.simulator().unwrap().durable_image());

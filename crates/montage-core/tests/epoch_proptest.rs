@@ -47,7 +47,8 @@ struct Harness {
     base: BTreeMap<u8, u16>,
     /// Operations since then: (epoch, key, value or deleted).
     log: Vec<(u64, u8, Option<u16>)>,
-    /// The clock at the call of the last sync that returned.
+    /// The newest epoch of an operation that ended before the last sync returned: the
+    /// recovered clock must cover it.
     synced: Option<u64>,
 }
 
@@ -97,9 +98,9 @@ impl Harness {
                 self.heap.advance_epoch().unwrap();
             }
             Step::Sync => {
-                let called = self.heap.epoch();
+                let ended = self.log.iter().map(|&(epoch, _, _)| epoch).max();
                 self.heap.sync().unwrap();
-                self.synced = Some(called);
+                self.synced = self.synced.max(ended);
             }
             Step::Crash(seed) => self.crash(seed),
         }

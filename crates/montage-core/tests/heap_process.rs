@@ -42,7 +42,7 @@ fn child_probe() {
     };
     let path = Path::new(&path);
     let code = if mode == "die" {
-        let heap = Heap::open(&config(path)).unwrap();
+        let heap = Heap::open_with(&config(path), |_| montage_core::Verdict::Keep).unwrap();
         let block = heap
             .alloc_bytes(BlockSpec::new(1, 77), b"from the child")
             .unwrap();

@@ -20,6 +20,10 @@
 //! recovery keeps exactly the blocks of epochs `<= w - 2` (newest version per uid, anti-blocks
 //! meaning deleted).
 //!
+//! The background advancer skips an advance that would have nothing to write back or
+//! reclaim, so an idle heap stops writing; `sync` returns at once when no ended operation has
+//! writes waiting, because they are then durable and covered by the stored word already.
+//!
 //! # Reclamation rules (INV-EP-3)
 //!
 //! * A version superseded (copy-on-write) or deleted in epoch `r` stays valid on the media
@@ -211,6 +215,34 @@ impl Epochs {
         result
     }
 
+    /// Whether an advance now would have nothing to write back (and, with `reclaim`, nothing
+    /// to reclaim): no ended operation left writes in any bucket. Taken under the advance
+    /// lock, so no advance is half done: a drained bucket means its epoch's writes are durable
+    /// and the stored word covers it.
+    fn nothing_pending(&self, reclaim: bool) -> Result<bool> {
+        let _advancing = self.advance.lock().map_err(|_| Error::ClockStopped {
+            reason: "an epoch advance panicked; reopen the heap to recover",
+        })?;
+        Ok(self.slots.iter().all(|slot| {
+            let buckets = lock(&slot.buckets);
+            buckets.iter().all(|b| {
+                b.persist.is_empty() && (!reclaim || (b.victims.is_empty() && b.antis.is_empty()))
+            })
+        }))
+    }
+
+    /// What `sync` waits for: every operation that ended before the call is durable and
+    /// inside the epochs recovery keeps. When no ended operation has writes waiting, that is
+    /// already so and nothing is advanced; otherwise the clock moves two epochs past the call.
+    pub(crate) fn sync(&self, shared: &Shared) -> Result<()> {
+        self.check_running()?;
+        let target = self.current() + 2;
+        if self.nothing_pending(false)? {
+            return self.check_running();
+        }
+        self.advance_to(shared, target)
+    }
+
     /// Advances until the clock reaches `target`, sharing advances with concurrent callers.
     pub(crate) fn advance_to(&self, shared: &Shared, target: u64) -> Result<()> {
         while self.current() < target {
@@ -291,7 +323,10 @@ impl Epochs {
 /// until an advance fails (the clock then stays stopped and `sync` reports it).
 pub(crate) fn run_advancer(shared: &Shared, length: Duration) {
     while !shared.epochs.sleep_epoch(length) {
-        if shared.epochs.advance(shared).is_err() {
+        // An idle heap stops writing: an advance with nothing to write back or reclaim is
+        // skipped (it would only rewrite the epoch word, an msync of a page on a file heap).
+        let idle = shared.epochs.nothing_pending(true).unwrap_or(false);
+        if !idle && shared.epochs.advance(shared).is_err() {
             return;
         }
     }

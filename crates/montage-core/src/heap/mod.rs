@@ -715,8 +715,7 @@ impl Heap {
             let _ = advancer.join();
         }
         // A final sync: everything completed so far becomes durable.
-        let target = self.epoch() + 2;
-        self.shared.epochs.advance_to(&self.shared, target)?;
+        self.shared.epochs.sync(&self.shared)?;
         self.shared.alloc.drain_all(&self.shared.media)?;
         self.shared.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
         // PERSIST: the clean flag is the last thing written; everything before it is durable
@@ -763,8 +762,9 @@ impl Heap {
     }
 
     /// Makes everything that completed before this call durable: returns once the stored
-    /// epoch is at least two past the epoch at the call. Concurrent callers share the same
-    /// advances (group commit).
+    /// epoch is at least two past the epoch of every operation that ended before the call
+    /// (at once when nothing is waiting to be written back; otherwise after advancing the clock
+    /// two epochs past the call). Concurrent callers share the same advances (group commit).
     ///
     /// # Errors
     ///
@@ -774,8 +774,7 @@ impl Heap {
         if crate::epoch::op::has_active_op(self.shared.epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
-        let target = self.epoch() + 2;
-        self.shared.epochs.advance_to(&self.shared, target)
+        self.shared.epochs.sync(&self.shared)
     }
 
     /// Advances the clock by one epoch now (the background advancer does this every epoch
@@ -1016,5 +1015,37 @@ mod tests {
             heap.collect(ScanFilter::all().owner(owner)).unwrap().len(),
             2
         );
+    }
+
+    #[test]
+    fn an_idle_heap_stops_advancing_and_an_idle_sync_is_free() {
+        let config = HeapConfig::in_memory(1 << 20)
+            .backend(BackendKind::Pmem)
+            .epoch_length(EpochLength::Every(std::time::Duration::from_millis(1)));
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("kv").unwrap();
+        let block = heap.run_op(|op| op.alloc(owner, 1, b"a")).unwrap();
+        heap.run_op(|op| op.delete(block)).unwrap();
+        // Let the clock write back and reclaim everything, then watch it stand still.
+        let mut previous = heap.advances();
+        let settled = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let now = heap.advances();
+            let idle = now == previous;
+            previous = now;
+            idle
+        });
+        assert!(settled, "the clock kept advancing on an idle heap");
+        let before = heap.advances();
+        heap.sync().unwrap();
+        assert_eq!(
+            heap.advances(),
+            before,
+            "a sync with nothing to write advanced the clock"
+        );
+        // With something to write, sync advances.
+        heap.run_op(|op| op.alloc(owner, 1, b"b")).unwrap();
+        heap.sync().unwrap();
+        assert!(heap.advances() > before);
     }
 }
