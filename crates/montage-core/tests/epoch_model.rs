@@ -139,6 +139,21 @@ fn model(start: &BTreeMap<u64, u64>, slots: &[Mutex<Slot>], cut: u64) -> BTreeMa
     state
 }
 
+/// One slot per key, holding the recovered block of the key if any, with empty histories.
+fn fresh_slots(blocks: &BTreeMap<u64, PBlock>) -> Vec<Mutex<Slot>> {
+    (0..KEYS)
+        .map(|key| {
+            Mutex::new(Slot {
+                key: Key {
+                    block: blocks.get(&key).copied(),
+                    stamp: 0,
+                },
+                history: Vec::new(),
+            })
+        })
+        .collect()
+}
+
 fn stored_epoch(image: &CrashImage) -> u64 {
     u64::from_le_bytes(image.bytes()[0x40..0x48].try_into().unwrap())
 }
@@ -152,17 +167,7 @@ fn run_seed(seed: u64) {
     let mut state: BTreeMap<u64, u64> = BTreeMap::new();
     let mut blocks: BTreeMap<u64, PBlock> = BTreeMap::new();
     for generation_index in 0..GENERATIONS {
-        let slots: Vec<Mutex<Slot>> = (0..KEYS)
-            .map(|key| {
-                Mutex::new(Slot {
-                    key: Key {
-                        block: blocks.get(&key).copied(),
-                        stamp: 0,
-                    },
-                    history: Vec::new(),
-                })
-            })
-            .collect();
+        let slots = fresh_slots(&blocks);
         let sim = heap.simulator().unwrap();
         let step = sim.events() + rng.below_or_equal(THREADS * OPS_PER_THREAD * 12);
         sim.crash_at(step);
@@ -202,17 +207,7 @@ fn run_seed(seed: u64) {
     }
     // The last recovered heap still works: every key can be deleted, and after a sync and a
     // clean reopen nothing remains.
-    let slots: Vec<Mutex<Slot>> = (0..KEYS)
-        .map(|key| {
-            Mutex::new(Slot {
-                key: Key {
-                    block: blocks.get(&key).copied(),
-                    stamp: 0,
-                },
-                history: Vec::new(),
-            })
-        })
-        .collect();
+    let slots = fresh_slots(&blocks);
     for key in 0..KEYS {
         apply(&heap, owner, &slots, &AtomicU64::new(0), key, None);
     }
