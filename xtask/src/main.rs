@@ -46,12 +46,7 @@ fn project_root() -> PathBuf {
 
 /// Runs cargo with `args` from the project root, with extra environment variables.
 fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    println!("$ cargo {}", args.join(" "));
-    let status = Command::new(cargo)
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(project_root())
+    let status = cargo_command(args, env)
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if status.success() {
@@ -59,6 +54,32 @@ fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result {
     } else {
         Err(format!("step failed: cargo {}", args.join(" ")))
     }
+}
+
+/// The cargo invocation `args` with extra environment `env`, from the project root, echoed.
+fn cargo_command(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    println!("$ cargo {}", args.join(" "));
+    let mut command = Command::new(cargo);
+    command
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(project_root());
+    command
+}
+
+/// `cargo test --release -p montage-core --test <test>`, then `extra`.
+fn release_core_test<'a>(test: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "test",
+        "--release",
+        "--package",
+        "montage-core",
+        "--test",
+        test,
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 fn ci() -> Result {
@@ -85,14 +106,7 @@ fn ci() -> Result {
     // crashes) of the epoch model test.
     for (test, seeds) in [("crash_sim", "300"), ("epoch_model", "700")] {
         cargo(
-            &[
-                "test",
-                "--release",
-                "--package",
-                "montage-core",
-                "--test",
-                test,
-            ],
+            &release_core_test(test, &[]),
             &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
         )?;
     }
@@ -144,23 +158,11 @@ fn crash(args: &[String]) -> Result {
             _ => return Err(usage()),
         }
     }
-    let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let args = [
-        "test",
-        "--release",
-        "--package",
-        "montage-core",
-        "--test",
-        test,
-        "--",
-        "--nocapture",
+    let env = [
+        ("MONTAGE_CRASH_SEEDS", seeds.as_str()),
+        ("MONTAGE_CRASH_KEEP_GOING", "1"),
     ];
-    println!("$ cargo {}", args.join(" "));
-    let output = Command::new(cargo_bin)
-        .args(args)
-        .env("MONTAGE_CRASH_SEEDS", &seeds)
-        .env("MONTAGE_CRASH_KEEP_GOING", "1")
-        .current_dir(project_root())
+    let output = cargo_command(&release_core_test(test, &["--", "--nocapture"]), &env)
         .output()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -154,10 +154,6 @@ fn fresh_slots(blocks: &BTreeMap<u64, PBlock>) -> Vec<Mutex<Slot>> {
         .collect()
 }
 
-fn stored_epoch(image: &CrashImage) -> u64 {
-    u64::from_le_bytes(image.bytes()[0x40..0x48].try_into().unwrap())
-}
-
 fn run_seed(seed: u64) {
     let mode = SimMode::ALL[(seed % 4) as usize];
     let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
@@ -181,7 +177,7 @@ fn run_seed(seed: u64) {
         let image = sim.crash(seed);
         drop(heap);
 
-        let word = stored_epoch(&image);
+        let word = image.epoch_word().unwrap();
         let cut = word.saturating_sub(2);
         for &(covered, returned_at) in &syncs {
             if returned_at <= step {

@@ -108,7 +108,7 @@ impl Harness {
 
     fn crash(&mut self, seed: u64) {
         let image = self.heap.simulator().unwrap().crash(seed);
-        let word = u64::from_le_bytes(image.bytes()[0x40..0x48].try_into().unwrap());
+        let word = image.epoch_word().unwrap();
         let cut = word.saturating_sub(2);
         if let Some(called) = self.synced {
             assert!(

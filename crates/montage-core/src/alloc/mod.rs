@@ -112,18 +112,19 @@ impl FreeState {
     }
 }
 
+/// The mirror entry of the `index`-th span of a large block covering `extent` spans.
+fn large_mirror(index: u64, extent: u64) -> u32 {
+    if index == 0 {
+        MIRROR_LARGE_HEAD | extent as u32
+    } else {
+        MIRROR_LARGE_CONT
+    }
+}
+
 fn mark_large(mirror: &mut [u32], span: u64, extent: u64) {
-    for (i, slot) in mirror
-        .iter_mut()
-        .skip(span as usize)
-        .take(extent as usize)
-        .enumerate()
-    {
-        *slot = if i == 0 {
-            MIRROR_LARGE_HEAD | extent as u32
-        } else {
-            MIRROR_LARGE_CONT
-        };
+    let spans = mirror.iter_mut().skip(span as usize).take(extent as usize);
+    for (i, slot) in (0..).zip(spans) {
+        *slot = large_mirror(i, extent);
     }
 }
 
@@ -511,12 +512,8 @@ impl Allocator {
             self.return_spans(span, extent);
             return Err(err);
         }
-        {
-            let mut mirror: Vec<u32> = vec![MIRROR_FREE; extent as usize];
-            mark_large(&mut mirror, 0, extent);
-            for (i, value) in mirror.into_iter().enumerate() {
-                self.set_mirror(span + i as u64, value);
-            }
+        for i in 0..extent {
+            self.set_mirror(span + i, large_mirror(i, extent));
         }
         Ok(start)
     }

@@ -200,11 +200,23 @@ impl Epochs {
         self.tracker.leave(slot, epoch);
     }
 
+    /// Takes the advance lock, which serializes advances and holds the number made. A
+    /// poisoned lock means an advance panicked half-way: durability can't be promised.
+    fn lock_advance(&self) -> Result<MutexGuard<'_, u64>> {
+        self.advance.lock().map_err(|_| Error::ClockStopped {
+            reason: "an epoch advance panicked; reopen the heap to recover",
+        })
+    }
+
     /// Moves the clock forward once (see the module docs); returns the new epoch.
     pub(crate) fn advance(&self, shared: &Shared) -> Result<u64> {
-        let mut advances = self.advance.lock().map_err(|_| Error::ClockStopped {
-            reason: "an epoch advance panicked; reopen the heap to recover",
-        })?;
+        let mut advances = self.lock_advance()?;
+        self.advance_held(&mut advances, shared)
+    }
+
+    /// One advance, with the advance lock held (`advances` is its guarded count). A failure
+    /// stops the clock.
+    fn advance_held(&self, advances: &mut u64, shared: &Shared) -> Result<u64> {
         self.check_running()?;
         let result = self.advance_locked(shared);
         if result.is_err() {
@@ -215,48 +227,44 @@ impl Epochs {
         result
     }
 
-    /// Whether an advance now would have nothing to write back (and, with `reclaim`, nothing
-    /// to reclaim): no ended operation left writes in any bucket. Taken under the advance
-    /// lock, so no advance is half done: a drained bucket means its epoch's writes are durable
-    /// and the stored word covers it.
-    fn nothing_pending(&self, reclaim: bool) -> Result<bool> {
-        let _advancing = self.advance.lock().map_err(|_| Error::ClockStopped {
-            reason: "an epoch advance panicked; reopen the heap to recover",
-        })?;
-        Ok(self.slots.iter().all(|slot| {
+    /// Whether no ended operation left writes (and, with `reclaim`, blocks to reclaim) in
+    /// any bucket. Called with the advance lock held, so no advance is half done: a drained
+    /// bucket means its epoch's writes are durable and the stored word covers it.
+    fn nothing_pending(&self, reclaim: bool) -> bool {
+        self.slots.iter().all(|slot| {
             let buckets = lock(&slot.buckets);
             buckets.iter().all(|b| {
                 b.persist.is_empty() && (!reclaim || (b.victims.is_empty() && b.antis.is_empty()))
             })
-        }))
+        })
     }
 
     /// What `sync` waits for: every operation that ended before the call is durable and
     /// inside the epochs recovery keeps. When no ended operation has writes waiting, that is
     /// already so and nothing is advanced; otherwise the clock moves two epochs past the call.
+    /// Callers queue on the advance lock, so one advance serves every caller whose target it
+    /// reaches (group commit).
     pub(crate) fn sync(&self, shared: &Shared) -> Result<()> {
         self.check_running()?;
         let target = self.current() + 2;
-        if self.nothing_pending(false)? {
-            return self.check_running();
-        }
-        self.advance_to(shared, target)
-    }
-
-    /// Advances until the clock reaches `target`, sharing advances with concurrent callers.
-    pub(crate) fn advance_to(&self, shared: &Shared, target: u64) -> Result<()> {
-        while self.current() < target {
-            let advances = self.advance.lock().map_err(|_| Error::ClockStopped {
-                reason: "an epoch advance panicked; reopen the heap to recover",
-            })?;
-            // Another caller may have advanced while we waited for the lock: group commit.
-            if self.current() >= target {
-                break;
+        let mut advances = self.lock_advance()?;
+        if !self.nothing_pending(false) {
+            while self.current() < target {
+                self.advance_held(&mut advances, shared)?;
             }
-            drop(advances);
-            self.advance(shared)?;
         }
         self.check_running()
+    }
+
+    /// One tick of the background advancer: an advance, unless it would have nothing to
+    /// write back or reclaim (then it would only rewrite the epoch word, an msync of a page
+    /// on a file heap), so an idle heap stops writing.
+    fn tick(&self, shared: &Shared) -> Result<()> {
+        let mut advances = self.lock_advance()?;
+        if !self.nothing_pending(true) {
+            self.advance_held(&mut advances, shared)?;
+        }
+        Ok(())
     }
 
     fn advance_locked(&self, shared: &Shared) -> Result<u64> {
@@ -323,10 +331,7 @@ impl Epochs {
 /// until an advance fails (the clock then stays stopped and `sync` reports it).
 pub(crate) fn run_advancer(shared: &Shared, length: Duration) {
     while !shared.epochs.sleep_epoch(length) {
-        // An idle heap stops writing: an advance with nothing to write back or reclaim is
-        // skipped (it would only rewrite the epoch word, an msync of a page on a file heap).
-        let idle = shared.epochs.nothing_pending(true).unwrap_or(false);
-        if !idle && shared.epochs.advance(shared).is_err() {
+        if shared.epochs.tick(shared).is_err() {
             return;
         }
     }

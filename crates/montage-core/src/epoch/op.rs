@@ -192,7 +192,11 @@ impl<'h> OpGuard<'h> {
     pub fn read(&self, block: PBlock) -> Result<Vec<u8>> {
         let info = self.info(block)?;
         let mut buf = vec![0u8; info.len as usize];
-        self.heap.read(block, 0, &mut buf)?;
+        // `info` validated the block and its length against its capacity.
+        self.heap
+            .shared()
+            .media
+            .read(block.payload_offset(), &mut buf)?;
         Ok(buf)
     }
 
@@ -241,7 +245,11 @@ impl<'h> OpGuard<'h> {
             return Err(Error::OutOfBounds { offset: at, len });
         }
         if info.spec.epoch == self.epoch {
-            self.heap.write(block, at, bytes)?;
+            // Inside the recorded length, which `info` checked against the capacity.
+            self.heap
+                .shared()
+                .media
+                .write(block.payload_offset() + at, bytes)?;
             self.log
                 .borrow_mut()
                 .persist
@@ -249,38 +257,49 @@ impl<'h> OpGuard<'h> {
             return Ok(block);
         }
         let mut payload = vec![0u8; info.len as usize];
-        self.heap.read(block, 0, &mut payload)?;
+        self.heap
+            .shared()
+            .media
+            .read(block.payload_offset(), &mut payload)?;
         payload[at as usize..(at + len) as usize].copy_from_slice(bytes);
         self.replace(&info, &payload)
     }
 
     /// Copy-on-write: a new block with `info`'s uid holding `bytes`; the old one retired.
     fn replace(&self, info: &BlockInfo, bytes: &[u8]) -> Result<PBlock> {
-        let shared = self.heap.shared();
-        shared.alloc.mark_retired(&shared.media, info.block)?;
-        let same_epoch = info.spec.epoch == self.epoch;
-        let spec = BlockSpec {
+        let kind = if info.spec.epoch == self.epoch {
             // A block of this epoch has no older version unless it is an update itself.
-            kind: if same_epoch {
-                info.spec.kind
-            } else {
-                BlockKind::Update
-            },
+            info.spec.kind
+        } else {
+            BlockKind::Update
+        };
+        self.supersede(info, kind, bytes)
+    }
+
+    /// Retires `old` and writes a block of `kind` with its uid, type and owner in this epoch
+    /// holding `bytes`. The old block is killed at commit if it is of this epoch, and
+    /// reclaimed as a superseded version otherwise; if the write fails, the retirement is
+    /// undone.
+    fn supersede(&self, old: &BlockInfo, kind: BlockKind, bytes: &[u8]) -> Result<PBlock> {
+        let shared = self.heap.shared();
+        shared.alloc.mark_retired(&shared.media, old.block)?;
+        let spec = BlockSpec {
+            kind,
             epoch: self.epoch,
-            ..info.spec
+            ..old.spec
         };
         match self.alloc_spec(spec, bytes) {
             Ok(block) => {
                 let mut log = self.log.borrow_mut();
-                if same_epoch {
-                    log.kills.push(info.block);
+                if old.spec.epoch == self.epoch {
+                    log.kills.push(old.block);
                 } else {
-                    log.victims.push(info.block);
+                    log.victims.push(old.block);
                 }
                 Ok(block)
             }
             Err(err) => {
-                shared.alloc.clear_retired(&shared.media, info.block)?;
+                shared.alloc.clear_retired(&shared.media, old.block)?;
                 Err(err)
             }
         }
@@ -294,34 +313,15 @@ impl<'h> OpGuard<'h> {
     /// As [`update`](Self::update).
     pub fn delete(&self, block: PBlock) -> Result<()> {
         let info = self.info(block)?;
-        let shared = self.heap.shared();
-        shared.alloc.mark_retired(&shared.media, block)?;
-        let same_epoch = info.spec.epoch == self.epoch;
-        if same_epoch && info.spec.kind == BlockKind::Alloc {
+        if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
+            let shared = self.heap.shared();
+            shared.alloc.mark_retired(&shared.media, block)?;
             self.log.borrow_mut().kills.push(block);
             return Ok(());
         }
-        let spec = BlockSpec {
-            kind: BlockKind::Delete,
-            epoch: self.epoch,
-            ..info.spec
-        };
-        match self.alloc_spec(spec, &[]) {
-            Ok(anti) => {
-                let mut log = self.log.borrow_mut();
-                log.antis.push(anti);
-                if same_epoch {
-                    log.kills.push(block);
-                } else {
-                    log.victims.push(block);
-                }
-                Ok(())
-            }
-            Err(err) => {
-                shared.alloc.clear_retired(&shared.media, block)?;
-                Err(err)
-            }
-        }
+        let anti = self.supersede(&info, BlockKind::Delete, &[])?;
+        self.log.borrow_mut().antis.push(anti);
+        Ok(())
     }
 
     /// Ends the operation without its effects: the blocks it allocated are invalidated and

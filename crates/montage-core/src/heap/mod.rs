@@ -412,15 +412,6 @@ impl Heap {
         self.shared.media.simulator().cloned()
     }
 
-    /// The epoch word as stored in the heap.
-    ///
-    /// # Errors
-    ///
-    /// Only if the heap cannot be read, which a validated heap never causes.
-    pub fn stored_epoch(&self) -> Result<u64> {
-        self.shared.media.load(EPOCH_OFFSET)
-    }
-
     /// Space statistics.
     pub fn stats(&self) -> AllocStats {
         self.shared.alloc.stats()

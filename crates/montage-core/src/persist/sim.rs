@@ -150,6 +150,14 @@ impl CrashImage {
         self.bytes
     }
 
+    /// The epoch word the image holds, which decides what recovery of it keeps (the blocks
+    /// of epochs up to two below it); `None` if the image is too short to hold a superblock.
+    pub fn epoch_word(&self) -> Option<u64> {
+        let at = crate::heap::layout::EPOCH_OFFSET as usize;
+        let bytes = self.bytes.get(at..at + 8)?;
+        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+    }
+
     /// The seed that chose which pending stores survived.
     pub fn seed(&self) -> u64 {
         self.seed
