@@ -3,3 +3,9 @@
 #![doc(test(attr(deny(warnings))))]
 
 pub use montage_core::*;
+
+/// Derives [`Payload`] for a `#[repr(C)]` struct of plain-old-data fields, with its
+/// `<Type>Fields` accessor trait (`get_<field>`, `set_<field>`, and `cas_<field>` for fields
+/// marked `#[payload(atomic)]`). See the crate docs for an example.
+#[cfg(feature = "derive")]
+pub use montage_derive::Payload;

@@ -147,6 +147,35 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The heap stores payloads of a type with this name in another layout: the program's
+    /// `#[derive(Payload)]` struct changed (fields added, removed, reordered or retyped)
+    /// since they were written. Nothing was read or changed.
+    #[error(
+        "payload type `{type_name}` is stored with layout {stored:#018x}, but this program's \
+         layout is {compiled:#018x}; the struct's fields changed since the heap was written"
+    )]
+    LayoutMismatch {
+        /// The type's registry name.
+        type_name: &'static str,
+        /// The type id the heap recorded.
+        stored: u64,
+        /// The type id of the type as compiled.
+        compiled: u64,
+    },
+    /// The heap's type registry has no room for another payload type.
+    #[error("the heap's type registry is full ({capacity} types)")]
+    RegistryFull {
+        /// How many types the registry holds.
+        capacity: usize,
+    },
+    /// A typed handle names a block that holds another payload type.
+    #[error("block at offset {offset:#x} does not hold a `{expected}`")]
+    WrongType {
+        /// The block's offset.
+        offset: u64,
+        /// The type the handle expected.
+        expected: &'static str,
+    },
     /// An earlier write-back failed, so nothing this heap holds can be promised durable any
     /// more. Every later write and sync fails with this error; reopen the heap to recover.
     #[error("heap is poisoned by an earlier write-back failure; reopen it to recover")]

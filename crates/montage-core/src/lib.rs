@@ -58,6 +58,7 @@ mod config;
 mod epoch;
 mod error;
 mod heap;
+mod payload;
 mod persist;
 mod primitive;
 mod recovery;
@@ -70,9 +71,41 @@ pub use epoch::EpochLength;
 pub use epoch::op::OpGuard;
 pub use error::{Error, Result};
 pub use heap::layout::{
-    DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX, SPAN_SIZE,
+    DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX, REGISTRY_CAPACITY,
+    SPAN_SIZE,
 };
 pub use heap::{Heap, INITIAL_EPOCH, ScanFilter};
+pub use payload::cas::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
+pub use payload::{CasField, POff, PRef, Payload, PayloadField};
 pub use persist::sim::{CrashImage, SimMode, Simulator, SplitMix64, crash_seeds, for_each_seed};
 pub use persist::{CACHE_LINE, PAGE_SIZE};
 pub use recovery::{BlockView, RecoveryReport, Verdict};
+
+/// What `#[derive(Payload)]` expands to. Not part of the API: no semver promise.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::payload::access::{cas_field, get_field, set_field};
+    pub use crate::payload::fingerprint::Fingerprint;
+    pub use zerocopy;
+
+    /// Writes `value` into `out` at byte `offset` (a payload's field, during
+    /// [`PayloadField::write_field`](crate::PayloadField::write_field)).
+    ///
+    /// # Panics
+    ///
+    /// If the field does not lie inside `out`.
+    pub fn write_at<F: crate::PayloadField>(out: &mut [u8], offset: usize, value: &F) {
+        value.write_field(&mut out[offset..offset + size_of::<F>()]);
+    }
+
+    /// Reads the `F` at byte `offset` of `bytes`; `None` if it lies outside or is invalid.
+    pub fn read_at<F: crate::PayloadField>(bytes: &[u8], offset: usize) -> Option<F> {
+        F::read_field(bytes.get(offset..offset.checked_add(size_of::<F>())?)?)
+    }
+
+    /// Checks that `T` is a payload field (the derive spans the call on the field's type).
+    pub const fn assert_field<T: crate::PayloadField>() {}
+
+    /// Checks that `T` can be swapped by `cas_<field>`.
+    pub const fn assert_cas_field<T: crate::CasField>() {}
+}

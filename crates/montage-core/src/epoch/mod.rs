@@ -142,6 +142,11 @@ impl Epochs {
         self.tracker.current()
     }
 
+    /// The clock and announcement handshake.
+    pub(crate) fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
     fn slot(&self, index: usize) -> &Slot {
         &self.slots[index % self.slots.len()]
     }

@@ -22,7 +22,13 @@ struct ThreadState {
     spare_logs: Vec<OpLog>,
     /// A range of uids reserved for this thread: (heap instance, next, end).
     uids: (u64, u64, u64),
+    /// Payload types this thread has checked against a heap's registry: (heap instance,
+    /// type id).
+    types: Vec<(u64, u64)>,
 }
+
+/// How many (heap, type) pairs a thread remembers as checked.
+const TYPE_CACHE: usize = 64;
 
 thread_local! {
     static LOCAL: RefCell<ThreadState> = RefCell::new(ThreadState::default());
@@ -237,6 +243,13 @@ impl<'h> OpGuard<'h> {
     /// As [`update`](Self::update); [`Error::OutOfBounds`] if the range leaves the payload.
     pub fn write(&self, block: PBlock, at: u64, bytes: &[u8]) -> Result<PBlock> {
         let info = self.info(block)?;
+        self.write_checked(&info, at, bytes)
+    }
+
+    /// [`write`](Self::write) for a block whose header `info` was read by
+    /// [`info`](Self::info) in this operation.
+    pub(crate) fn write_checked(&self, info: &BlockInfo, at: u64, bytes: &[u8]) -> Result<PBlock> {
+        let block = info.block;
         let len = bytes.len() as u64;
         if at
             .checked_add(len)
@@ -262,7 +275,48 @@ impl<'h> OpGuard<'h> {
             .media
             .read(block.payload_offset(), &mut payload)?;
         payload[at as usize..(at + len) as usize].copy_from_slice(bytes);
-        self.replace(&info, &payload)
+        self.replace(info, &payload)
+    }
+
+    /// Records that this operation wrote `len` bytes at `offset` in place, to be written back
+    /// with its epoch.
+    pub(crate) fn record_write(&self, offset: u64, len: u64) {
+        self.log.borrow_mut().persist.push((offset, len));
+    }
+
+    /// The heap this operation runs on.
+    pub(crate) fn heap(&self) -> &'h Heap {
+        self.heap
+    }
+
+    /// Runs `f` only if the clock still reads this operation's epoch, and keeps the clock
+    /// from moving on until `f` returns (INV-EP-4): `None` if the epoch has moved.
+    pub(crate) fn verified<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        self.heap
+            .shared()
+            .epochs
+            .tracker()
+            .verify(self.slot, self.epoch, f)
+    }
+
+    /// Checks that `type_id` may be stored under `name` in this heap, registering it the
+    /// first time (a per-thread cache makes repeated checks cheap).
+    pub(crate) fn ensure_type(&self, name: &'static str, type_id: u64) -> Result<()> {
+        let instance = self.heap.shared().epochs.instance();
+        let known = LOCAL.with(|local| local.borrow().types.contains(&(instance, type_id)));
+        if known {
+            return Ok(());
+        }
+        self.heap.check_type(name, type_id)?;
+        LOCAL.with(|local| {
+            let mut local = local.borrow_mut();
+            // Entries of heaps this thread no longer uses are dropped wholesale now and then.
+            if local.types.len() >= TYPE_CACHE {
+                local.types.clear();
+            }
+            local.types.push((instance, type_id));
+        });
+        Ok(())
     }
 
     /// Copy-on-write: a new block with `info`'s uid holding `bytes`; the old one retired.

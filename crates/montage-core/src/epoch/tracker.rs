@@ -9,6 +9,14 @@
 //! the re-read comes after the publish and sees `e + 1`: no operation runs in an epoch the
 //! advancer has found quiescent. Four counters suffice because only epochs `e - 1` and `e`
 //! can have running operations while the clock reads `e`.
+//!
+//! The same pattern makes epoch-verified writes possible (INV-EP-4): a thread about to make
+//! a write that must land in epoch `e` increments its slot's `verifying` counter and then
+//! reads `closing`, the last epoch the advancer has begun to close; the advancer stores
+//! `closing = e` and then waits for every `verifying` counter to drain before it publishes
+//! `e + 1`. Either the writer sees `closing >= e` and gives up, or the advancer sees its
+//! increment and waits for the write to finish: a verified write of epoch `e` happens before
+//! any operation of `e + 1` begins.
 
 use crossbeam_utils::CachePadded;
 
@@ -18,15 +26,32 @@ use crate::primitive::{AtomicU32, AtomicU64, Ordering, fence, yield_now};
 #[derive(Debug)]
 pub(crate) struct Tracker {
     current: CachePadded<AtomicU64>,
-    slots: Box<[CachePadded<[AtomicU32; 4]>]>,
+    /// The newest epoch the advancer has begun to close: verified writes of it or older fail.
+    closing: CachePadded<AtomicU64>,
+    slots: Box<[CachePadded<SlotCounters>]>,
+}
+
+/// One thread slot's counters.
+#[derive(Debug)]
+struct SlotCounters {
+    /// Running operations, by epoch mod 4.
+    running: [AtomicU32; 4],
+    /// Verified writes in progress.
+    verifying: AtomicU32,
 }
 
 impl Tracker {
     pub(crate) fn new(epoch: u64, slots: usize) -> Tracker {
         Tracker {
             current: CachePadded::new(AtomicU64::new(epoch)),
+            closing: CachePadded::new(AtomicU64::new(epoch.saturating_sub(1))),
             slots: (0..slots.max(1))
-                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU32::new(0))))
+                .map(|_| {
+                    CachePadded::new(SlotCounters {
+                        running: std::array::from_fn(|_| AtomicU32::new(0)),
+                        verifying: AtomicU32::new(0),
+                    })
+                })
                 .collect(),
         }
     }
@@ -38,7 +63,7 @@ impl Tracker {
     }
 
     fn counter(&self, slot: usize, epoch: u64) -> &AtomicU32 {
-        &self.slots[slot % self.slots.len()][(epoch % 4) as usize]
+        &self.slots[slot % self.slots.len()].running[(epoch % 4) as usize]
     }
 
     /// Announces an operation in `slot`; returns the epoch it runs in.
@@ -68,8 +93,54 @@ impl Tracker {
         self.counter(slot, epoch).fetch_sub(1, Ordering::Release);
     }
 
-    /// Makes `epoch` the clock's value.
+    /// Runs `f` if no advance past `epoch` has begun, holding the next publish back until
+    /// `f` returns (module docs); `None` if the advancer has begun to close `epoch`.
+    pub(crate) fn verify<R>(&self, slot: usize, epoch: u64, f: impl FnOnce() -> R) -> Option<R> {
+        /// Withdraws the increment even if `f` unwinds, so that the advancer is never stuck.
+        struct Leave<'a>(&'a AtomicU32);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                // ORDERING: Release: the verified write happens-before the advancer's
+                // SeqCst read of the drained counter, and so before the publish.
+                self.0.fetch_sub(1, Ordering::Release);
+            }
+        }
+        let counter = &self.slots[slot % self.slots.len()].verifying;
+        // ORDERING: SeqCst, the writer's half of the handshake (module docs).
+        counter.fetch_add(1, Ordering::SeqCst);
+        let _leave = Leave(counter);
+        // ORDERING: store-load: the increment is ordered before the read of `closing`, as
+        // in `announce`.
+        fence(Ordering::SeqCst);
+        // ORDERING: SeqCst, part of the handshake (module docs).
+        if self.closing.load(Ordering::SeqCst) >= epoch {
+            return None;
+        }
+        Some(f())
+    }
+
+    /// Makes `epoch` the clock's value, after every verified write of the epoch it closes
+    /// has finished (module docs).
     pub(crate) fn publish(&self, epoch: u64) {
+        // ORDERING: SeqCst, the advancer's half of the verified-write handshake.
+        self.closing
+            .store(epoch.saturating_sub(1), Ordering::SeqCst);
+        // ORDERING: store-load: `closing` is ordered before the reads of the counters.
+        fence(Ordering::SeqCst);
+        let mut spins = 0u32;
+        // ORDERING: SeqCst, part of the handshake; pairs with the Release in `verify`.
+        while self
+            .slots
+            .iter()
+            .any(|slot| slot.verifying.load(Ordering::SeqCst) != 0)
+        {
+            spins = spins.saturating_add(1);
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                yield_now();
+            }
+        }
         // ORDERING: SeqCst, part of the handshake (module docs).
         self.current.store(epoch, Ordering::SeqCst);
         // ORDERING: the other store-load half: the publish is ordered before every later
@@ -83,7 +154,7 @@ impl Tracker {
         // ORDERING: SeqCst, part of the handshake (module docs).
         self.slots
             .iter()
-            .all(|slot| slot[index].load(Ordering::SeqCst) == 0)
+            .all(|slot| slot.running[index].load(Ordering::SeqCst) == 0)
     }
 
     /// Waits until no operation of `epoch` is running.
@@ -162,6 +233,38 @@ mod loom_tests {
             for op in ops {
                 op.join().unwrap();
             }
+        });
+    }
+
+    /// A verified write of epoch 1 races with the publish of epoch 2: if it succeeded, it is
+    /// visible to whoever reads after the publish returns (so to every operation of epoch
+    /// 2); if the publish came first, it fails.
+    #[test]
+    fn a_verified_write_happens_before_the_next_epoch() {
+        loom::model(|| {
+            let tracker = Arc::new(Tracker::new(1, 1));
+            let word = Arc::new(Flag::new(0));
+            let writer = {
+                let (tracker, word) = (tracker.clone(), word.clone());
+                loom::thread::spawn(move || {
+                    tracker
+                        .verify(0, 1, || word.store(1, Ordering::Relaxed))
+                        .is_some()
+                })
+            };
+            tracker.publish(2);
+            let seen = word.load(Ordering::Relaxed);
+            let wrote = writer.join().unwrap();
+            if wrote {
+                assert_eq!(
+                    seen, 1,
+                    "a verified write of epoch 1 landed after epoch 2 began"
+                );
+            } else {
+                assert_eq!(word.load(Ordering::Relaxed), 0);
+            }
+            // After the publish, nothing of epoch 1 is verified any more.
+            assert!(tracker.verify(0, 1, || ()).is_none());
         });
     }
 }

@@ -5,7 +5,7 @@
 //! Heap file
 //! 0x0000  superblock            one page (see below)
 //! 0x1000  structure directory   64 entries x 64 B
-//! 0x2000  type registry         8 KiB, reserved (payload layouts, written by a later format)
+//! 0x2000  type registry         128 entries x 64 B (payload layouts)
 //! 0x4000  span table            one u64 per span
 //! data    spans                 SPAN_SIZE bytes each, data offset aligned to SPAN_SIZE
 //!
@@ -27,6 +27,12 @@
 //! 0x20  owner id         u64      entry index + 1
 //! 0x28  reserved         [u8; 16] zero
 //! 0x38  valid word       u64      DIR_TAG << 32 | crc32c(index, creation id, 0x00..0x38); 0 = empty
+//!
+//! Type registry entry (64 B)
+//! 0x00  name hash        u64      FNV-1a of the payload type's name
+//! 0x08  type id          u64      the layout fingerprint the type was registered with
+//! 0x10  name             [u8; 40] NUL-padded UTF-8, truncated (for error messages)
+//! 0x38  valid word       u64      REG_TAG << 32 | crc32c(index, creation id, 0x00..0x38); 0 = empty
 //!
 //! Span table entry (u64); 0 = free span
 //! bits 63..32  extent (spans covered: 1 for a size-class span, n for a large block)
@@ -82,6 +88,14 @@ pub(crate) const DIR_VALID_OFFSET: u64 = 0x38;
 const DIR_TAG: u64 = 0x4449_5245; // "DIRE"
 
 pub(crate) const TYPE_REGISTRY_OFFSET: u64 = 0x2000;
+pub(crate) const REG_ENTRY_LEN: u64 = 64;
+/// How many payload types one heap records.
+pub const REGISTRY_CAPACITY: usize = 128;
+pub(crate) const REG_TYPE_ID_OFFSET: u64 = 0x08;
+pub(crate) const REG_NAME_OFFSET: u64 = 0x10;
+pub(crate) const REG_NAME_LEN: usize = 40;
+pub(crate) const REG_VALID_OFFSET: u64 = 0x38;
+const REG_TAG: u64 = 0x5459_5045; // "TYPE"
 pub(crate) const SPAN_TABLE_OFFSET: u64 = 0x4000;
 
 /// The size of a span, the unit the allocator carves into blocks of one size class.
@@ -122,6 +136,9 @@ const _: () = assert!(EPOCH_OFFSET.is_multiple_of(64) && CLEAN_SHUTDOWN_OFFSET.i
 const _: () =
     assert!(DIRECTORY_OFFSET + DIR_ENTRY_LEN * DIRECTORY_CAPACITY as u64 <= TYPE_REGISTRY_OFFSET);
 const _: () = assert!(HEADER_LEN.is_multiple_of(8) && HEADER_LEN <= 64);
+const _: () =
+    assert!(TYPE_REGISTRY_OFFSET + REG_ENTRY_LEN * REGISTRY_CAPACITY as u64 <= SPAN_TABLE_OFFSET);
+const _: () = assert!(REG_NAME_OFFSET + REG_NAME_LEN as u64 == REG_VALID_OFFSET);
 
 impl SuperblockHead {
     fn compute_checksum(&self) -> u32 {
@@ -398,6 +415,16 @@ fn header_crc(offset: u64, creation_id: u64, upper: u64, body: &[u64; 4]) -> u32
 /// The valid word of directory entry `index` holding `name_and_owner` (bytes 0x00..0x38).
 pub(crate) fn directory_valid_word(index: u64, creation_id: u64, entry: &[u8]) -> u64 {
     (DIR_TAG << 32) | u64::from(checksum(&[index, creation_id], entry))
+}
+
+/// The valid word of type-registry entry `index` whose first 56 bytes are `entry`.
+pub(crate) fn registry_valid_word(index: u64, creation_id: u64, entry: &[u8]) -> u64 {
+    (REG_TAG << 32) | u64::from(checksum(&[index, creation_id], entry))
+}
+
+/// The offset of type-registry entry `index`.
+pub(crate) fn registry_entry_offset(index: u64) -> u64 {
+    TYPE_REGISTRY_OFFSET.saturating_add(index.saturating_mul(REG_ENTRY_LEN))
 }
 
 /// The offset of directory entry `index`.

@@ -7,6 +7,7 @@ pub(crate) mod mapping;
 #[allow(unsafe_code)]
 pub(crate) mod region;
 
+use crate::payload::registry::Registry;
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
 use std::io::Read;
@@ -122,6 +123,7 @@ pub(crate) struct Shared {
     pub(crate) alloc: Allocator,
     pub(crate) epochs: Epochs,
     directory: Mutex<Vec<Option<String>>>,
+    pub(crate) types: Registry,
     report: RecoveryReport,
     backend: BackendKind,
     /// Holds the `flock`; dropped after `media`, so the file is unmapped before it unlocks.
@@ -197,6 +199,7 @@ impl Heap {
             media,
             geometry,
             directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
+            types: Registry::empty(),
             report: RecoveryReport {
                 clean_shutdown: true,
                 ..RecoveryReport::default()
@@ -356,6 +359,7 @@ impl Heap {
         let next_uid = max_uid + 1;
         report.clean_shutdown = clean;
         let directory = read_directory(&media, &geometry)?;
+        let types = Registry::load(&media, geometry.creation_id)?;
         media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
         // PERSIST: the heap is marked open (not cleanly shut down) before it is used.
         media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
@@ -365,6 +369,7 @@ impl Heap {
             media,
             geometry,
             directory: Mutex::new(directory),
+            types,
             report,
             backend: config.backend,
             file,

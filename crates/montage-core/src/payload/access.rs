@@ -1,0 +1,238 @@
+//! Typed access to payloads: what [`PRef`]'s methods and the derive's accessors do, in terms
+//! of the untyped operation API. Fields are copied between the heap and values through
+//! [`PayloadField`], never through references into the heap.
+
+use crate::alloc::block::{BlockInfo, OwnerId, PBlock};
+use crate::epoch::op::OpGuard;
+use crate::error::{Error, Result};
+use crate::heap::Heap;
+use crate::payload::cas::{CasError, CasErrorKind};
+use crate::payload::{CasField, PRef, Payload, PayloadField};
+
+/// Payload bytes up to this size are staged on the stack.
+const STACK_BYTES: usize = 256;
+
+/// Runs `f` on a zeroed scratch buffer of `len` bytes.
+fn with_buf<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    if len <= STACK_BYTES {
+        let mut buf = [0u8; STACK_BYTES];
+        f(&mut buf[..len])
+    } else {
+        f(&mut vec![0u8; len])
+    }
+}
+
+/// `block`'s header, checked against `op`'s epoch and against `T`.
+pub(crate) fn checked_info<T: Payload>(op: &OpGuard<'_>, block: PBlock) -> Result<BlockInfo> {
+    let info = op.info(block)?;
+    if info.spec.type_id != T::TYPE_ID {
+        return Err(Error::WrongType {
+            offset: block.offset(),
+            expected: T::TYPE_NAME,
+        });
+    }
+    if u64::from(info.len) != size_of::<T>() as u64 {
+        return Err(Error::Corrupted {
+            offset: block.offset(),
+            what: "payload length differs from its type's size",
+        });
+    }
+    Ok(info)
+}
+
+/// Reads the `F` at byte `offset` of the payload in `info`'s block.
+fn read_at<F: PayloadField>(op: &OpGuard<'_>, info: &BlockInfo, offset: usize) -> Result<F> {
+    let at = info.block.payload_offset() + offset as u64;
+    with_buf(size_of::<F>(), |buf| {
+        op.heap().shared().media.read(at, buf)?;
+        F::read_field(buf).ok_or(Error::Corrupted {
+            offset: at,
+            what: "stored bytes are not a valid value of the field's type",
+        })
+    })
+}
+
+/// The whole payload at `block`.
+pub(crate) fn get<T: Payload>(op: &OpGuard<'_>, block: PBlock) -> Result<T> {
+    let info = checked_info::<T>(op, block)?;
+    read_at::<T>(op, &info, 0)
+}
+
+/// The field of type `F` at byte `offset` of the `T` at `handle` (the derive's `get_`).
+///
+/// # Errors
+///
+/// As [`PRef::get`].
+pub fn get_field<T: Payload, F: PayloadField>(
+    op: &OpGuard<'_>,
+    handle: PRef<T>,
+    offset: usize,
+) -> Result<F> {
+    check_field::<T, F>(offset);
+    let info = checked_info::<T>(op, handle.block())?;
+    read_at::<F>(op, &info, offset)
+}
+
+/// Writes `value` as the field at byte `offset` of the `T` at `block` (the derive's `set_`):
+/// in place within the payload's epoch, by copy-on-write across epochs.
+///
+/// # Errors
+///
+/// As [`PRef::set`].
+pub fn set_field<T: Payload, F: PayloadField>(
+    op: &OpGuard<'_>,
+    handle: PRef<T>,
+    offset: usize,
+    value: &F,
+) -> Result<PRef<T>> {
+    check_field::<T, F>(offset);
+    let info = checked_info::<T>(op, handle.block())?;
+    with_buf(size_of::<F>(), |buf| {
+        value.write_field(buf);
+        op.write_checked(&info, offset as u64, buf)
+    })
+    .map(PRef::from_block)
+}
+
+/// Swaps the 8-byte field at byte `offset` of the `T` at `handle` from `current` to `new`
+/// (the derive's `cas_`), only if the payload was written in `op`'s epoch and the clock
+/// still reads that epoch (INV-EP-4).
+///
+/// # Errors
+///
+/// The outer error as [`PRef::get`]; the inner [`CasError`] when the swap did not happen.
+pub fn cas_field<T: Payload, F: CasField>(
+    op: &OpGuard<'_>,
+    handle: PRef<T>,
+    offset: usize,
+    current: F,
+    new: F,
+) -> Result<Result<(), CasError<F>>> {
+    check_field::<T, F>(offset);
+    let info = checked_info::<T>(op, handle.block())?;
+    let fail = |kind| -> Result<Result<(), CasError<F>>> {
+        Ok(Err(CasError {
+            current: read_at::<F>(op, &info, offset)?,
+            kind,
+        }))
+    };
+    if info.spec.epoch != op.epoch() {
+        return fail(CasErrorKind::OlderEpoch);
+    }
+    let at = info.block.payload_offset() + offset as u64;
+    let media = &op.heap().shared().media;
+    let Some(swap) = op.verified(|| media.compare_exchange(at, current.to_word(), new.to_word()))
+    else {
+        return fail(CasErrorKind::EpochAdvanced);
+    };
+    match swap? {
+        Ok(_) => {
+            op.record_write(at, 8);
+            Ok(Ok(()))
+        }
+        Err(found) => Ok(Err(CasError {
+            current: F::from_word(found),
+            kind: CasErrorKind::Mismatch,
+        })),
+    }
+}
+
+/// The accessors are generated with offsets from `offset_of!`; this catches a hand-written
+/// call that would read outside the payload.
+fn check_field<T: Payload, F: PayloadField>(offset: usize) {
+    assert!(
+        offset
+            .checked_add(size_of::<F>())
+            .is_some_and(|end| end <= size_of::<T>()),
+        "field at offset {offset} of {} bytes lies outside `{}`",
+        size_of::<F>(),
+        T::TYPE_NAME,
+    );
+}
+
+impl OpGuard<'_> {
+    /// Allocates a payload holding `value`, owned by the structure `owner`. The first
+    /// payload of a type records the type's layout in the heap's registry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LayoutMismatch`] if the heap holds `T::TYPE_NAME` with another layout;
+    /// [`Error::RegistryFull`]; [`Error::OutOfSpace`].
+    pub fn alloc_payload<T: Payload>(&self, owner: OwnerId, value: &T) -> Result<PRef<T>> {
+        self.ensure_type(T::TYPE_NAME, T::TYPE_ID)?;
+        with_buf(size_of::<T>(), |buf| {
+            value.write_field(buf);
+            self.alloc(owner, T::TYPE_ID, buf)
+        })
+        .map(PRef::from_block)
+    }
+}
+
+impl Heap {
+    /// Checks `T` against this heap's type registry, recording it if the heap has never
+    /// stored one. Structures call it when they open, before they read their payloads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LayoutMismatch`] if the heap holds payloads of a type named
+    /// `T::TYPE_NAME` with a different layout; [`Error::RegistryFull`]; a media error.
+    pub fn register_type<T: Payload>(&self) -> Result<()> {
+        self.check_type(T::TYPE_NAME, T::TYPE_ID)
+    }
+
+    pub(crate) fn check_type(&self, name: &'static str, type_id: u64) -> Result<()> {
+        let shared = self.shared();
+        shared
+            .types
+            .check_or_register(&shared.media, shared.geometry.creation_id, name, type_id)
+    }
+
+    /// Every payload of type `T` owned by `owner`, with its value, scanned in parallel on
+    /// `threads` threads: what a structure rebuilds its DRAM index from when it opens.
+    /// Checks `T`'s layout first.
+    ///
+    /// Right after [`open`](Self::open) these are exactly the recovered payloads, one
+    /// version each. While operations run, versions being replaced or deleted are listed
+    /// too; a structure scans before it serves operations.
+    ///
+    /// # Errors
+    ///
+    /// As [`register_type`](Self::register_type); [`Error::Corrupted`] if a stored payload is
+    /// not a valid `T`.
+    pub fn payloads<T: Payload>(
+        &self,
+        owner: OwnerId,
+        threads: usize,
+    ) -> Result<Vec<(PRef<T>, T)>> {
+        self.register_type::<T>()?;
+        let found = std::sync::Mutex::new(Vec::new());
+        let filter = crate::ScanFilter::all().owner(owner).type_id(T::TYPE_ID);
+        self.scan(filter, threads, |view| {
+            let info = view.info();
+            if info.spec.kind == crate::BlockKind::Delete {
+                return Ok(());
+            }
+            let value = with_buf(info.len as usize, |buf| {
+                view.read(0, buf)?;
+                if buf.len() != size_of::<T>() {
+                    return Err(Error::Corrupted {
+                        offset: info.block.offset(),
+                        what: "payload length differs from its type's size",
+                    });
+                }
+                T::read_field(buf).ok_or(Error::Corrupted {
+                    offset: info.block.offset(),
+                    what: "stored bytes are not a valid value of the payload's type",
+                })
+            })?;
+            found
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((PRef::from_block(info.block), value));
+            Ok(())
+        })?;
+        Ok(found
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}

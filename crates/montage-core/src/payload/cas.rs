@@ -1,0 +1,511 @@
+//! The epoch-verified compare-and-swap for DRAM words (Montage's DCSS-based primitive).
+//!
+//! A nonblocking structure links its DRAM index with [`VerifiedAtomic`] words. Its
+//! [`compare_exchange`](VerifiedAtomic::compare_exchange) succeeds only if the value matches
+//! *and* the epoch clock still reads the calling operation's epoch: a double-compare
+//! single-swap (Harris, Fraser and Pratt, "A practical multi-word compare-and-swap
+//! operation", 2002) whose second compare is against the clock. Without it an operation of
+//! epoch `e` could link its change after operations of `e + 1` had already acted on the old
+//! link, and recovery to the end of `e` would keep the later change but not the earlier one.
+//!
+//! # Protocol (INV-CAS-1)
+//!
+//! 1. The owner allocates a descriptor `{epoch, expected, new, status}` and swaps it into the
+//!    word in place of `expected` (a tagged pointer, low bit 1; values are stored shifted
+//!    left by one, so their low bit is 0).
+//! 2. Anyone who finds a descriptor in the word (the owner, a competing CAS, a reader)
+//!    completes it: reads the clock, tries to move `status` from undecided to succeeded (the
+//!    clock reads the descriptor's epoch) or failed (it does not), and swaps the word from
+//!    the descriptor to `new` or back to `expected` as `status` says.
+//! 3. The first status transition decides; the DCSS linearizes at the clock read that
+//!    preceded it, when the clock read the operation's epoch. Nobody returns a value while
+//!    a descriptor is undecided, so no access can be ordered between that read and the
+//!    decision.
+//!
+//! Descriptors are freed through crossbeam-epoch: the owner retires its descriptor once the
+//! word no longer holds it, and anyone who may still dereference it is pinned. Under
+//! `cfg(montage_loom)` they are leaked instead (loom explores bounded executions).
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use crate::epoch::op::OpGuard;
+use crate::epoch::tracker::Tracker;
+use crate::primitive::{AtomicU32, AtomicUsize, Ordering, fence};
+
+/// Why a compare-and-swap did not happen, with the value the word held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CasError<T> {
+    /// The value found (for [`CasErrorKind::Mismatch`]), or the unchanged current value.
+    pub current: T,
+    /// Why the swap failed.
+    pub kind: CasErrorKind,
+}
+
+/// The reason in a [`CasError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CasErrorKind {
+    /// The word did not hold the expected value.
+    Mismatch,
+    /// The epoch clock moved past the operation's epoch: retry in a new operation.
+    EpochAdvanced,
+    /// A payload field: the payload was written in an epoch before the operation's, so it
+    /// can change only by copy-on-write (`set_<field>`), which the structure must serialize.
+    OlderEpoch,
+}
+
+impl<T: std::fmt::Debug> std::fmt::Display for CasError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            CasErrorKind::Mismatch => write!(f, "compare-and-swap found {:?}", self.current),
+            CasErrorKind::EpochAdvanced => {
+                f.write_str("compare-and-swap failed: the epoch advanced; retry the operation")
+            }
+            CasErrorKind::OlderEpoch => f.write_str(
+                "compare-and-swap on a payload of an older epoch; update it by copy-on-write",
+            ),
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::error::Error for CasError<T> {}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A value a [`VerifiedAtomic`] can hold: one machine word with its lowest bit free.
+///
+/// Implemented for the integer types up to 32 bits, `bool`, and for `u64` and `usize`
+/// values below 2^63 (index positions and counters; never pointers into the persistent
+/// heap, which live in payloads as [`POff`](crate::POff)).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be held by a `VerifiedAtomic`",
+    note = "a verified word holds an integer of at most 32 bits, a `bool`, or a `u64`/`usize` below 2^63"
+)]
+pub trait CasWord: Copy + Eq + Send + Sync + 'static + sealed::Sealed {
+    /// The word encoding, `< 2^63`.
+    #[doc(hidden)]
+    fn to_raw(self) -> usize;
+    /// The inverse of `to_raw`.
+    #[doc(hidden)]
+    fn from_raw(raw: usize) -> Self;
+}
+
+macro_rules! small_words {
+    ($($t:ty => $u:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl CasWord for $t {
+            #[allow(clippy::cast_sign_loss)]
+            fn to_raw(self) -> usize {
+                // Through the unsigned twin, so that negative values do not sign-extend.
+                self as $u as usize
+            }
+            #[allow(clippy::cast_possible_wrap)]
+            fn from_raw(raw: usize) -> Self {
+                raw as $u as $t
+            }
+        }
+    )*};
+}
+small_words!(u8 => u8, u16 => u16, u32 => u32, i8 => u8, i16 => u16, i32 => u32);
+
+// Words are 64 bits: values of up to 63 bits plus the descriptor tag.
+const _: () = assert!(usize::BITS == 64);
+
+impl sealed::Sealed for bool {}
+impl CasWord for bool {
+    fn to_raw(self) -> usize {
+        usize::from(self)
+    }
+    fn from_raw(raw: usize) -> Self {
+        raw != 0
+    }
+}
+
+impl sealed::Sealed for usize {}
+impl CasWord for usize {
+    /// # Panics
+    ///
+    /// If `self >= 2^63`.
+    fn to_raw(self) -> usize {
+        assert!(self >> 63 == 0, "VerifiedAtomic values must be below 2^63");
+        self
+    }
+    fn from_raw(raw: usize) -> Self {
+        raw
+    }
+}
+
+impl sealed::Sealed for u64 {}
+impl CasWord for u64 {
+    /// # Panics
+    ///
+    /// If `self >= 2^63`.
+    fn to_raw(self) -> usize {
+        assert!(self >> 63 == 0, "VerifiedAtomic values must be below 2^63");
+        self as usize
+    }
+    fn from_raw(raw: usize) -> Self {
+        raw as u64
+    }
+}
+
+/// The low bit that marks a descriptor.
+const DESCRIPTOR: usize = 1;
+const UNDECIDED: u32 = 0;
+const SUCCEEDED: u32 = 1;
+const FAILED: u32 = 2;
+
+/// One DCSS in progress.
+#[derive(Debug)]
+struct Descriptor {
+    /// The heap whose clock decides it.
+    instance: u64,
+    epoch: u64,
+    expected: usize,
+    new: usize,
+    status: AtomicU32,
+}
+
+/// What a DCSS compares its epoch against: one heap's clock.
+#[derive(Clone, Copy)]
+pub(crate) struct Clock<'a> {
+    pub(crate) tracker: &'a Tracker,
+    pub(crate) instance: u64,
+}
+
+impl Clock<'_> {
+    fn of<'a>(op: &'a OpGuard<'_>) -> Clock<'a> {
+        let epochs = &op.heap().shared().epochs;
+        Clock {
+            tracker: epochs.tracker(),
+            instance: epochs.instance(),
+        }
+    }
+}
+
+/// A DRAM word whose compare-and-swap is verified against the epoch clock (module docs).
+///
+/// All accesses take the operation they belong to: a reader that meets a swap in progress
+/// completes it, which needs the clock. A `VerifiedAtomic` serves the operations of one heap.
+pub struct VerifiedAtomic<T: CasWord> {
+    word: AtomicUsize,
+    _value: PhantomData<T>,
+}
+
+impl<T: CasWord> VerifiedAtomic<T> {
+    /// A word holding `value`.
+    ///
+    /// # Panics
+    ///
+    /// If `value` cannot be encoded (a `u64` or `usize` of 2^63 or more).
+    pub fn new(value: T) -> VerifiedAtomic<T> {
+        VerifiedAtomic {
+            word: AtomicUsize::new(encode(value)),
+            _value: PhantomData,
+        }
+    }
+
+    /// The current value, as of a point inside this call.
+    ///
+    /// # Panics
+    ///
+    /// If the word is shared with operations of another heap (a misuse).
+    pub fn load(&self, op: &OpGuard<'_>) -> T {
+        let guard = reclaim::pin();
+        decode(load_raw(&self.word, Clock::of(op), &guard))
+    }
+
+    /// Replaces `current` with `new` if the word holds `current` and the epoch clock still
+    /// reads `op`'s epoch, both at one instant; returns the value replaced.
+    ///
+    /// # Errors
+    ///
+    /// [`CasErrorKind::Mismatch`] with the value found; [`CasErrorKind::EpochAdvanced`] when
+    /// the clock has moved on (the operation must be retried in a new one).
+    ///
+    /// # Panics
+    ///
+    /// If `new` cannot be encoded, or the word is shared with operations of another heap.
+    pub fn compare_exchange(&self, op: &OpGuard<'_>, current: T, new: T) -> Result<T, CasError<T>> {
+        dcss(
+            &self.word,
+            Clock::of(op),
+            op.epoch(),
+            encode(current),
+            encode(new),
+        )
+        .map(decode)
+        .map_err(|(raw, kind)| CasError {
+            current: decode(raw),
+            kind,
+        })
+    }
+
+    /// The value, given exclusive access (no swap can be in progress).
+    pub fn into_inner(self) -> T {
+        // ORDERING: exclusive access; nothing to synchronize with.
+        decode(self.word.load(Ordering::Relaxed))
+    }
+}
+
+impl<T: CasWord + std::fmt::Debug> std::fmt::Debug for VerifiedAtomic<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // ORDERING: a diagnostic snapshot.
+        let raw = self.word.load(Ordering::Relaxed);
+        let mut d = f.debug_struct("VerifiedAtomic");
+        if raw & DESCRIPTOR == 0 {
+            d.field("value", &decode::<T>(raw));
+        } else {
+            d.field("value", &"<swap in progress>");
+        }
+        d.finish()
+    }
+}
+
+fn encode<T: CasWord>(value: T) -> usize {
+    value.to_raw() << 1
+}
+
+fn decode<T: CasWord>(raw: usize) -> T {
+    debug_assert_eq!(raw & DESCRIPTOR, 0);
+    T::from_raw(raw >> 1)
+}
+
+/// The DCSS (module docs): `Ok(expected)` on success, else the raw value found and why.
+pub(crate) fn dcss(
+    word: &AtomicUsize,
+    clock: Clock<'_>,
+    epoch: u64,
+    expected: usize,
+    new: usize,
+) -> Result<usize, (usize, CasErrorKind)> {
+    let guard = reclaim::pin();
+    if clock.tracker.current() != epoch {
+        return Err((load_raw(word, clock, &guard), CasErrorKind::EpochAdvanced));
+    }
+    let descriptor = Box::new(Descriptor {
+        instance: clock.instance,
+        epoch,
+        expected,
+        new,
+        status: AtomicU32::new(UNDECIDED),
+    });
+    let descriptor = NonNull::from(Box::leak(descriptor));
+    let tagged = descriptor.as_ptr().expose_provenance() | DESCRIPTOR;
+    loop {
+        // ORDERING: SeqCst: the DCSS needs one total order of the word swaps, the status
+        // decisions and the clock reads (INV-CAS-1).
+        match word.compare_exchange(expected, tagged, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => break,
+            Err(found) if found & DESCRIPTOR != 0 => help(word, found, clock, &guard),
+            Err(found) => {
+                // SAFETY: `descriptor` came from `Box::leak` above and was never stored in
+                // the word, so nobody else can reach it and it is freed exactly once.
+                drop(unsafe { Box::from_raw(descriptor.as_ptr()) });
+                return Err((found, CasErrorKind::Mismatch));
+            }
+        }
+    }
+    // SAFETY: the owner holds the only reference that frees the descriptor (`retire` below),
+    // so it is live here.
+    let succeeded = complete(word, unsafe { descriptor.as_ref() }, tagged, clock);
+    // The word no longer holds the descriptor (`complete` swapped it out, or a helper did),
+    // so only threads pinned before now can still reach it.
+    reclaim::retire(descriptor, &guard);
+    if succeeded {
+        Ok(expected)
+    } else {
+        Err((expected, CasErrorKind::EpochAdvanced))
+    }
+}
+
+/// The word's value, completing any swap found in progress.
+fn load_raw(word: &AtomicUsize, clock: Clock<'_>, guard: &reclaim::Guard) -> usize {
+    loop {
+        // ORDERING: SeqCst, as in `dcss`.
+        let raw = word.load(Ordering::SeqCst);
+        if raw & DESCRIPTOR == 0 {
+            return raw;
+        }
+        help(word, raw, clock, guard);
+    }
+}
+
+/// Completes the swap whose tagged descriptor pointer `tagged` was read from `word`.
+fn help(word: &AtomicUsize, tagged: usize, clock: Clock<'_>, _guard: &reclaim::Guard) {
+    let ptr = std::ptr::with_exposed_provenance::<Descriptor>(tagged & !DESCRIPTOR);
+    // SAFETY:
+    // - the address was exposed by `dcss` from a live `Box<Descriptor>`, tag bit cleared;
+    // - it is still allocated: it was in the word after this thread pinned `_guard`, and a
+    //   descriptor is retired only after leaving the word, then freed only once every
+    //   thread pinned before the retirement has unpinned (crossbeam-epoch's guarantee);
+    //   under loom descriptors are never freed;
+    // - only shared references to a descriptor are ever formed, and its mutable state is
+    //   atomic.
+    let descriptor = unsafe { &*ptr };
+    assert_eq!(
+        descriptor.instance, clock.instance,
+        "a VerifiedAtomic was used by operations of two different heaps"
+    );
+    complete(word, descriptor, tagged, clock);
+}
+
+/// Decides the descriptor (if nobody has) and swaps it out of the word; true if it succeeded.
+fn complete(word: &AtomicUsize, descriptor: &Descriptor, tagged: usize, clock: Clock<'_>) -> bool {
+    // ORDERING: store-load: the descriptor's installation (which this thread performed or
+    // read) is ordered before the clock read, pairing with the fence in `Tracker::publish`
+    // after the clock store (a Dekker pattern, as in the tracker's handshake). Either this
+    // read sees the new epoch, or the publisher's later reads of the word see the
+    // descriptor and complete it with the same decision. The fence makes this hold in
+    // models, like loom's, that treat SeqCst accesses as acquire/release.
+    fence(Ordering::SeqCst);
+    let decision = if clock.tracker.current() == descriptor.epoch {
+        SUCCEEDED
+    } else {
+        FAILED
+    };
+    // ORDERING: SeqCst, as in `dcss`; the first transition decides.
+    let _ =
+        descriptor
+            .status
+            .compare_exchange(UNDECIDED, decision, Ordering::SeqCst, Ordering::SeqCst);
+    // ORDERING: SeqCst, as in `dcss`.
+    let succeeded = descriptor.status.load(Ordering::SeqCst) == SUCCEEDED;
+    let value = if succeeded {
+        descriptor.new
+    } else {
+        descriptor.expected
+    };
+    // ORDERING: SeqCst, as in `dcss`. Failing means someone else already swapped it out.
+    let _ = word.compare_exchange(tagged, value, Ordering::SeqCst, Ordering::SeqCst);
+    succeeded
+}
+
+#[cfg(not(montage_loom))]
+mod reclaim {
+    use std::ptr::NonNull;
+
+    pub(super) use crossbeam_epoch::Guard;
+
+    pub(super) fn pin() -> Guard {
+        crossbeam_epoch::pin()
+    }
+
+    /// Frees `descriptor` once no pinned thread can still reach it.
+    pub(super) fn retire(descriptor: NonNull<super::Descriptor>, guard: &Guard) {
+        let ptr = descriptor.as_ptr();
+        let free = move || {
+            // SAFETY:
+            // - `ptr` came from `Box::leak` in `dcss` and is retired exactly once, by its
+            //   owner, after the word stopped holding it;
+            // - so only threads pinned before the retirement can hold it, and this runs after
+            //   all of them have unpinned.
+            drop(unsafe { Box::from_raw(ptr) });
+        };
+        // SAFETY: `defer_unchecked` runs `free` on some thread once every thread pinned now
+        // has unpinned; `free` only frees an allocation (no thread-bound state, nothing
+        // borrowed), which any thread may do at that point.
+        unsafe { guard.defer_unchecked(free) };
+    }
+}
+
+#[cfg(montage_loom)]
+mod reclaim {
+    use std::ptr::NonNull;
+
+    /// Nothing to pin: descriptors are leaked under loom.
+    pub(super) struct Guard;
+
+    pub(super) fn pin() -> Guard {
+        Guard
+    }
+
+    pub(super) fn retire(_descriptor: NonNull<super::Descriptor>, _guard: &Guard) {}
+}
+
+#[cfg(all(test, montage_loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+
+    const INSTANCE: u64 = 1;
+
+    fn clock(tracker: &Tracker) -> Clock<'_> {
+        Clock {
+            tracker,
+            instance: INSTANCE,
+        }
+    }
+
+    /// A swap of epoch 1 races with the publish of epoch 2 and a read after it: if the swap
+    /// succeeded, the read (an operation of epoch 2) sees it; if it failed, nobody ever sees
+    /// the new value.
+    #[test]
+    fn a_swap_never_succeeds_after_the_epoch_moved() {
+        loom::model(|| {
+            let tracker = Arc::new(Tracker::new(1, 1));
+            let word = Arc::new(AtomicUsize::new(encode(0u32)));
+            let owner = {
+                let (tracker, word) = (tracker.clone(), word.clone());
+                loom::thread::spawn(move || {
+                    dcss(&word, clock(&tracker), 1, encode(0u32), encode(1u32)).is_ok()
+                })
+            };
+            tracker.publish(2);
+            let seen: u32 = decode(load_raw(&word, clock(&tracker), &reclaim::pin()));
+            let succeeded = owner.join().unwrap();
+            if succeeded {
+                assert_eq!(
+                    seen, 1,
+                    "a successful swap of epoch 1 was not visible in epoch 2"
+                );
+            } else {
+                assert_eq!(seen, 0);
+                let last: u32 = decode(load_raw(&word, clock(&tracker), &reclaim::pin()));
+                assert_eq!(last, 0, "a failed swap left its value behind");
+            }
+        });
+    }
+
+    /// Two swaps from the same value in the same epoch, and a reader that helps: exactly one
+    /// swap succeeds, the word ends with its value, and the other reports the value it found.
+    #[test]
+    fn competing_swaps_lose_no_value() {
+        loom::model(|| {
+            let tracker = Arc::new(Tracker::new(1, 2));
+            let word = Arc::new(AtomicUsize::new(encode(0u32)));
+            let swappers: Vec<_> = [1u32, 2]
+                .into_iter()
+                .map(|new| {
+                    let (tracker, word) = (tracker.clone(), word.clone());
+                    loom::thread::spawn(move || {
+                        dcss(&word, clock(&tracker), 1, encode(0u32), encode(new))
+                            .map(decode::<u32>)
+                            .map_err(|(raw, kind)| (decode::<u32>(raw), kind))
+                    })
+                })
+                .collect();
+            let read: u32 = decode(load_raw(&word, clock(&tracker), &reclaim::pin()));
+            assert!(read <= 2);
+            let results: Vec<_> = swappers.into_iter().map(|t| t.join().unwrap()).collect();
+            let winners: Vec<u32> = results
+                .iter()
+                .zip([1u32, 2])
+                .filter(|(r, _)| r.is_ok())
+                .map(|(_, new)| new)
+                .collect();
+            assert_eq!(winners.len(), 1, "{results:?}");
+            let last: u32 = decode(load_raw(&word, clock(&tracker), &reclaim::pin()));
+            assert_eq!(last, winners[0]);
+            for result in &results {
+                if let Err((found, kind)) = result {
+                    assert_eq!(*kind, CasErrorKind::Mismatch);
+                    assert_eq!(*found, winners[0]);
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,301 @@
+//! Typed payloads: the [`Payload`] trait `#[derive(Payload)]` implements, the typed handles
+//! [`PRef`] (a payload in the heap) and [`POff`] (a handle stored inside a payload), and the
+//! field accessors the derive's generated methods call.
+//!
+//! A payload type is a `#[repr(C)]` struct of plain-old-data fields. Its bytes in the heap
+//! are its fields' bytes at their `offset_of!` offsets; every read goes through
+//! [`PayloadField::read_field`], which validates the bytes (a `bool` must be 0 or 1), so a
+//! damaged heap gives [`Error::Corrupted`], never an invalid value. No reference into the
+//! heap is ever formed: fields are copied out and in through the heap's atomic accessors.
+//!
+//! Which field types are plain old data is zerocopy's judgement, not ours: every type that
+//! implements zerocopy's `TryFromBytes`, `IntoBytes` and `Immutable` is a [`PayloadField`],
+//! and so is every `#[derive(Payload)]` struct (the derive proves the struct has no padding
+//! by deriving those traits for a layout twin of it).
+
+pub(crate) mod access;
+#[allow(unsafe_code)]
+pub(crate) mod cas;
+pub(crate) mod fingerprint;
+pub(crate) mod registry;
+
+use std::marker::PhantomData;
+
+use zerocopy::little_endian::U64;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, TryFromBytes};
+
+use crate::alloc::block::PBlock;
+use crate::epoch::op::OpGuard;
+use crate::error::Result;
+
+/// A value that can be stored in a payload field.
+///
+/// Implemented for every type zerocopy proves plain old data (integers, floats, `bool`,
+/// `char`, arrays of them, [`POff`], zerocopy-derived structs and `#[repr(u8)]` enums, ...)
+/// and, by `#[derive(Payload)]`, for every payload struct, so payloads nest.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored in a payload field",
+    label = "not plain old data",
+    note = "payload fields hold plain old data: integers, floats, `bool`, arrays of them, `POff<T>`, other `#[derive(Payload)]` structs, or types deriving zerocopy's `TryFromBytes`, `IntoBytes` and `Immutable`",
+    note = "pointers, references and owning types (`Box`, `Vec`, `String`, `Rc`, `Arc`) point into DRAM, which does not survive a restart; an enum needs a fixed `#[repr(u8)]` (or other integer) representation"
+)]
+pub trait PayloadField: Sized + Send + Sync + 'static {
+    /// A type with the same layout whose zerocopy derives prove that layout has no padding
+    /// (`Self` for zerocopy types; a generated twin for payload structs).
+    type Repr;
+    /// A fingerprint of the stored representation, mixed into the type ids of the payloads
+    /// that contain this field.
+    const LAYOUT: u64;
+
+    /// Writes the field's bytes into `out`.
+    ///
+    /// # Panics
+    ///
+    /// If `out.len() != size_of::<Self>()`.
+    fn write_field(&self, out: &mut [u8]);
+
+    /// Reads a value from its stored bytes; `None` if they are not a valid value or
+    /// `bytes.len() != size_of::<Self>()`.
+    fn read_field(bytes: &[u8]) -> Option<Self>;
+}
+
+impl<T> PayloadField for T
+where
+    T: TryFromBytes + IntoBytes + Immutable + Send + Sync + 'static,
+{
+    type Repr = T;
+    const LAYOUT: u64 = fingerprint::Fingerprint::new()
+        .u64(size_of::<T>() as u64)
+        .u64(align_of::<T>() as u64)
+        .finish();
+
+    fn write_field(&self, out: &mut [u8]) {
+        out.copy_from_slice(self.as_bytes());
+    }
+
+    fn read_field(bytes: &[u8]) -> Option<Self> {
+        T::try_read_from_bytes(bytes).ok()
+    }
+}
+
+/// A type whose values live in the persistent heap as payloads. Implement it with
+/// `#[derive(Payload)]`, which checks the layout and generates the accessors.
+///
+/// The type id is a fingerprint of the type's name and of each field's name, type, offset
+/// and layout: it is the same in every build of the same definition and changes when the
+/// layout does. The heap records it under the type's name the first time the type is
+/// stored, and reports [`Error::LayoutMismatch`](crate::Error::LayoutMismatch) when a
+/// program later uses a different layout under the same name.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a payload type",
+    label = "needs `#[derive(Payload)]`",
+    note = "add `#[derive(Payload)]` and `#[repr(C)]` to the struct's definition"
+)]
+pub trait Payload: PayloadField {
+    /// The name the heap's type registry knows this type by.
+    const TYPE_NAME: &'static str;
+    /// The layout fingerprint stored in every block of this type.
+    const TYPE_ID: u64;
+}
+
+/// A handle to a payload of type `T` in a heap (the payload's current version).
+///
+/// Obtained from [`OpGuard::alloc_payload`] or a recovery scan. Accessors take the
+/// operation they run in; an update across an epoch boundary moves the payload to a new
+/// block (copy-on-write) and returns the handle to use from then on. A handle names one
+/// version of a payload: after a copy-on-write the old handle fails with
+/// [`Error::Retired`](crate::Error::Retired) or [`Error::InvalidBlock`](crate::Error::InvalidBlock)
+/// (or, once the block is reused, reads another payload of the same type), so structures
+/// keep the newest handle in their index.
+pub struct PRef<T> {
+    block: PBlock,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for PRef<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for PRef<T> {}
+impl<T> PartialEq for PRef<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.block == other.block
+    }
+}
+impl<T> Eq for PRef<T> {}
+impl<T> std::hash::Hash for PRef<T> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.block.hash(state);
+    }
+}
+impl<T> std::fmt::Debug for PRef<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PRef({:#x})", self.block.offset())
+    }
+}
+
+impl<T: Payload> PRef<T> {
+    pub(crate) fn from_block(block: PBlock) -> PRef<T> {
+        PRef {
+            block,
+            _type: PhantomData,
+        }
+    }
+
+    /// The block holding this version of the payload.
+    pub fn block(self) -> PBlock {
+        self.block
+    }
+
+    /// A handle to store inside another payload.
+    pub fn to_poff(self) -> POff<T> {
+        POff {
+            raw: U64::new(self.block.offset()),
+            _type: PhantomData,
+        }
+    }
+
+    /// The whole payload.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Aborted`](crate::Error::Aborted) if the payload is newer than `op`;
+    /// [`Error::WrongType`](crate::Error::WrongType) or
+    /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) for a handle that does not name a
+    /// live `T`; [`Error::Corrupted`](crate::Error::Corrupted) if the bytes are not a valid `T`.
+    pub fn get(self, op: &OpGuard<'_>) -> Result<T> {
+        access::get::<T>(op, self.block)
+    }
+
+    /// Replaces the whole payload: in place if it was written in `op`'s epoch, else by
+    /// copy-on-write. Returns the handle to use from now on.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get); [`Error::Retired`](crate::Error::Retired) if another
+    /// operation already replaced or deleted this version;
+    /// [`Error::OutOfSpace`](crate::Error::OutOfSpace).
+    pub fn set(self, op: &OpGuard<'_>, value: &T) -> Result<PRef<T>> {
+        access::set_field::<T, T>(op, self, 0, value)
+    }
+
+    /// Deletes the payload (an anti-block records the deletion unless it was created in
+    /// `op`'s epoch).
+    ///
+    /// # Errors
+    ///
+    /// As [`set`](Self::set).
+    pub fn delete(self, op: &OpGuard<'_>) -> Result<()> {
+        let info = access::checked_info::<T>(op, self.block)?;
+        op.delete(info.block)
+    }
+}
+
+/// A typed handle stored inside a payload: the heap offset of a payload of type `T`, or
+/// null. Eight little-endian bytes, so it is itself a [`PayloadField`].
+///
+/// It names one version of the target (see [`PRef`]); structures that link payloads update
+/// the link when the target is copied.
+#[derive(FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(transparent)]
+pub struct POff<T: ?Sized> {
+    raw: U64,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T: ?Sized> POff<T> {
+    /// The null handle.
+    pub const NULL: POff<T> = POff {
+        raw: U64::ZERO,
+        _type: PhantomData,
+    };
+
+    /// A handle holding a raw heap offset (0 for null). Accesses through it check that a
+    /// live payload of type `T` is there.
+    pub fn from_offset(offset: u64) -> POff<T> {
+        POff {
+            raw: U64::new(offset),
+            _type: PhantomData,
+        }
+    }
+
+    /// Whether this is the null handle.
+    pub fn is_null(self) -> bool {
+        self.raw.get() == 0
+    }
+
+    /// The heap offset it holds (0 for null).
+    pub fn offset(self) -> u64 {
+        self.raw.get()
+    }
+}
+
+impl<T: Payload> POff<T> {
+    /// The handle it stores, `None` if null. Accesses through it check the block's type.
+    pub fn to_pref(self) -> Option<PRef<T>> {
+        (!self.is_null()).then(|| PRef::from_block(PBlock(self.raw.get())))
+    }
+}
+
+impl<T: ?Sized> Clone for POff<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: ?Sized> Copy for POff<T> {}
+impl<T: ?Sized> PartialEq for POff<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+impl<T: ?Sized> Eq for POff<T> {}
+impl<T: ?Sized> Default for POff<T> {
+    fn default() -> Self {
+        POff::NULL
+    }
+}
+impl<T: ?Sized> std::fmt::Debug for POff<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "POff({:#x})", self.raw.get())
+    }
+}
+
+/// A payload field that `cas_<field>` can swap: an 8-byte integer word.
+#[diagnostic::on_unimplemented(
+    message = "`#[payload(atomic)]` field of type `{Self}` cannot be swapped atomically",
+    note = "atomic payload fields are `u64` or `i64`"
+)]
+pub trait CasField: PayloadField + Copy + Eq + cas_field::Sealed {
+    /// The word as the heap's little-endian word accessors see it.
+    #[doc(hidden)]
+    fn to_word(self) -> u64;
+    /// The inverse of `to_word`.
+    #[doc(hidden)]
+    fn from_word(word: u64) -> Self;
+}
+
+mod cas_field {
+    pub trait Sealed {}
+    impl Sealed for u64 {}
+    impl Sealed for i64 {}
+}
+
+impl CasField for u64 {
+    fn to_word(self) -> u64 {
+        // Stored in native byte order (`write_field`); the word accessors read little-endian.
+        u64::from_le_bytes(self.to_ne_bytes())
+    }
+    fn from_word(word: u64) -> Self {
+        u64::from_ne_bytes(word.to_le_bytes())
+    }
+}
+
+impl CasField for i64 {
+    fn to_word(self) -> u64 {
+        u64::from_le_bytes(self.to_ne_bytes())
+    }
+    fn from_word(word: u64) -> Self {
+        i64::from_ne_bytes(word.to_le_bytes())
+    }
+}

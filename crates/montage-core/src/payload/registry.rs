@@ -1,0 +1,152 @@
+//! The type registry: which layout each payload type was first stored with, so that a
+//! program whose `#[derive(Payload)]` struct changed shape gets
+//! [`Error::LayoutMismatch`] instead of reading old bytes as the new layout.
+//!
+//! Entries live in the heap's registry area (format in `heap/layout.rs`), keyed by a hash of
+//! the type's name; a DRAM copy answers lookups. An entry is written and made durable before
+//! the first payload of its type is allocated, so a recovered payload always has one.
+
+use std::sync::{Mutex, PoisonError};
+
+use crate::error::{Error, Result};
+use crate::heap::layout::{
+    REG_ENTRY_LEN, REG_NAME_LEN, REG_NAME_OFFSET, REG_TYPE_ID_OFFSET, REG_VALID_OFFSET,
+    REGISTRY_CAPACITY, registry_entry_offset, registry_valid_word,
+};
+use crate::persist::Media;
+
+/// One registered type, as the DRAM copy keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    name_hash: u64,
+    type_id: u64,
+}
+
+/// The DRAM copy of the registry area.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    entries: Mutex<Vec<Option<Entry>>>,
+}
+
+impl Registry {
+    /// An empty registry (a new heap).
+    pub(crate) fn empty() -> Registry {
+        Registry {
+            entries: Mutex::new(vec![None; REGISTRY_CAPACITY]),
+        }
+    }
+
+    /// Reads the registry area of a heap being opened. An entry torn by a crash was never
+    /// reported registered (registration persists it before returning), so no payload of
+    /// its type can be durable: it is cleared.
+    pub(crate) fn load(media: &Media, creation_id: u64) -> Result<Registry> {
+        let mut entries = Vec::with_capacity(REGISTRY_CAPACITY);
+        for index in 0..REGISTRY_CAPACITY as u64 {
+            let at = registry_entry_offset(index);
+            let valid = media.load(at + REG_VALID_OFFSET)?;
+            if valid == 0 {
+                entries.push(None);
+                continue;
+            }
+            let mut raw = [0u8; REG_VALID_OFFSET as usize];
+            media.read(at, &mut raw)?;
+            if valid == registry_valid_word(index, creation_id, &raw) {
+                entries.push(Some(Entry {
+                    name_hash: word(&raw, 0),
+                    type_id: word(&raw, REG_TYPE_ID_OFFSET as usize),
+                }));
+            } else {
+                media.store(at + REG_VALID_OFFSET, 0)?;
+                // PERSIST: the cleared entry is durable before its slot is reused.
+                media.persist(at + REG_VALID_OFFSET, 8)?;
+                entries.push(None);
+            }
+        }
+        Ok(Registry {
+            entries: Mutex::new(entries),
+        })
+    }
+
+    /// Checks `name` against the registry, recording it with `type_id` if it is new.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LayoutMismatch`] if `name` was registered with another type id;
+    /// [`Error::RegistryFull`] if it is new and there is no room; a media error.
+    pub(crate) fn check_or_register(
+        &self,
+        media: &Media,
+        creation_id: u64,
+        name: &'static str,
+        type_id: u64,
+    ) -> Result<()> {
+        let name_hash = crate::payload::fingerprint::Fingerprint::new()
+            .str(name)
+            .finish();
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = entries.iter().flatten().find(|e| e.name_hash == name_hash) {
+            return if entry.type_id == type_id {
+                Ok(())
+            } else {
+                Err(Error::LayoutMismatch {
+                    type_name: name,
+                    stored: entry.type_id,
+                    compiled: type_id,
+                })
+            };
+        }
+        let index =
+            entries
+                .iter()
+                .position(Option::is_none)
+                .ok_or_else(|| Error::RegistryFull {
+                    capacity: REGISTRY_CAPACITY,
+                })?;
+        let mut raw = [0u8; REG_VALID_OFFSET as usize];
+        raw[..8].copy_from_slice(&name_hash.to_le_bytes());
+        raw[REG_TYPE_ID_OFFSET as usize..REG_NAME_OFFSET as usize]
+            .copy_from_slice(&type_id.to_le_bytes());
+        let shown = truncate_utf8(name, REG_NAME_LEN);
+        raw[REG_NAME_OFFSET as usize..REG_NAME_OFFSET as usize + shown.len()]
+            .copy_from_slice(shown.as_bytes());
+        let at = registry_entry_offset(index as u64);
+        media.write(at, &raw)?;
+        media.store(
+            at + REG_VALID_OFFSET,
+            registry_valid_word(index as u64, creation_id, &raw),
+        )?;
+        // PERSIST: the entry is durable before any payload of its type is allocated (the
+        // caller allocates only after this returns), so recovery never meets a payload whose
+        // layout it cannot check.
+        media.persist(at, REG_ENTRY_LEN)?;
+        entries[index] = Some(Entry { name_hash, type_id });
+        Ok(())
+    }
+}
+
+fn word(raw: &[u8], at: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&raw[at..at + 8]);
+    u64::from_le_bytes(bytes)
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncate_utf8("abc", 40), "abc");
+        assert_eq!(truncate_utf8("\u{e9}\u{e9}\u{e9}", 3), "\u{e9}");
+        assert_eq!(truncate_utf8("", 3), "");
+    }
+}

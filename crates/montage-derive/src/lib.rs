@@ -1,0 +1,43 @@
+//! `#[derive(Payload)]`: makes a plain-old-data struct storable in a montage persistent heap.
+//!
+//! Use it through the `montage` facade (`montage::Payload`), which re-exports it. The derive
+//! checks what the compiler cannot see from the type alone (`#[repr(C)]`, named fields, no
+//! generics, the `payload` attributes), proves the layout has no padding and holds only
+//! plain old data by deriving zerocopy's traits for a layout twin of the struct, computes the
+//! type id, and generates the `<Type>Fields` accessor trait. See the `montage` crate docs for
+//! what the accessors do.
+//!
+//! ```text
+//! #[derive(Payload)]
+//! #[repr(C)]
+//! pub struct Account {
+//!     pub id: u64,
+//!     #[payload(atomic)]
+//!     pub balance: i64,
+//! }
+//! ```
+//!
+//! Attributes: `#[payload(crate = "path")]` (where the facade is, default `::montage`),
+//! `#[payload(rename = "Name")]` (the name in the heap's type registry, default the struct's
+//! name) on the struct; `#[payload(atomic)]` on a `u64` or `i64` field to generate its
+//! `cas_<field>`.
+
+#![forbid(unsafe_code)]
+
+mod ast;
+mod attr;
+mod crate_path;
+mod ctxt;
+mod expand;
+mod fallback;
+mod repr;
+mod valid;
+
+use proc_macro::TokenStream;
+
+/// Derives `montage::Payload` (see the crate docs).
+#[proc_macro_derive(Payload, attributes(payload))]
+pub fn derive_payload(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    expand::derive(&input).into()
+}
