@@ -4,7 +4,8 @@
 //! * `tidy`: the conventions the compiler cannot check;
 //! * `crash [--seeds N] [--heap]`: the epoch model crash test (or the heap layer's crash
 //!   suites) with many seeds, in release mode, ending with `N passed, M failed`;
-//! * `loom`: the loom tests of the epoch handshake;
+//! * `loom`: the loom tests of the epoch handshake and the verified CAS;
+//! * `ui [--bless]`: the derive's compile-fail tests (`--bless` rewrites the expected text);
 //! * `bench`: the criterion benchmarks.
 
 #![forbid(unsafe_code)]
@@ -25,8 +26,10 @@ fn main() -> ExitCode {
         Some("crash") => crash(&args[1..]),
         Some("bench") => cargo(&["bench", "--workspace"], &[]),
         Some("loom") => loom(),
+        Some("ui") => ui(&args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | bench>".to_owned(),
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | ui [--bless] | bench>"
+                .to_owned(),
         ),
     };
     match result {
@@ -116,6 +119,17 @@ fn ci() -> Result {
     tidy::run(&project_root())?;
     println!("xtask ci: all steps passed");
     Ok(())
+}
+
+/// Runs the derive's UI tests; with `--bless`, records the compiler's current output as the
+/// expected text (review the diff before committing it).
+fn ui(args: &[String]) -> Result {
+    let env: &[(&str, &str)] = match args {
+        [] => &[],
+        [flag] if flag == "--bless" => &[("TRYBUILD", "overwrite")],
+        _ => return Err("usage: cargo xtask ui [--bless]".to_owned()),
+    };
+    cargo(&["test", "--test", "ui"], env)
 }
 
 /// Runs the loom tests of the epoch handshake (every interleaving up to three preemptions),

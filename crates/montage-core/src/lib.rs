@@ -102,10 +102,4 @@ pub mod __private {
     pub fn read_at<F: crate::PayloadField>(bytes: &[u8], offset: usize) -> Option<F> {
         F::read_field(bytes.get(offset..offset.checked_add(size_of::<F>())?)?)
     }
-
-    /// Checks that `T` is a payload field (the derive spans the call on the field's type).
-    pub const fn assert_field<T: crate::PayloadField>() {}
-
-    /// Checks that `T` can be swapped by `cas_<field>`.
-    pub const fn assert_cas_field<T: crate::CasField>() {}
 }

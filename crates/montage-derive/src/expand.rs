@@ -4,7 +4,7 @@
 //! are called in fully qualified form, and nothing is `unsafe`.
 
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
 use crate::ast::{Field, Input, unraw};
@@ -46,16 +46,11 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
         let (name, ty) = (f.ident, f.ty);
         quote_spanned!(ty.span()=> #name: <#ty as #krate::PayloadField>::Repr)
     });
-    let field_checks = input.fields.iter().map(|f| {
-        let ty = f.ty;
-        let check = quote_spanned!(ty.span()=> #krate::__private::assert_field::<#ty>());
-        if f.attrs.atomic {
-            let cas = quote_spanned!(ty.span()=> #krate::__private::assert_cas_field::<#ty>());
-            quote!(const _: () = { #check; #cas; };)
-        } else {
-            quote!(const _: () = #check;)
-        }
-    });
+    // Every generated item that needs the fields to be payload fields states it as a
+    // where-clause spanned on the field's type: a field that is not fails once per item, at
+    // the field, with `PayloadField`'s explanation, and the item's body is not checked
+    // again against the missing bound (which would repeat the error at every use).
+    let bounds = field_bounds(&input.fields, krate);
     let fingerprint = input.fields.iter().map(|f| {
         let (name, ty) = (f.ident, f.ty);
         let name_str = unraw(name);
@@ -68,23 +63,39 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
         }
     });
 
+    let padding_message = format!(
+        "`{}` has padding bytes between or after its fields: a payload's bytes are stored as they \
+         are, so every byte must belong to a field; reorder the fields from the largest \
+         alignment to the smallest, or add explicit padding fields such as `_pad: [u8; N]`",
+        unraw(ident)
+    );
+    // Padding is a property of the whole struct: both diagnostics point at its name.
+    let at_name = respan(krate, ident.span());
+    let derive_into_bytes =
+        quote_spanned!(ident.span()=> #[derive(#at_name::__private::zerocopy::IntoBytes)]);
+    let padding_check = quote_spanned! {ident.span()=>
+        const _: () = ::core::assert!(
+            ::core::mem::size_of::<#ident>() == #(::core::mem::size_of::<#types>())+*,
+            #padding_message,
+        );
+    };
     let accessors = accessors(ident, input.vis, &input.fields, krate, Bodies::Real);
 
     quote! {
         #[doc(hidden)]
         const _: () = {
             /// The layout twin: the same fields in the same order under the same `repr`, with
-            /// zerocopy's derives proving every field is plain old data and the layout has
-            /// no padding. Never constructed.
+            /// zerocopy's `IntoBytes` derive proving the layout has no padding (each field is
+            /// plain old data by its `PayloadField` bound). Never constructed.
             #repr
-            #[derive(
-                #krate::__private::zerocopy::TryFromBytes,
-                #krate::__private::zerocopy::IntoBytes,
-                #krate::__private::zerocopy::Immutable,
-            )]
+            #derive_into_bytes
             #[zerocopy(crate = #zerocopy)]
             #[allow(dead_code, non_camel_case_types, missing_docs)]
-            pub struct #twin { #(#twin_fields,)* }
+            pub struct #twin where #(#bounds)* { #(#twin_fields,)* }
+
+            // A plain statement of the most common rejection; zerocopy's derive on the twin
+            // is the proof, and reports the same problem in its own terms.
+            #padding_check
 
             // The twin's proof carries over only if the layouts are identical.
             const _: () = {
@@ -95,10 +106,8 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
                 );)*
             };
 
-            #(#field_checks)*
-
             #[automatically_derived]
-            impl #krate::PayloadField for #ident {
+            impl #krate::PayloadField for #ident where #(#bounds)* {
                 type Repr = #twin;
                 const LAYOUT: u64 = <#ident as #krate::Payload>::TYPE_ID;
 
@@ -125,7 +134,7 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
             }
 
             #[automatically_derived]
-            impl #krate::Payload for #ident {
+            impl #krate::Payload for #ident where #(#bounds)* {
                 const TYPE_NAME: &'static str = #registry_name;
                 const TYPE_ID: u64 = #krate::__private::Fingerprint::new()
                     .str(#registry_name)
@@ -138,6 +147,102 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
 
         #accessors
     }
+}
+
+/// `Type: PayloadField,` for every field (and `Type: CasField,` for atomic ones), each
+/// spanned on the field's type.
+fn field_bounds(fields: &[Field<'_>], krate: &syn::Path) -> Vec<TokenStream> {
+    fields
+        .iter()
+        .map(|f| {
+            let ty = f.ty;
+            let krate = respan(krate, ty.span());
+            if f.attrs.atomic {
+                quote_spanned!(ty.span()=> #ty: #krate::PayloadField + #krate::CasField,)
+            } else {
+                quote_spanned!(ty.span()=> #ty: #krate::PayloadField,)
+            }
+        })
+        .collect()
+}
+
+/// `tokens` with every span replaced by `span` (so that a diagnostic about a generated bound
+/// points at the user's field rather than at the derive).
+fn respan(tokens: &impl ToTokens, span: proc_macro2::Span) -> TokenStream {
+    tokens
+        .to_token_stream()
+        .into_iter()
+        .map(|mut tree| {
+            if let proc_macro2::TokenTree::Group(group) = &tree {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(&group.stream(), span));
+                inner.set_span(span);
+                tree = proc_macro2::TokenTree::Group(inner);
+            } else {
+                tree.set_span(span);
+            }
+            tree
+        })
+        .collect()
+}
+
+/// A field's accessors: (doc, signature, body) of `get_`, `set_` and, for an atomic field,
+/// `cas_`.
+fn field_methods(
+    ident: &syn::Ident,
+    field: &Field<'_>,
+    krate: &syn::Path,
+    bodies: Bodies,
+) -> Vec<(String, TokenStream, TokenStream)> {
+    let (name, ty) = (field.ident, field.ty);
+    let plain = unraw(name);
+    let offset = quote!(::core::mem::offset_of!(#ident, #name));
+    let op = quote!(op: &#krate::OpGuard<'_>);
+    let body = |call: TokenStream, args: TokenStream| match bodies {
+        Bodies::Real => call,
+        Bodies::Unreachable => quote!(let _ = #args; ::core::unreachable!()),
+    };
+    let get = format_ident!("get_{}", plain);
+    let set = format_ident!("set_{}", plain);
+    let mut methods = vec![
+        (
+            format!(
+                "Reads `{plain}`. Fails with `Error::Aborted` if the payload is newer than `op`."
+            ),
+            quote!(fn #get(&self, #op) -> #krate::Result<#ty>),
+            body(
+                quote!(#krate::__private::get_field::<#ident, #ty>(op, *self, #offset)),
+                quote!(op),
+            ),
+        ),
+        (
+            format!(
+                "Writes `{plain}`: in place if the payload was written in `op`'s epoch, \
+                 otherwise by copy-on-write. Returns the handle to use from now on."
+            ),
+            quote!(fn #set(&self, #op, value: #ty) -> #krate::Result<#krate::PRef<#ident>>),
+            body(
+                quote!(#krate::__private::set_field::<#ident, #ty>(op, *self, #offset, &value)),
+                quote!((op, value)),
+            ),
+        ),
+    ];
+    if field.attrs.atomic {
+        let cas = format_ident!("cas_{}", plain);
+        methods.push((
+            format!(
+                "Swaps `{plain}` from `current` to `new` in place, only if it holds `current`, \
+                 the payload was written in `op`'s epoch and the epoch clock has not moved on."
+            ),
+            quote!(fn #cas(&self, #op, current: #ty, new: #ty)
+                -> #krate::Result<::core::result::Result<(), #krate::CasError<#ty>>>),
+            body(
+                quote!(#krate::__private::cas_field::<#ident, #ty>(op, *self, #offset, current, new)),
+                quote!((op, current, new)),
+            ),
+        ));
+    }
+    methods
 }
 
 /// What the generated accessor methods do.
@@ -158,88 +263,17 @@ pub(crate) fn accessors(
     bodies: Bodies,
 ) -> TokenStream {
     let trait_name = format_ident!("{}Fields", unraw(ident));
+    // The fallback states no bounds: the fields were already reported.
+    let bounds = match bodies {
+        Bodies::Real => field_bounds(fields, krate),
+        Bodies::Unreachable => Vec::new(),
+    };
     let mut decls = Vec::new();
     let mut impls = Vec::new();
     for field in fields {
-        let (name, ty) = (field.ident, field.ty);
-        let plain = unraw(name);
-        let get = format_ident!("get_{}", plain);
-        let set = format_ident!("set_{}", plain);
-        let get_doc = format!(
-            "Reads `{plain}`. Fails with `Error::Aborted` if the payload is newer than `op`."
-        );
-        let set_doc = format!(
-            "Writes `{plain}`: in place if the payload was written in `op`'s epoch, otherwise \
-             by copy-on-write. Returns the handle to use from now on."
-        );
-        let (get_body, set_body) = match bodies {
-            Bodies::Real => (
-                quote!(#krate::__private::get_field::<#ident, #ty>(
-                    op,
-                    *self,
-                    ::core::mem::offset_of!(#ident, #name),
-                )),
-                quote!(#krate::__private::set_field::<#ident, #ty>(
-                    op,
-                    *self,
-                    ::core::mem::offset_of!(#ident, #name),
-                    &value,
-                )),
-            ),
-            Bodies::Unreachable => (
-                quote!(let _ = op; ::core::unreachable!()),
-                quote!(let _ = (op, value); ::core::unreachable!()),
-            ),
-        };
-        decls.push(quote! {
-            #[doc = #get_doc]
-            fn #get(&self, op: &#krate::OpGuard<'_>) -> #krate::Result<#ty>;
-            #[doc = #set_doc]
-            fn #set(&self, op: &#krate::OpGuard<'_>, value: #ty) -> #krate::Result<#krate::PRef<#ident>>;
-        });
-        impls.push(quote! {
-            fn #get(&self, op: &#krate::OpGuard<'_>) -> #krate::Result<#ty> {
-                #get_body
-            }
-            fn #set(&self, op: &#krate::OpGuard<'_>, value: #ty) -> #krate::Result<#krate::PRef<#ident>> {
-                #set_body
-            }
-        });
-        if field.attrs.atomic {
-            let cas = format_ident!("cas_{}", plain);
-            let cas_doc = format!(
-                "Swaps `{plain}` from `current` to `new` in place, only if it holds `current`, \
-                 the payload was written in `op`'s epoch and the epoch clock has not moved on."
-            );
-            let cas_body = match bodies {
-                Bodies::Real => quote!(#krate::__private::cas_field::<#ident, #ty>(
-                    op,
-                    *self,
-                    ::core::mem::offset_of!(#ident, #name),
-                    current,
-                    new,
-                )),
-                Bodies::Unreachable => quote!(let _ = (op, current, new); ::core::unreachable!()),
-            };
-            decls.push(quote! {
-                #[doc = #cas_doc]
-                fn #cas(
-                    &self,
-                    op: &#krate::OpGuard<'_>,
-                    current: #ty,
-                    new: #ty,
-                ) -> #krate::Result<::core::result::Result<(), #krate::CasError<#ty>>>;
-            });
-            impls.push(quote! {
-                fn #cas(
-                    &self,
-                    op: &#krate::OpGuard<'_>,
-                    current: #ty,
-                    new: #ty,
-                ) -> #krate::Result<::core::result::Result<(), #krate::CasError<#ty>>> {
-                    #cas_body
-                }
-            });
+        for (doc, signature, body) in field_methods(ident, field, krate, bodies) {
+            decls.push(quote!(#[doc = #doc] #signature;));
+            impls.push(quote!(#signature { #body }));
         }
     }
     let trait_doc = format!(
@@ -253,7 +287,7 @@ pub(crate) fn accessors(
         }
 
         #[automatically_derived]
-        impl #trait_name for #krate::PRef<#ident> {
+        impl #trait_name for #krate::PRef<#ident> where #(#bounds)* {
             #(#impls)*
         }
     }

@@ -2,8 +2,9 @@
 //!
 //! Use it through the `montage` facade (`montage::Payload`), which re-exports it. The derive
 //! checks what the compiler cannot see from the type alone (`#[repr(C)]`, named fields, no
-//! generics, the `payload` attributes), proves the layout has no padding and holds only
-//! plain old data by deriving zerocopy's traits for a layout twin of the struct, computes the
+//! generics, the `payload` attributes), requires every field to be a `PayloadField` (plain
+//! old data by zerocopy's judgement, or another payload), proves the layout has no padding
+//! by deriving zerocopy's `IntoBytes` for a layout twin of the struct, computes the
 //! type id, and generates the `<Type>Fields` accessor trait. See the `montage` crate docs for
 //! what the accessors do.
 //!

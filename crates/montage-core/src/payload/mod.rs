@@ -11,7 +11,8 @@
 //! Which field types are plain old data is zerocopy's judgement, not ours: every type that
 //! implements zerocopy's `TryFromBytes`, `IntoBytes` and `Immutable` is a [`PayloadField`],
 //! and so is every `#[derive(Payload)]` struct (the derive proves the struct has no padding
-//! by deriving those traits for a layout twin of it).
+//! by deriving zerocopy's `IntoBytes` for a layout twin of it, whose fields are the
+//! struct's fields' `PayloadField::Repr` types).
 
 pub(crate) mod access;
 #[allow(unsafe_code)]

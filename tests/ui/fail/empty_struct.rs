@@ -1,0 +1,7 @@
+use montage::Payload;
+
+#[derive(Payload)]
+#[repr(C)]
+struct Nothing {}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use montage::Payload;
+
+enum Color {
+    Red,
+    Green,
+}
+
+#[derive(Payload)]
+#[repr(C)]
+struct Pixel {
+    color: Color,
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use montage::Payload;
+
+#[derive(Payload)]
+#[repr(C)]
+union Bits {
+    int: u64,
+    float: f64,
+}
+
+fn main() {}
