@@ -105,14 +105,26 @@ fn ci() -> Result {
     // The test command README.md gives.
     cargo(&["test", "--workspace"], &deny)?;
     // The crash-simulator tests again, optimised, with more seeds than the debug run: 300
-    // seeds per mode of the heap tests, and 700 seeds of three crashes each (2,100 simulated
-    // crashes) of the epoch model test.
+    // seeds per mode of the heap tests, 700 seeds of three crashes each (2,100 simulated
+    // crashes) of the epoch model test, and 300 seeds of two crashes of the payload test.
     for (test, seeds) in [("crash_sim", "300"), ("epoch_model", "700")] {
         cargo(
             &release_core_test(test, &[]),
             &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
         )?;
     }
+    // Typed payloads with verified swaps: 300 seeds of two crashes each.
+    cargo(
+        &[
+            "test",
+            "--release",
+            "--package",
+            "montage",
+            "--test",
+            "payload_crash",
+        ],
+        &[("MONTAGE_CRASH_SEEDS", "300"), deny[0]],
+    )?;
     loom()?;
     cargo(&["doc", "--workspace", "--no-deps"], &deny)?;
     cargo(&["bench", "--workspace", "--no-run"], &deny)?;

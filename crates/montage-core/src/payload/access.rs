@@ -127,6 +127,9 @@ pub fn cas_field<T: Payload, F: CasField>(
     };
     match swap? {
         Ok(_) => {
+            // The block was written in this epoch, so its allocation already logged this
+            // range for the epoch's write-back; logging the swap as well keeps the rule
+            // local ("every in-place write is logged") rather than relying on that.
             op.record_write(at, 8);
             Ok(Ok(()))
         }
