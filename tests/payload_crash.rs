@@ -13,15 +13,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use montage::{
-    CasErrorKind, Error, Heap, HeapConfig, OwnerId, PRef, Payload, SimMode, SplitMix64,
-    for_each_seed,
+    CasErrorKind, Error, Heap, HeapConfig, OwnerId, PRef, Payload, SimMode, SplitMix64, SyncRecord,
+    crash_generation, for_each_seed, run_against_clock,
 };
 
 const COUNTERS: u64 = 4;
-const THREADS: u64 = 3;
+const THREADS: usize = 3;
 const INCREMENTS_PER_THREAD: u64 = 40;
 const GENERATIONS: usize = 2;
 
@@ -70,60 +69,20 @@ fn try_increment(heap: &Heap, slot: &Slot) -> montage::Result<Option<u64>> {
     }
 }
 
-/// The syncs that returned: (newest epoch of an increment that had ended when the sync was
-/// called, persistence events when it returned).
-type Syncs = Vec<(u64, u64)>;
-
-fn generation(heap: &Heap, slots: &[Slot], seed: u64) -> Syncs {
-    let sim = heap.simulator().unwrap();
-    let done = AtomicBool::new(false);
-    let ended = AtomicU64::new(0);
-    let syncs = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        let ended = &ended;
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                s.spawn(move || {
-                    let mut rng = SplitMix64::new(seed ^ (t + 1).wrapping_mul(0x9E37));
-                    for _ in 0..INCREMENTS_PER_THREAD {
-                        let slot = &slots[(rng.next_u64() % COUNTERS) as usize];
-                        loop {
-                            if let Some(epoch) = try_increment(heap, slot).unwrap() {
-                                ended.fetch_max(epoch, Ordering::SeqCst);
-                                break;
-                            }
-                            std::thread::yield_now();
-                        }
-                    }
-                })
-            })
-            .collect();
-        s.spawn(|| {
-            let mut rng = SplitMix64::new(seed ^ 0xC10C);
-            // ORDERING: a stop flag; the scope's joins order everything else.
-            while !done.load(Ordering::Relaxed) {
-                if rng.next_u64().is_multiple_of(3) {
-                    let covered = ended.load(Ordering::SeqCst);
-                    heap.sync().unwrap();
-                    syncs.lock().unwrap().push((covered, sim.events()));
-                } else {
-                    heap.advance_epoch().unwrap();
+fn generation(heap: &Heap, slots: &[Slot], seed: u64) -> Vec<SyncRecord> {
+    run_against_clock(heap, seed, THREADS, |t, ended| {
+        let mut rng = SplitMix64::new(seed ^ (t as u64 + 1).wrapping_mul(0x9E37));
+        for _ in 0..INCREMENTS_PER_THREAD {
+            let slot = &slots[(rng.next_u64() % COUNTERS) as usize];
+            loop {
+                if let Some(epoch) = try_increment(heap, slot).unwrap() {
+                    ended.record(epoch);
+                    break;
                 }
                 std::thread::yield_now();
             }
-        });
-        let results: Vec<_> = workers
-            .into_iter()
-            .map(std::thread::ScopedJoinHandle::join)
-            .collect();
-        done.store(true, Ordering::Relaxed);
-        for result in results {
-            if let Err(panic) = result {
-                std::panic::resume_unwind(panic);
-            }
         }
-    });
-    syncs.into_inner().unwrap()
+    })
 }
 
 /// Each counter's value after the increments of epochs `<= cut`, starting from `start`;
@@ -180,32 +139,20 @@ fn run_seed(seed: u64) {
     let mut state: BTreeMap<u64, u64> = (0..COUNTERS).map(|id| (id, 0)).collect();
     for generation_index in 0..GENERATIONS {
         let slots = slots_from(&found);
-        let sim = heap.simulator().unwrap();
-        let step = sim.events() + rng.below_or_equal(THREADS * INCREMENTS_PER_THREAD * 10);
-        sim.crash_at(step);
-        eprintln!("seed {seed} generation {generation_index}: crash point {step}");
-        let syncs = generation(&heap, &slots, seed.wrapping_add(generation_index as u64));
-        let image = sim.crash(seed);
+        let within = THREADS as u64 * INCREMENTS_PER_THREAD * 10;
+        let crashed = crash_generation(&heap, &mut rng, within, seed, || {
+            generation(&heap, &slots, seed.wrapping_add(generation_index as u64))
+        })
+        .unwrap_or_else(|broken| panic!("generation {generation_index}: {broken}"));
         drop(heap);
-
-        let word = image.epoch_word().unwrap();
-        let cut = word.saturating_sub(2);
-        for &(covered, returned_at) in &syncs {
-            if returned_at <= step {
-                assert!(
-                    cut >= covered,
-                    "generation {generation_index}: a sync covering epoch {covered} returned \
-                     before the crash, but the recovered clock covers only epochs <= {cut}"
-                );
-            }
-        }
+        let (step, cut) = (crashed.step, crashed.cut);
         let want = model(&state, &slots, cut);
-        heap = Heap::open_image(image, &config).unwrap();
+        heap = Heap::open_image(crashed.image, &config).unwrap();
         found = recovered(&heap, owner);
         let got: BTreeMap<u64, u64> = found.iter().map(|(id, (_, v))| (*id, *v)).collect();
         assert_eq!(
             got, want,
-            "generation {generation_index}: crash at step {step}, stored epoch {word}"
+            "generation {generation_index}: crash at step {step}, epoch cut {cut}"
         );
         state = want;
     }

@@ -125,6 +125,8 @@ fn ci() -> Result {
         ],
         &[("MONTAGE_CRASH_SEEDS", "300"), deny[0]],
     )?;
+    // The main example, which checks what it recovers.
+    cargo(&["run", "--release", "--example", "ledger"], &[deny[0]])?;
     loom()?;
     cargo(&["doc", "--workspace", "--no-deps"], &deny)?;
     cargo(&["bench", "--workspace", "--no-run"], &deny)?;

@@ -77,6 +77,9 @@ pub use heap::layout::{
 pub use heap::{Heap, INITIAL_EPOCH, ScanFilter};
 pub use payload::cas::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
 pub use payload::{CasField, POff, PRef, Payload, PayloadField};
+pub use persist::harness::{
+    Crashed, Ended, SyncRecord, check_synced, crash_generation, run_against_clock,
+};
 pub use persist::sim::{CrashImage, SimMode, Simulator, SplitMix64, crash_seeds, for_each_seed};
 pub use persist::{CACHE_LINE, PAGE_SIZE};
 pub use recovery::{BlockView, RecoveryReport, Verdict};

@@ -15,11 +15,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::{Key, TYPE_KV, decode, encode, kv_state, write_key};
 use montage_core::{
-    CrashImage, Error, Heap, HeapConfig, OwnerId, PBlock, SimMode, SplitMix64, for_each_seed,
+    CrashImage, Ended, Error, Heap, HeapConfig, OwnerId, PBlock, SimMode, SplitMix64, SyncRecord,
+    crash_generation, for_each_seed, run_against_clock,
 };
 
 const KEYS: u64 = 8;
@@ -41,7 +41,7 @@ fn apply(
     heap: &Heap,
     owner: OwnerId,
     slots: &[Mutex<Slot>],
-    ended: &AtomicU64,
+    ended: &Ended,
     key: u64,
     value: Option<u64>,
 ) {
@@ -55,65 +55,23 @@ fn apply(
         })
         .unwrap();
     if wrote {
-        ended.fetch_max(epoch, Ordering::SeqCst);
+        ended.record(epoch);
     }
 }
 
-/// The syncs that returned: (newest epoch of an operation that had ended when the sync was
-/// called, persistence events when it returned).
-type Syncs = Vec<(u64, u64)>;
-
-fn generation(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], seed: u64) -> Syncs {
-    let sim = heap.simulator().unwrap();
-    let done = AtomicBool::new(false);
-    let ended = AtomicU64::new(0);
-    let syncs = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        let ended = &ended;
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                s.spawn(move || {
-                    let mut rng = SplitMix64::new(seed ^ (t + 1).wrapping_mul(0x9E37));
-                    for _ in 0..OPS_PER_THREAD {
-                        let key = rng.next_u64() % KEYS;
-                        let value = if rng.next_u64().is_multiple_of(4) {
-                            None
-                        } else {
-                            Some(rng.next_u64() % 1000)
-                        };
-                        apply(heap, owner, slots, ended, key, value);
-                    }
-                })
-            })
-            .collect();
-        s.spawn(|| {
-            let mut rng = SplitMix64::new(seed ^ 0xC10C);
-            // ORDERING: a stop flag; the scope's joins order everything else.
-            while !done.load(Ordering::Relaxed) {
-                if rng.next_u64().is_multiple_of(3) {
-                    let covered = ended.load(Ordering::SeqCst);
-                    heap.sync().unwrap();
-                    syncs.lock().unwrap().push((covered, sim.events()));
-                } else {
-                    heap.advance_epoch().unwrap();
-                }
-                std::thread::yield_now();
-            }
-        });
-        let results: Vec<_> = workers
-            .into_iter()
-            .map(std::thread::ScopedJoinHandle::join)
-            .collect();
-        // Stop the syncing thread before a worker's panic is passed on, or the scope would
-        // wait for it forever.
-        done.store(true, Ordering::Relaxed);
-        for result in results {
-            if let Err(panic) = result {
-                std::panic::resume_unwind(panic);
-            }
+fn generation(heap: &Heap, owner: OwnerId, slots: &[Mutex<Slot>], seed: u64) -> Vec<SyncRecord> {
+    run_against_clock(heap, seed, THREADS as usize, |t, ended| {
+        let mut rng = SplitMix64::new(seed ^ (t as u64 + 1).wrapping_mul(0x9E37));
+        for _ in 0..OPS_PER_THREAD {
+            let key = rng.next_u64() % KEYS;
+            let value = if rng.next_u64().is_multiple_of(4) {
+                None
+            } else {
+                Some(rng.next_u64() % 1000)
+            };
+            apply(heap, owner, slots, ended, key, value);
         }
-    });
-    syncs.into_inner().unwrap()
+    })
 }
 
 /// The state the model gives for the operations of epochs `<= cut`, starting from `start`;
@@ -164,39 +122,27 @@ fn run_seed(seed: u64) {
     let mut blocks: BTreeMap<u64, PBlock> = BTreeMap::new();
     for generation_index in 0..GENERATIONS {
         let slots = fresh_slots(&blocks);
-        let sim = heap.simulator().unwrap();
-        let step = sim.events() + rng.below_or_equal(THREADS * OPS_PER_THREAD * 12);
-        sim.crash_at(step);
-        eprintln!("seed {seed} generation {generation_index}: crash point {step}");
-        let syncs = generation(
-            &heap,
-            owner,
-            &slots,
-            seed.wrapping_add(generation_index as u64),
-        );
-        let image = sim.crash(seed);
+        let crashed =
+            crash_generation(&heap, &mut rng, THREADS * OPS_PER_THREAD * 12, seed, || {
+                generation(
+                    &heap,
+                    owner,
+                    &slots,
+                    seed.wrapping_add(generation_index as u64),
+                )
+            })
+            .unwrap_or_else(|broken| panic!("generation {generation_index}: {broken}"));
         drop(heap);
-
-        let word = image.epoch_word().unwrap();
-        let cut = word.saturating_sub(2);
-        for &(covered, returned_at) in &syncs {
-            if returned_at <= step {
-                assert!(
-                    cut >= covered,
-                    "generation {generation_index}: a sync covering epoch {covered} returned \
-                     before the crash, but the recovered clock covers only epochs <= {cut}"
-                );
-            }
-        }
+        let (step, cut) = (crashed.step, crashed.cut);
         let want = model(&state, &slots, cut);
-        heap = Heap::open_image(image, &config).unwrap();
+        heap = Heap::open_image(crashed.image, &config).unwrap();
         let owner_now = heap.lookup("kv").unwrap();
         assert_eq!(owner_now, owner);
         let got = kv_state(&heap, owner);
         let got_values: BTreeMap<u64, u64> = got.iter().map(|(k, (v, _))| (*k, *v)).collect();
         assert_eq!(
             got_values, want,
-            "generation {generation_index}: crash at step {step}, stored epoch {word}"
+            "generation {generation_index}: crash at step {step}, epoch cut {cut}"
         );
         state = want;
         blocks = got.into_iter().map(|(k, (_, b))| (k, b)).collect();
@@ -205,7 +151,7 @@ fn run_seed(seed: u64) {
     // clean reopen nothing remains.
     let slots = fresh_slots(&blocks);
     for key in 0..KEYS {
-        apply(&heap, owner, &slots, &AtomicU64::new(0), key, None);
+        apply(&heap, owner, &slots, &Ended::default(), key, None);
     }
     heap.sync().unwrap();
     let image = CrashImage::from_bytes(heap.simulator().unwrap().durable_image());

@@ -6,6 +6,7 @@
 //! the mapping. Only the simulator intercepts stores (it must log them), and only the msync
 //! backend checks its poison flag on the write path.
 
+pub(crate) mod harness;
 pub(crate) mod msync;
 pub(crate) mod sim;
 #[cfg(target_arch = "x86_64")]

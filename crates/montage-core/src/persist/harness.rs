@@ -1,0 +1,184 @@
+//! What every buffered-durability crash test needs beside the simulator: worker threads
+//! running operations while another thread moves the clock (a random mix of `sync` and
+//! plain advances), a record of which syncs returned and what they covered, and the check
+//! that the recovered clock covers every sync that returned before the crash.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::heap::Heap;
+use crate::persist::sim::{CrashImage, SplitMix64};
+
+/// A sync that returned during [`run_against_clock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncRecord {
+    /// The newest epoch of an operation reported [`Ended`] when the sync was called: the
+    /// sync promises that epoch durable.
+    pub covered: u64,
+    /// The simulator's event count when the sync returned.
+    pub returned_at: u64,
+}
+
+/// Where workers report each operation that ended having written something, by its epoch.
+#[derive(Debug, Default)]
+pub struct Ended(AtomicU64);
+
+impl Ended {
+    /// Reports an ended operation of `epoch` that wrote something.
+    pub fn record(&self, epoch: u64) {
+        // ORDERING: SeqCst, so that a sync that reads this value was called after the
+        // operation ended.
+        self.0.fetch_max(epoch, Ordering::SeqCst);
+    }
+}
+
+/// Runs `work(t, &ended)` on `threads` threads while one more thread, driven by `seed`,
+/// calls `sync` (one time in three) or advances the clock, until every worker returns;
+/// returns the syncs that returned. The heap must be simulated.
+///
+/// # Panics
+///
+/// If the heap is not simulated, if `sync` or an advance fails, or (re-raised) if a worker
+/// panics.
+pub fn run_against_clock(
+    heap: &Heap,
+    seed: u64,
+    threads: usize,
+    work: impl Fn(usize, &Ended) + Sync,
+) -> Vec<SyncRecord> {
+    let sim = heap
+        .simulator()
+        .expect("run_against_clock needs a simulated heap");
+    let done = AtomicBool::new(false);
+    let ended = Ended::default();
+    let syncs = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        let (work, ended) = (&work, &ended);
+        let workers: Vec<_> = (0..threads)
+            .map(|t| s.spawn(move || work(t, ended)))
+            .collect();
+        s.spawn(|| {
+            let mut rng = SplitMix64::new(seed ^ 0xC10C);
+            // ORDERING: a stop flag; the scope's joins order everything else.
+            while !done.load(Ordering::Relaxed) {
+                if rng.next_u64().is_multiple_of(3) {
+                    // ORDERING: SeqCst pairs with `Ended::record`.
+                    let covered = ended.0.load(Ordering::SeqCst);
+                    heap.sync().expect("sync failed");
+                    let record = SyncRecord {
+                        covered,
+                        returned_at: sim.events(),
+                    };
+                    syncs
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(record);
+                } else {
+                    heap.advance_epoch().expect("advance failed");
+                }
+                std::thread::yield_now();
+            }
+        });
+        let results: Vec<_> = workers
+            .into_iter()
+            .map(std::thread::ScopedJoinHandle::join)
+            .collect();
+        // Stop the clock thread before a worker's panic is passed on, or the scope would
+        // wait for it forever.
+        done.store(true, Ordering::Relaxed);
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    syncs
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What [`crash_generation`] leaves: the crash image, the event it was taken at, and the
+/// epoch cut recovery will apply (the stored word minus two).
+#[derive(Debug)]
+pub struct Crashed {
+    /// The post-crash media image.
+    pub image: CrashImage,
+    /// The simulator event the crash was taken at.
+    pub step: u64,
+    /// Recovery keeps exactly the operations of epochs `<= cut`.
+    pub cut: u64,
+}
+
+/// One crash-test generation: arms a crash at a point `rng` picks within the next `within`
+/// persistence events, runs `run` (which returns the syncs it saw, as
+/// [`run_against_clock`] does), takes the crash image for `seed`, and checks every returned
+/// sync's promise against the image's clock.
+///
+/// # Errors
+///
+/// A broken sync promise (see [`check_synced`]), or an image without an epoch word.
+///
+/// # Panics
+///
+/// If the heap is not simulated.
+pub fn crash_generation(
+    heap: &Heap,
+    rng: &mut SplitMix64,
+    within: u64,
+    seed: u64,
+    run: impl FnOnce() -> Vec<SyncRecord>,
+) -> Result<Crashed, String> {
+    let sim = heap
+        .simulator()
+        .expect("crash_generation needs a simulated heap");
+    let step = sim.events() + rng.below_or_equal(within);
+    sim.crash_at(step);
+    let syncs = run();
+    let image = sim.crash(seed);
+    let word = image
+        .epoch_word()
+        .ok_or_else(|| "the crash image has no epoch word".to_owned())?;
+    let cut = word.saturating_sub(2);
+    check_synced(&syncs, step, cut).map_err(|broken| format!("crash at event {step}: {broken}"))?;
+    Ok(Crashed { image, step, cut })
+}
+
+/// Checks that a heap recovered with epoch cut `cut` (the stored word minus two) keeps
+/// everything each sync that returned by simulator event `crash_step` promised.
+///
+/// # Errors
+///
+/// A description of the first sync whose promise was broken.
+pub fn check_synced(syncs: &[SyncRecord], crash_step: u64, cut: u64) -> Result<(), String> {
+    match syncs
+        .iter()
+        .find(|s| s.returned_at <= crash_step && s.covered > cut)
+    {
+        Some(s) => Err(format!(
+            "a sync covering epoch {} returned before the crash (event {} <= {crash_step}), \
+             but the recovered clock covers only epochs <= {cut}",
+            s.covered, s.returned_at
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_after_the_crash_point_promises_nothing() {
+        let early = SyncRecord {
+            covered: 5,
+            returned_at: 10,
+        };
+        let late = SyncRecord {
+            covered: 9,
+            returned_at: 30,
+        };
+        assert!(check_synced(&[early, late], 20, 5).is_ok());
+        assert!(check_synced(&[early, late], 20, 4).is_err());
+        assert!(check_synced(&[early, late], 30, 8).is_err());
+    }
+}
