@@ -365,3 +365,38 @@ fn a_handle_of_another_type_is_refused() {
     })
     .unwrap();
 }
+
+#[derive(Payload)]
+#[repr(C)]
+struct Big {
+    id: u64,
+    data: [u8; 20_000],
+}
+
+#[test]
+#[allow(clippy::large_stack_arrays)] // the point is a payload beyond the largest class (16 KiB)
+fn payloads_larger_than_a_size_class_work_like_small_ones() {
+    let config = HeapConfig::simulated(8 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let owner = heap.register("big").unwrap();
+    let mut value = Big {
+        id: 9,
+        data: [0; 20_000],
+    };
+    for (i, byte) in value.data.iter_mut().enumerate() {
+        *byte = (i % 251) as u8;
+    }
+    let big = heap.run_op(|op| op.alloc_payload(owner, &value)).unwrap();
+    heap.advance_epoch().unwrap();
+    // Copy-on-write of a 20 KB payload to change one field.
+    let moved = heap.run_op(|op| big.set_id(op, 10)).unwrap();
+    assert_ne!(moved, big);
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(3);
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    let found = heap.payloads::<Big>(owner, 1).unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].1.id, 10);
+    assert!(found[0].1.data.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+}
