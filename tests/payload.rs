@@ -398,5 +398,12 @@ fn payloads_larger_than_a_size_class_work_like_small_ones() {
     let found = heap.payloads::<Big>(owner, 1).unwrap();
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].1.id, 10);
-    assert!(found[0].1.data.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    assert!(
+        found[0]
+            .1
+            .data
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == (i % 251) as u8)
+    );
 }

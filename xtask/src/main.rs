@@ -113,18 +113,16 @@ fn ci() -> Result {
             &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
         )?;
     }
-    // Typed payloads with verified swaps: 300 seeds of two crashes each.
-    cargo(
-        &[
-            "test",
-            "--release",
-            "--package",
-            "montage",
-            "--test",
-            "payload_crash",
-        ],
-        &[("MONTAGE_CRASH_SEEDS", "300"), deny[0]],
-    )?;
+    // Typed payloads with verified swaps, and the collections: 300 seeds of two crashes each.
+    for (package, test) in [
+        ("montage", "payload_crash"),
+        ("montage-collections", "hash_map_crash"),
+    ] {
+        cargo(
+            &["test", "--release", "--package", package, "--test", test],
+            &[("MONTAGE_CRASH_SEEDS", "300"), deny[0]],
+        )?;
+    }
     // The main example, which checks what it recovers.
     cargo(&["run", "--release", "--example", "ledger"], &[deny[0]])?;
     loom()?;

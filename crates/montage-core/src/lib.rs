@@ -76,6 +76,8 @@ pub use heap::layout::{
 };
 pub use heap::{Heap, INITIAL_EPOCH, ScanFilter};
 pub use payload::cas::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
+pub use payload::codec::Codec;
+pub use payload::fingerprint::Fingerprint;
 pub use payload::{CasField, POff, PRef, Payload, PayloadField};
 pub use persist::harness::{
     Crashed, Ended, SyncRecord, check_synced, crash_generation, run_against_clock,
@@ -88,6 +90,7 @@ pub use recovery::{BlockView, RecoveryReport, Verdict};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::payload::access::{cas_field, get_field, set_field};
+    pub use crate::payload::codec::encode_payload;
     pub use crate::payload::fingerprint::Fingerprint;
     pub use zerocopy;
 

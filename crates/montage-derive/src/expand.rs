@@ -80,6 +80,7 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
         );
     };
     let accessors = accessors(ident, input.vis, &input.fields, krate, Bodies::Real);
+    let codec = codec_impl(ident, krate, &bounds);
 
     quote! {
         #[doc(hidden)]
@@ -133,6 +134,8 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
                 }
             }
 
+            #codec
+
             #[automatically_derived]
             impl #krate::Payload for #ident where #(#bounds)* {
                 const TYPE_NAME: &'static str = #registry_name;
@@ -146,6 +149,24 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
         };
 
         #accessors
+    }
+}
+
+/// `impl Codec`: a payload type's encoding in collections is its stored bytes.
+fn codec_impl(ident: &syn::Ident, krate: &syn::Path, bounds: &[TokenStream]) -> TokenStream {
+    quote! {
+        #[automatically_derived]
+        impl #krate::Codec for #ident where #(#bounds)* {
+            const CODEC_ID: u64 = <#ident as #krate::Payload>::TYPE_ID;
+
+            fn encode(&self, out: &mut ::std::vec::Vec<u8>) {
+                #krate::__private::encode_payload::<#ident>(self, out);
+            }
+
+            fn decode(bytes: &[u8]) -> ::core::option::Option<Self> {
+                <#ident as #krate::PayloadField>::read_field(bytes)
+            }
+        }
     }
 }
 

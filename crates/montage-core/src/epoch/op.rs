@@ -22,6 +22,8 @@ struct ThreadState {
     spare_logs: Vec<OpLog>,
     /// A range of uids reserved for this thread: (heap instance, next, end).
     uids: (u64, u64, u64),
+    /// The epoch of the last operation this thread committed: (heap instance, epoch).
+    last_commit: (u64, u64),
     /// Payload types this thread has checked against a heap's registry: (heap instance,
     /// type id).
     types: Vec<(u64, u64)>,
@@ -447,6 +449,11 @@ impl<'h> OpGuard<'h> {
 
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
+        if !self.done.get() {
+            let commit = (self.heap.shared().epochs.instance(), self.epoch);
+            // During thread teardown the state may be gone already; nobody can ask then.
+            let _ = LOCAL.try_with(|local| local.borrow_mut().last_commit = commit);
+        }
         self.finish();
     }
 }
@@ -482,6 +489,19 @@ impl Heap {
     /// [`Error::ClockStopped`] if an epoch advance failed.
     pub fn begin_op(&self) -> Result<OpGuard<'_>> {
         OpGuard::begin(self)
+    }
+
+    /// The epoch of the last operation the calling thread committed on this heap, if any.
+    ///
+    /// A structure's methods run their own operations; this tells the caller which epoch
+    /// the last one took effect in (for example to record what a later crash may keep, or
+    /// to know that a `sync` returning after the clock passed that epoch plus two covers it).
+    pub fn last_op_epoch(&self) -> Option<u64> {
+        let instance = self.shared().epochs.instance();
+        LOCAL.with(|local| {
+            let (heap, epoch) = local.borrow().last_commit;
+            (heap == instance).then_some(epoch)
+        })
     }
 
     /// Runs `op` in an operation until it commits: when it fails with [`Error::Aborted`], the

@@ -17,6 +17,7 @@
 pub(crate) mod access;
 #[allow(unsafe_code)]
 pub(crate) mod cas;
+pub(crate) mod codec;
 pub(crate) mod fingerprint;
 pub(crate) mod registry;
 

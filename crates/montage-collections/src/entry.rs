@@ -1,0 +1,76 @@
+//! The byte layout of a key-value entry payload, shared by the maps:
+//!
+//! ```text
+//! 0x00  key length  u32 (little-endian)
+//! 0x04  key bytes   (Codec encoding of the key)
+//! ...   value bytes (Codec encoding of the value), to the end of the payload
+//! ```
+
+use montage_core::{Codec, Error, Fingerprint, Result};
+
+/// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
+pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> u64 {
+    Fingerprint::new()
+        .str("montage-collections")
+        .str(kind)
+        .u64(K::CODEC_ID)
+        .u64(V::CODEC_ID)
+        .finish()
+}
+
+/// The entry's bytes.
+pub(crate) fn encode<K: Codec, V: Codec>(key: &K, value: &V) -> Vec<u8> {
+    let mut out = vec![0u8; 4];
+    key.encode(&mut out);
+    let key_len = u32::try_from(out.len() - 4).unwrap_or(u32::MAX);
+    out[..4].copy_from_slice(&key_len.to_le_bytes());
+    value.encode(&mut out);
+    out
+}
+
+/// Splits an entry into its key and value bytes.
+fn split(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let key_end = 4usize.checked_add(len)?;
+    Some((bytes.get(4..key_end)?, bytes.get(key_end..)?))
+}
+
+fn corrupted() -> Error {
+    Error::Corrupted {
+        offset: 0,
+        what: "a map entry's bytes do not decode as its key and value types",
+    }
+}
+
+/// The key and value of an entry.
+pub(crate) fn decode<K: Codec, V: Codec>(bytes: &[u8]) -> Result<(K, V)> {
+    let (key, value) = split(bytes).ok_or_else(corrupted)?;
+    Ok((
+        K::decode(key).ok_or_else(corrupted)?,
+        V::decode(value).ok_or_else(corrupted)?,
+    ))
+}
+
+/// The value of an entry.
+pub(crate) fn decode_value<V: Codec>(bytes: &[u8]) -> Result<V> {
+    let (_, value) = split(bytes).ok_or_else(corrupted)?;
+    V::decode(value).ok_or_else(corrupted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_garbage_is_an_error() {
+        let bytes = encode(&b"key".to_vec(), &42u64);
+        assert_eq!(
+            decode::<Vec<u8>, u64>(&bytes).unwrap(),
+            (b"key".to_vec(), 42)
+        );
+        assert_eq!(decode_value::<u64>(&bytes).unwrap(), 42);
+        assert!(decode::<Vec<u8>, u64>(&bytes[..5]).is_err());
+        assert!(decode::<Vec<u8>, u64>(&[9, 0, 0, 0, 1]).is_err());
+        assert_ne!(type_id::<u64, u64>("hash"), type_id::<u64, Vec<u8>>("hash"));
+    }
+}

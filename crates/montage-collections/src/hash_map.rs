@@ -1,0 +1,429 @@
+//! [`HashMap`]: a buffered durably linearizable hash map with lock-striped buckets.
+//!
+//! Every entry is one payload in the heap holding its key and value
+//! ([`entry`](crate::entry) layout); the DRAM index maps each key to its payload's current
+//! block. The index is split into stripes, each a `std` hash map (which grows as it fills)
+//! under its own lock, chosen by the key's hash.
+//!
+//! # Linearization points
+//!
+//! Every method runs in one operation and holds the key's stripe lock while it reads or
+//! writes the key's payload; it linearizes at that payload access (for a key that is
+//! absent, at the stripe lookup). Operations on one key are therefore totally ordered by the
+//! stripe lock, and each stripe remembers the epoch of the last operation that changed it:
+//! an operation of an older epoch that meets it aborts and is retried in a new operation
+//! (`OpGuard::check_epoch`), so the lock order on every key agrees with epoch order, and
+//! recovery to any epoch boundary gives the state after a prefix of that order.
+//!
+//! [`iter`](HashMap::iter) and [`len`](HashMap::len) are not linearizable as a whole while
+//! other threads write: `iter` visits the stripes one at a time, each in one operation.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crossbeam_utils::CachePadded;
+use montage_core::{BlockKind, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, ScanFilter};
+
+use crate::entry;
+
+/// Stripes in a new map's index (a power of two).
+const STRIPES: usize = 1024;
+
+/// One stripe of the index.
+#[derive(Debug)]
+struct Stripe<K> {
+    /// The epoch of the last operation that changed this stripe.
+    stamp: u64,
+    blocks: std::collections::HashMap<K, PBlock>,
+}
+
+/// A concurrent hash map whose entries survive crashes (module docs).
+///
+/// Keys are hashed and compared in DRAM (`K: Hash + Eq + Clone`) and stored, like values,
+/// through [`Codec`]: byte strings (`Vec<u8>`, `String`), integers, or
+/// `#[derive(Payload)]` types.
+pub struct HashMap<'h, K, V> {
+    heap: &'h Heap,
+    owner: OwnerId,
+    type_id: u64,
+    hasher: RandomState,
+    stripes: Box<[CachePadded<Mutex<Stripe<K>>>]>,
+    len: AtomicUsize,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<K, V> std::fmt::Debug for HashMap<'_, K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HashMap")
+            .field("owner", &self.owner)
+            .field("len", &self.len.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<'h, K, V> HashMap<'h, K, V>
+where
+    K: Codec + Hash + Eq + Clone,
+    V: Codec,
+{
+    /// Opens the map named `name` in `heap`, creating it if the heap has no structure of that
+    /// name, and rebuilding its index from its payloads (scanned in parallel) if it has.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LayoutMismatch`] if the map was written with other key or value types;
+    /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
+    /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
+    pub fn open(heap: &'h Heap, name: &str) -> Result<HashMap<'h, K, V>> {
+        let type_id = entry::type_id::<K, V>("hash-map");
+        let existing = heap.lookup(name);
+        let owner = match existing {
+            Some(owner) => owner,
+            None => heap.register(name)?,
+        };
+        let map = HashMap {
+            heap,
+            owner,
+            type_id,
+            hasher: RandomState::new(),
+            stripes: (0..STRIPES)
+                .map(|_| {
+                    CachePadded::new(Mutex::new(Stripe {
+                        stamp: 0,
+                        blocks: std::collections::HashMap::new(),
+                    }))
+                })
+                .collect(),
+            len: AtomicUsize::new(0),
+            _value: PhantomData,
+        };
+        if existing.is_some() {
+            map.rebuild()?;
+        }
+        Ok(map)
+    }
+
+    /// Fills the index from the payloads recovery kept.
+    fn rebuild(&self) -> Result<()> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let filter = ScanFilter::all().owner(self.owner);
+        self.heap.scan(filter, threads, |view| {
+            let info = view.info();
+            if info.spec.kind == BlockKind::Delete {
+                return Ok(());
+            }
+            if info.spec.type_id != self.type_id {
+                return Err(Error::LayoutMismatch {
+                    type_name: "montage_collections::HashMap entry",
+                    stored: info.spec.type_id,
+                    compiled: self.type_id,
+                });
+            }
+            let mut bytes = vec![0u8; info.len as usize];
+            view.read(0, &mut bytes)?;
+            let (key, _) = entry::decode::<K, V>(&bytes)?;
+            let mut stripe = lock(self.stripe(&key));
+            if stripe.blocks.insert(key, info.block).is_some() {
+                return Err(Error::Corrupted {
+                    offset: info.block.offset(),
+                    what: "two live entries of a hash map have the same key",
+                });
+            }
+            // ORDERING: counted during the scan; `open` returns after the scan's joins.
+            self.len.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    fn stripe(&self, key: &K) -> &Mutex<Stripe<K>> {
+        let hash = self.hasher.hash_one(key);
+        // The high bits: the stripe's own table uses the low ones.
+        &self.stripes[(hash >> 32) as usize & (self.stripes.len() - 1)]
+    }
+
+    /// The value of `key`.
+    ///
+    /// # Errors
+    ///
+    /// A heap error ([`Error::Corrupted`] for an entry that does not decode, [`Error::Poisoned`]...).
+    pub fn get(&self, key: &K) -> Result<Option<V>> {
+        self.heap.run_op(|op| self.get_in(op, key))
+    }
+
+    fn get_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
+        let stripe = lock(self.stripe(key));
+        op.check_epoch(stripe.stamp)?;
+        match stripe.blocks.get(key) {
+            Some(&block) => Ok(Some(entry::decode_value(&op.read(block)?)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether the map holds `key`.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub fn contains_key(&self, key: &K) -> Result<bool> {
+        let stripe = self.stripe(key);
+        self.heap.run_op(|op| {
+            let stripe = lock(stripe);
+            op.check_epoch(stripe.stamp)?;
+            match stripe.blocks.get(key) {
+                // Reading the header checks the payload's epoch.
+                Some(&block) => op.info(block).map(|_| true),
+                None => Ok(false),
+            }
+        })
+    }
+
+    /// Sets `key` to `value`; returns the value it replaced.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfSpace`] when the heap is full (nothing changed); as [`get`](Self::get).
+    // By value, as `std`'s: the map keeps the value (encoded) and the key (cloned into the
+    // index, since an aborted attempt must be able to run again).
+    #[allow(clippy::needless_pass_by_value)]
+    pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
+        let bytes = entry::encode(&key, &value);
+        self.heap.run_op(|op| self.insert_in(op, &key, &bytes))
+    }
+
+    fn insert_in(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<Option<V>> {
+        let mut stripe = lock(self.stripe(key));
+        op.check_epoch(stripe.stamp)?;
+        let old = if let Some(&block) = stripe.blocks.get(key) {
+            let old = entry::decode_value(&op.read(block)?)?;
+            let block = op.update(block, bytes)?;
+            stripe.blocks.insert(key.clone(), block);
+            Some(old)
+        } else {
+            let block = op.alloc(self.owner, self.type_id, bytes)?;
+            stripe.blocks.insert(key.clone(), block);
+            // ORDERING: a statistic; the stripe lock orders the entry itself.
+            self.len.fetch_add(1, Ordering::Relaxed);
+            None
+        };
+        stripe.stamp = op.epoch();
+        Ok(old)
+    }
+
+    /// Removes `key`; returns its value.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn remove(&self, key: &K) -> Result<Option<V>> {
+        self.heap.run_op(|op| self.remove_in(op, key))
+    }
+
+    fn remove_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
+        let mut stripe = lock(self.stripe(key));
+        op.check_epoch(stripe.stamp)?;
+        let Some(&block) = stripe.blocks.get(key) else {
+            return Ok(None);
+        };
+        let old = entry::decode_value(&op.read(block)?)?;
+        op.delete(block)?;
+        stripe.blocks.remove(key);
+        stripe.stamp = op.epoch();
+        // ORDERING: a statistic; the stripe lock orders the entry itself.
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        Ok(Some(old))
+    }
+
+    /// Replaces the value of `key` with `f(&value)` atomically; returns the new value, or
+    /// `None` (calling nothing) if the key is absent. `f` may run more than once (when the
+    /// operation is retried) and must not touch the map.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn update(&self, key: &K, mut f: impl FnMut(&V) -> V) -> Result<Option<V>>
+    where
+        V: Clone,
+    {
+        let stripe = self.stripe(key);
+        self.heap.run_op(|op| {
+            let mut stripe = lock(stripe);
+            op.check_epoch(stripe.stamp)?;
+            let Some(&block) = stripe.blocks.get(key) else {
+                return Ok(None);
+            };
+            let new = f(&entry::decode_value(&op.read(block)?)?);
+            let block = op.update(block, &entry::encode(key, &new))?;
+            stripe.blocks.insert(key.clone(), block);
+            stripe.stamp = op.epoch();
+            Ok(Some(new))
+        })
+    }
+
+    /// Sets `key` to `new` if its value equals `current` (an absent key never does);
+    /// otherwise returns the value found.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // the map keeps `new` (encoded)
+    pub fn compare_and_set(&self, key: &K, current: &V, new: V) -> Result<Result<(), Option<V>>>
+    where
+        V: PartialEq,
+    {
+        let bytes = entry::encode(key, &new);
+        let stripe = self.stripe(key);
+        self.heap.run_op(|op| {
+            let mut stripe = lock(stripe);
+            op.check_epoch(stripe.stamp)?;
+            let Some(&block) = stripe.blocks.get(key) else {
+                return Ok(Err(None));
+            };
+            let found: V = entry::decode_value(&op.read(block)?)?;
+            if found != *current {
+                return Ok(Err(Some(found)));
+            }
+            let block = op.update(block, &bytes)?;
+            stripe.blocks.insert(key.clone(), block);
+            stripe.stamp = op.epoch();
+            Ok(Ok(()))
+        })
+    }
+
+    /// The number of entries (exact when no other thread is writing).
+    pub fn len(&self) -> usize {
+        // ORDERING: a statistic.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the map has no entries (as [`len`](Self::len)).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An iterator over every entry. It reads one stripe at a time, each in one operation,
+    /// so while others write it is not a snapshot of the whole map; an error ends it.
+    pub fn iter(&self) -> Iter<'_, 'h, K, V> {
+        Iter {
+            map: self,
+            next_stripe: 0,
+            buffer: Vec::new().into_iter(),
+        }
+    }
+
+    /// The entries of stripe `index`, read in one operation.
+    fn stripe_entries(&self, index: usize) -> Result<Vec<(K, V)>> {
+        self.heap.run_op(|op| {
+            let stripe = lock(&self.stripes[index]);
+            op.check_epoch(stripe.stamp)?;
+            stripe
+                .blocks
+                .iter()
+                .map(|(key, &block)| Ok((key.clone(), entry::decode_value(&op.read(block)?)?)))
+                .collect()
+        })
+    }
+
+    /// The heap the map lives in.
+    pub fn heap(&self) -> &'h Heap {
+        self.heap
+    }
+}
+
+/// The iterator of [`HashMap::iter`].
+pub struct Iter<'m, 'h, K, V> {
+    map: &'m HashMap<'h, K, V>,
+    next_stripe: usize,
+    buffer: std::vec::IntoIter<(K, V)>,
+}
+
+impl<K, V> std::fmt::Debug for Iter<'_, '_, K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Iter")
+            .field("next_stripe", &self.next_stripe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, V> Iterator for Iter<'_, '_, K, V>
+where
+    K: Codec + Hash + Eq + Clone,
+    V: Codec,
+{
+    type Item = Result<(K, V)>;
+
+    fn next(&mut self) -> Option<Result<(K, V)>> {
+        loop {
+            if let Some(entry) = self.buffer.next() {
+                return Some(Ok(entry));
+            }
+            if self.next_stripe >= self.map.stripes.len() {
+                return None;
+            }
+            let index = self.next_stripe;
+            self.next_stripe += 1;
+            match self.map.stripe_entries(index) {
+                Ok(entries) => self.buffer = entries.into_iter(),
+                Err(err) => {
+                    self.next_stripe = self.map.stripes.len();
+                    return Some(Err(err));
+                }
+            }
+        }
+    }
+}
+
+impl<'m, 'h, K, V> IntoIterator for &'m HashMap<'h, K, V>
+where
+    K: Codec + Hash + Eq + Clone,
+    V: Codec,
+{
+    type Item = Result<(K, V)>;
+    type IntoIter = Iter<'m, 'h, K, V>;
+
+    fn into_iter(self) -> Iter<'m, 'h, K, V> {
+        self.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use montage_core::{HeapConfig, SimMode};
+
+    /// An operation of epoch `e` that finds a key absent because an operation of `e + 1`
+    /// removed it must abort: otherwise recovery to the end of `e` could keep both its
+    /// insert and the entry the removal (lost with `e + 1`) had removed.
+    #[test]
+    fn an_older_operation_that_meets_a_newer_removal_aborts() {
+        let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
+        let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+        map.insert(1, 10).unwrap();
+        let old = heap.begin_op().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                heap.advance_epoch().unwrap();
+                assert_eq!(map.remove(&1).unwrap(), Some(10));
+            });
+        });
+        let bytes = entry::encode(&1u64, &11u64);
+        assert!(matches!(
+            map.insert_in(&old, &1, &bytes),
+            Err(Error::Aborted)
+        ));
+        assert!(matches!(map.get_in(&old, &1), Err(Error::Aborted)));
+        assert!(matches!(map.remove_in(&old, &1), Err(Error::Aborted)));
+        old.abort().unwrap();
+        // A new operation sees the removal.
+        assert_eq!(map.get(&1).unwrap(), None);
+    }
+}

@@ -1,0 +1,17 @@
+//! Ready buffered durably linearizable collections on the montage persistent heap.
+//!
+//! Each structure keeps its contents as payloads in a [`Heap`](montage_core::Heap) and its
+//! index in DRAM; it names itself in the heap's directory (`open(&heap, "name")` creates it
+//! or rebuilds it from the payloads recovery kept), runs every method in one operation, and
+//! documents its linearization points. After a crash the contents are those after a prefix
+//! of the operations (every operation of the epochs the recovered clock covers); everything
+//! that completed before a [`Heap::sync`](montage_core::Heap::sync) that returned is in it.
+//!
+//! * [`HashMap`]: lock-striped buckets.
+
+#![forbid(unsafe_code)]
+
+mod entry;
+pub mod hash_map;
+
+pub use hash_map::HashMap;

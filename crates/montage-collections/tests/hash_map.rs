@@ -1,0 +1,248 @@
+//! `HashMap`: semantics against `std`'s map, reopening, typed values, a linearizability
+//! check of concurrent histories, and recovery of a million entries.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{Event, MapKey, MapOp, Ticks, linearizable};
+use montage_collections::HashMap;
+use montage_core::{EpochLength, Error, Heap, HeapConfig, SimMode, SplitMix64};
+use proptest::prelude::*;
+
+/// One key's recorded operations.
+type History = Vec<Event<MapOp, Option<u64>>>;
+
+fn sim_heap(size: u64) -> Heap {
+    Heap::create(&HeapConfig::simulated(size, SimMode::Prefix)).unwrap()
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Insert(u8, u16),
+    Remove(u8),
+    Get(u8),
+    Update(u8),
+    CompareAndSet(u8, u16, u16),
+    Advance,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::Insert(k % 16, v)),
+        2 => any::<u8>().prop_map(|k| Step::Remove(k % 16)),
+        2 => any::<u8>().prop_map(|k| Step::Get(k % 16)),
+        1 => any::<u8>().prop_map(|k| Step::Update(k % 16)),
+        1 => (any::<u8>(), any::<u16>(), any::<u16>()).prop_map(|(k, a, b)| Step::CompareAndSet(k % 16, a % 4, b)),
+        1 => Just(Step::Advance),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Every method returns what `std`'s map returns, across epochs, and a reopened heap
+    /// holds the same entries.
+    #[test]
+    fn behaves_like_std_and_survives_a_reopen(steps in proptest::collection::vec(step(), 1..120)) {
+        let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
+        let heap = Heap::create(&config).unwrap();
+        let map: HashMap<'_, u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+        let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        for step in steps {
+            match step {
+                Step::Insert(k, v) => {
+                    let value = v.to_le_bytes().repeat(usize::from(v % 5));
+                    prop_assert_eq!(map.insert(u64::from(k), value.clone()).unwrap(), model.insert(u64::from(k), value));
+                }
+                Step::Remove(k) => prop_assert_eq!(map.remove(&u64::from(k)).unwrap(), model.remove(&u64::from(k))),
+                Step::Get(k) => {
+                    prop_assert_eq!(map.get(&u64::from(k)).unwrap(), model.get(&u64::from(k)).cloned());
+                    prop_assert_eq!(map.contains_key(&u64::from(k)).unwrap(), model.contains_key(&u64::from(k)));
+                }
+                Step::Update(k) => {
+                    let got = map.update(&u64::from(k), |v| { let mut v = v.clone(); v.push(7); v }).unwrap();
+                    let want = model.get_mut(&u64::from(k)).map(|v| { v.push(7); v.clone() });
+                    prop_assert_eq!(got, want);
+                }
+                Step::CompareAndSet(k, a, b) => {
+                    let current = a.to_le_bytes().repeat(usize::from(a % 5));
+                    let new = b.to_le_bytes().to_vec();
+                    let got = map.compare_and_set(&u64::from(k), &current, new.clone()).unwrap();
+                    let want = match model.get(&u64::from(k)) {
+                        Some(v) if *v == current => { model.insert(u64::from(k), new); Ok(()) }
+                        other => Err(other.cloned()),
+                    };
+                    prop_assert_eq!(got, want);
+                }
+                Step::Advance => { heap.advance_epoch().unwrap(); }
+            }
+            prop_assert_eq!(map.len(), model.len());
+        }
+        let mut all: Vec<_> = map.iter().collect::<montage_core::Result<_>>().unwrap();
+        all.sort();
+        prop_assert_eq!(&all, &model.clone().into_iter().collect::<Vec<_>>());
+        drop(map);
+        heap.sync().unwrap();
+        let image = heap.simulator().unwrap().crash(1);
+        drop(heap);
+        let heap = Heap::open_image(image, &config).unwrap();
+        let map: HashMap<'_, u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+        prop_assert_eq!(map.len(), model.len());
+        for (k, v) in &model {
+            prop_assert_eq!(map.get(k).unwrap(), Some(v.clone()));
+        }
+    }
+}
+
+#[derive(montage_derive::Payload, Debug, Clone, Copy, PartialEq)]
+#[payload(crate = "montage_core")]
+#[repr(C)]
+struct Account {
+    balance: i64,
+    opened: u32,
+    frozen: bool,
+    _pad: [u8; 3],
+}
+
+#[test]
+fn typed_values_and_string_keys() {
+    let heap = sim_heap(1 << 20);
+    let map: HashMap<'_, String, Account> = HashMap::open(&heap, "accounts").unwrap();
+    let alice = Account {
+        balance: 10,
+        opened: 2024,
+        frozen: false,
+        _pad: [0; 3],
+    };
+    assert_eq!(map.insert("alice".to_owned(), alice).unwrap(), None);
+    let richer = map
+        .update(&"alice".to_owned(), |a| Account {
+            balance: a.balance + 5,
+            ..*a
+        })
+        .unwrap();
+    assert_eq!(richer.map(|a| a.balance), Some(15));
+    assert_eq!(map.get(&"bob".to_owned()).unwrap(), None);
+}
+
+#[test]
+fn reopening_with_other_types_is_a_layout_mismatch() {
+    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+    map.insert(1, 2).unwrap();
+    drop(map);
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(0);
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    let err = HashMap::<'_, u64, Vec<u8>>::open(&heap, "m").unwrap_err();
+    assert!(matches!(err, Error::LayoutMismatch { .. }), "{err:?}");
+    let map = HashMap::<'_, u64, u64>::open(&heap, "m").unwrap();
+    assert_eq!(map.get(&1).unwrap(), Some(2));
+}
+
+/// Threads run random operations on a few keys while the clock advances; each key's
+/// history (a map is linearizable iff each key's history is) must have a linearization.
+#[test]
+fn concurrent_histories_are_linearizable() {
+    const THREADS: u64 = 3;
+    const OPS: u64 = 120;
+    const KEYS: u64 = 6;
+    for round in 0..12u64 {
+        let heap = Heap::create(&HeapConfig::in_memory(8 << 20).epoch_length(EpochLength::Manual))
+            .unwrap();
+        let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+        let ticks = Ticks::default();
+        let histories: Vec<Mutex<History>> = (0..KEYS).map(|_| Mutex::new(Vec::new())).collect();
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    heap.advance_epoch().unwrap();
+                    std::thread::yield_now();
+                }
+            });
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (map, ticks, histories) = (&map, &ticks, &histories);
+                    s.spawn(move || {
+                        let mut rng = SplitMix64::new(round * 31 + t);
+                        for i in 0..OPS {
+                            let key = rng.next_u64() % KEYS;
+                            let op = match rng.next_u64() % 3 {
+                                0 => MapOp::Get,
+                                1 => MapOp::Insert((t << 32) | i),
+                                _ => MapOp::Remove,
+                            };
+                            let call = ticks.now();
+                            let result = match op {
+                                MapOp::Get => map.get(&key),
+                                MapOp::Insert(v) => map.insert(key, v),
+                                MapOp::Remove => map.remove(&key),
+                            }
+                            .unwrap();
+                            let ret = ticks.now();
+                            histories[key as usize].lock().unwrap().push(Event {
+                                call,
+                                ret,
+                                op,
+                                result,
+                            });
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        for (key, history) in histories.iter().enumerate() {
+            let history = history.lock().unwrap();
+            assert!(
+                linearizable::<MapKey>(&None, &history),
+                "round {round}, key {key}: no linearization of {history:?}"
+            );
+        }
+    }
+}
+
+/// One million entries: inserted, synced, closed, reopened from the file, and every one
+/// read back.
+#[test]
+fn a_million_entries_are_recovered() {
+    const N: u64 = 1_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let config = HeapConfig::new(dir.path().join("heap")).size(256 << 20);
+    let heap = Heap::create(&config).unwrap();
+    let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "big").unwrap();
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let map = &map;
+            s.spawn(move || {
+                for k in (t..N).step_by(2) {
+                    map.insert(k, k.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    drop(map);
+    heap.close().unwrap();
+    let heap = Heap::open(&config).unwrap();
+    let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "big").unwrap();
+    assert_eq!(map.len() as u64, N);
+    for k in 0..N {
+        assert_eq!(
+            map.get(&k).unwrap(),
+            Some(k.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            "key {k}"
+        );
+    }
+}

@@ -1,0 +1,129 @@
+//! [`Codec`]: how a ready structure stores a key or value of a user's type inside one of
+//! its own payloads, beside other data (a hash-map entry holds a key and a value). Byte
+//! strings have variable length; integers, and every `#[derive(Payload)]` type (the derive
+//! implements `Codec` too), have a fixed one.
+
+/// A key or value that a structure can store in its payloads.
+///
+/// `CODEC_ID` names the encoding: structures mix it into the type ids of their payloads, so
+/// that opening a structure with other key or value types than it was written with is an
+/// error rather than a misreading.
+pub trait Codec: Sized + Send + Sync + 'static {
+    /// Names the encoding (for a payload type, its type id).
+    const CODEC_ID: u64;
+
+    /// Appends the encoding of `self` to `out`.
+    fn encode(&self, out: &mut Vec<u8>);
+
+    /// Decodes a value from exactly the bytes `encode` wrote; `None` if they are not one.
+    fn decode(bytes: &[u8]) -> Option<Self>;
+}
+
+const fn id(name: &str) -> u64 {
+    super::fingerprint::Fingerprint::new()
+        .str("codec")
+        .str(name)
+        .finish()
+}
+
+impl Codec for Vec<u8> {
+    const CODEC_ID: u64 = id("bytes");
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        Some(bytes.to_vec())
+    }
+}
+
+impl Codec for Box<[u8]> {
+    const CODEC_ID: u64 = id("bytes");
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        Some(bytes.into())
+    }
+}
+
+impl Codec for String {
+    const CODEC_ID: u64 = id("utf-8");
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        String::from_utf8(bytes.to_vec()).ok()
+    }
+}
+
+macro_rules! integer_codecs {
+    ($($t:ty),*) => {$(
+        impl Codec for $t {
+            const CODEC_ID: u64 = id(stringify!($t));
+            fn encode(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn decode(bytes: &[u8]) -> Option<Self> {
+                Some(<$t>::from_le_bytes(bytes.try_into().ok()?))
+            }
+        }
+    )*};
+}
+integer_codecs!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
+
+impl Codec for bool {
+    const CODEC_ID: u64 = id("bool");
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(u8::from(*self));
+    }
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        match bytes {
+            [0] => Some(false),
+            [1] => Some(true),
+            _ => None,
+        }
+    }
+}
+
+impl Codec for () {
+    const CODEC_ID: u64 = id("unit");
+    fn encode(&self, _out: &mut Vec<u8>) {}
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        bytes.is_empty().then_some(())
+    }
+}
+
+/// The `Codec` of a payload type (what the derive's `impl Codec` calls).
+#[doc(hidden)]
+pub fn encode_payload<T: crate::PayloadField>(value: &T, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + size_of::<T>(), 0);
+    value.write_field(&mut out[start..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip<T: Codec + PartialEq + std::fmt::Debug>(value: T) {
+        let mut bytes = Vec::new();
+        value.encode(&mut bytes);
+        assert_eq!(T::decode(&bytes), Some(value));
+    }
+
+    #[test]
+    fn codecs_round_trip_and_reject_other_lengths() {
+        round_trip(b"key".to_vec());
+        round_trip(Box::<[u8]>::from(&b""[..]));
+        round_trip("caf\u{e9}".to_owned());
+        round_trip(u64::MAX);
+        round_trip(-5i32);
+        round_trip(true);
+        round_trip(());
+        assert_eq!(u64::decode(&[1, 2, 3]), None);
+        assert_eq!(bool::decode(&[2]), None);
+        assert_eq!(String::decode(&[0xff]), None);
+        assert_ne!(<u64 as Codec>::CODEC_ID, <i64 as Codec>::CODEC_ID);
+        assert_eq!(<Vec<u8> as Codec>::CODEC_ID, <Box<[u8]> as Codec>::CODEC_ID);
+    }
+}
