@@ -117,6 +117,7 @@ fn ci() -> Result {
     for (package, test) in [
         ("montage", "payload_crash"),
         ("montage-collections", "hash_map_crash"),
+        ("montage-collections", "queue_crash"),
     ] {
         cargo(
             &["test", "--release", "--package", package, "--test", test],

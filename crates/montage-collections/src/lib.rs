@@ -8,10 +8,13 @@
 //! that completed before a [`Heap::sync`](montage_core::Heap::sync) that returned is in it.
 //!
 //! * [`HashMap`]: lock-striped buckets.
+//! * [`Queue`]: a FIFO queue whose elements carry sequence numbers.
 
 #![forbid(unsafe_code)]
 
 mod entry;
 pub mod hash_map;
+pub mod queue;
 
 pub use hash_map::HashMap;
+pub use queue::Queue;

@@ -129,3 +129,31 @@ fn the_checker_accepts_and_rejects_what_it_should() {
     ];
     assert!(!linearizable::<MapKey>(&None, &lost));
 }
+
+/// A FIFO queue.
+pub struct Fifo;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueueOp {
+    Push(u64),
+    Pop,
+}
+
+impl Spec for Fifo {
+    type State = std::collections::VecDeque<u64>;
+    type Op = QueueOp;
+    type Ret = Option<u64>;
+    fn apply(state: &Self::State, op: &QueueOp) -> (Self::State, Option<u64>) {
+        let mut next = state.clone();
+        match op {
+            QueueOp::Push(v) => {
+                next.push_back(*v);
+                (next, None)
+            }
+            QueueOp::Pop => {
+                let front = next.pop_front();
+                (next, front)
+            }
+        }
+    }
+}

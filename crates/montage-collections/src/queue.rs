@@ -1,0 +1,264 @@
+//! [`Queue`]: a buffered durably linearizable FIFO queue.
+//!
+//! Every element is one payload holding a sequence number and the element's encoding
+//! (`u64` little-endian, then the [`Codec`] bytes); the DRAM index is a deque of
+//! (sequence number, block) under one lock. Sequence numbers increase in enqueue order, so
+//! recovery rebuilds the order by sorting the recovered payloads by them.
+//!
+//! # Linearization points
+//!
+//! Every method runs in one operation and holds the queue lock; `push_back` linearizes at
+//! its allocation, `pop_front` at its deletion of the front element, `front` and `len` at
+//! their read. The queue remembers the epoch of the last operation that changed it; an
+//! operation of an older epoch that takes the lock after it aborts and is retried
+//! (`OpGuard::check_epoch`), so the lock order agrees with epoch order and recovery to any
+//! epoch boundary gives the queue after a prefix of it.
+
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use montage_core::{
+    BlockKind, Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result, ScanFilter,
+};
+
+/// The DRAM side of the queue.
+#[derive(Debug)]
+struct State {
+    /// The epoch of the last operation that changed the queue.
+    stamp: u64,
+    /// The next sequence number to give out.
+    next_seq: u64,
+    elements: VecDeque<(u64, PBlock)>,
+}
+
+/// A concurrent FIFO queue whose elements survive crashes (module docs).
+pub struct Queue<'h, T> {
+    heap: &'h Heap,
+    owner: OwnerId,
+    type_id: u64,
+    state: Mutex<State>,
+    _element: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for Queue<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+fn corrupted(offset: u64) -> Error {
+    Error::Corrupted {
+        offset,
+        what: "a queue element does not decode as the element type",
+    }
+}
+
+fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
+    let seq = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| corrupted(offset))?;
+    let value = bytes
+        .get(8..)
+        .and_then(T::decode)
+        .ok_or_else(|| corrupted(offset))?;
+    Ok((seq, value))
+}
+
+impl<'h, T: Codec> Queue<'h, T> {
+    /// Opens the queue named `name` in `heap`, creating it if the heap has no structure of
+    /// that name, and rebuilding it from its payloads (in sequence order) if it has.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LayoutMismatch`] if the queue was written with another element type;
+    /// [`Error::Corrupted`] if an element does not decode or two share a sequence number;
+    /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
+    pub fn open(heap: &'h Heap, name: &str) -> Result<Queue<'h, T>> {
+        let type_id = Fingerprint::new()
+            .str("montage-collections")
+            .str("queue")
+            .u64(T::CODEC_ID)
+            .finish();
+        let existing = heap.lookup(name);
+        let owner = match existing {
+            Some(owner) => owner,
+            None => heap.register(name)?,
+        };
+        let mut elements = Vec::new();
+        if existing.is_some() {
+            let found = Mutex::new(Vec::new());
+            let threads = std::thread::available_parallelism().map_or(1, usize::from);
+            heap.scan(ScanFilter::all().owner(owner), threads, |view| {
+                let info = view.info();
+                if info.spec.kind == BlockKind::Delete {
+                    return Ok(());
+                }
+                if info.spec.type_id != type_id {
+                    return Err(Error::LayoutMismatch {
+                        type_name: "montage_collections::Queue element",
+                        stored: info.spec.type_id,
+                        compiled: type_id,
+                    });
+                }
+                let mut seq = [0u8; 8];
+                view.read(0, &mut seq)?;
+                lock(&found).push((u64::from_le_bytes(seq), info.block));
+                Ok(())
+            })?;
+            elements = found.into_inner().unwrap_or_else(PoisonError::into_inner);
+            elements.sort_unstable_by_key(|&(seq, _)| seq);
+            if let Some(pair) = elements.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(Error::Corrupted {
+                    offset: pair[1].1.offset(),
+                    what: "two queue elements have the same sequence number",
+                });
+            }
+        }
+        let next_seq = elements.last().map_or(0, |&(seq, _)| seq + 1);
+        Ok(Queue {
+            heap,
+            owner,
+            type_id,
+            state: Mutex::new(State {
+                stamp: 0,
+                next_seq,
+                elements: elements.into(),
+            }),
+            _element: PhantomData,
+        })
+    }
+
+    /// Appends `value` at the back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
+    #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
+    pub fn push_back(&self, value: T) -> Result<()> {
+        let mut bytes = vec![0u8; 8];
+        value.encode(&mut bytes);
+        self.heap.run_op(|op| self.push_in(op, &mut bytes))
+    }
+
+    fn push_in(&self, op: &OpGuard<'_>, bytes: &mut [u8]) -> Result<()> {
+        let mut state = lock(&self.state);
+        op.check_epoch(state.stamp)?;
+        let seq = state.next_seq;
+        bytes[..8].copy_from_slice(&seq.to_le_bytes());
+        let block = op.alloc(self.owner, self.type_id, bytes)?;
+        state.next_seq = seq + 1;
+        state.elements.push_back((seq, block));
+        state.stamp = op.epoch();
+        Ok(())
+    }
+
+    /// Removes and returns the front element.
+    ///
+    /// # Errors
+    ///
+    /// A heap error ([`Error::Corrupted`] for an element that does not decode, ...).
+    pub fn pop_front(&self) -> Result<Option<T>> {
+        self.heap.run_op(|op| self.pop_in(op))
+    }
+
+    fn pop_in(&self, op: &OpGuard<'_>) -> Result<Option<T>> {
+        let mut state = lock(&self.state);
+        op.check_epoch(state.stamp)?;
+        let Some(&(_, block)) = state.elements.front() else {
+            return Ok(None);
+        };
+        let (_, value) = decode(&op.read(block)?, block.offset())?;
+        op.delete(block)?;
+        state.elements.pop_front();
+        state.stamp = op.epoch();
+        Ok(Some(value))
+    }
+
+    /// The front element, without removing it.
+    ///
+    /// # Errors
+    ///
+    /// As [`pop_front`](Self::pop_front).
+    pub fn front(&self) -> Result<Option<T>> {
+        self.heap.run_op(|op| {
+            let state = lock(&self.state);
+            op.check_epoch(state.stamp)?;
+            match state.elements.front() {
+                Some(&(_, block)) => Ok(Some(decode(&op.read(block)?, block.offset())?.1)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        lock(&self.state).elements.len()
+    }
+
+    /// Whether the queue is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every element, front to back, read in one operation.
+    ///
+    /// # Errors
+    ///
+    /// As [`pop_front`](Self::pop_front).
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        self.heap.run_op(|op| {
+            let state = lock(&self.state);
+            op.check_epoch(state.stamp)?;
+            state
+                .elements
+                .iter()
+                .map(|&(_, block)| Ok(decode(&op.read(block)?, block.offset())?.1))
+                .collect()
+        })
+    }
+
+    /// The heap the queue lives in.
+    pub fn heap(&self) -> &'h Heap {
+        self.heap
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use montage_core::{HeapConfig, SimMode};
+
+    /// An operation of epoch `e` must not act on a queue a newer operation changed.
+    #[test]
+    fn an_older_operation_that_meets_a_newer_change_aborts() {
+        let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
+        let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
+        queue.push_back(1).unwrap();
+        let old = heap.begin_op().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                heap.advance_epoch().unwrap();
+                assert_eq!(queue.pop_front().unwrap(), Some(1));
+            });
+        });
+        assert!(matches!(queue.pop_in(&old), Err(Error::Aborted)));
+        let mut bytes = vec![0u8; 16];
+        assert!(matches!(
+            queue.push_in(&old, &mut bytes),
+            Err(Error::Aborted)
+        ));
+        old.abort().unwrap();
+        assert_eq!(queue.pop_front().unwrap(), None);
+    }
+}
