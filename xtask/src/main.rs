@@ -116,7 +116,7 @@ fn ci() -> Result {
     // Typed payloads with verified swaps, and the collections: 300 seeds of two crashes each.
     for (package, test) in [
         ("montage", "payload_crash"),
-        ("montage-collections", "hash_map_crash"),
+        ("montage-collections", "map_crash"),
         ("montage-collections", "queue_crash"),
     ] {
         cargo(

@@ -25,9 +25,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::CachePadded;
-use montage_core::{BlockKind, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, ScanFilter};
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
-use crate::entry;
+use crate::{entry, structure};
 
 /// Stripes in a new map's index (a power of two).
 const STRIPES: usize = 1024;
@@ -83,11 +83,7 @@ where
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &'h Heap, name: &str) -> Result<HashMap<'h, K, V>> {
         let type_id = entry::type_id::<K, V>("hash-map");
-        let existing = heap.lookup(name);
-        let owner = match existing {
-            Some(owner) => owner,
-            None => heap.register(name)?,
-        };
+        let (owner, existed) = structure::owner(heap, name)?;
         let map = HashMap {
             heap,
             owner,
@@ -104,7 +100,7 @@ where
             len: AtomicUsize::new(0),
             _value: PhantomData,
         };
-        if existing.is_some() {
+        if existed {
             map.rebuild()?;
         }
         Ok(map)
@@ -112,35 +108,20 @@ where
 
     /// Fills the index from the payloads recovery kept.
     fn rebuild(&self) -> Result<()> {
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        let filter = ScanFilter::all().owner(self.owner);
-        self.heap.scan(filter, threads, |view| {
-            let info = view.info();
-            if info.spec.kind == BlockKind::Delete {
-                return Ok(());
-            }
-            if info.spec.type_id != self.type_id {
-                return Err(Error::LayoutMismatch {
-                    type_name: "montage_collections::HashMap entry",
-                    stored: info.spec.type_id,
-                    compiled: self.type_id,
-                });
-            }
-            let mut bytes = vec![0u8; info.len as usize];
-            view.read(0, &mut bytes)?;
-            let (key, _) = entry::decode::<K, V>(&bytes)?;
+        let name = "montage_collections::HashMap entry";
+        structure::scan_payloads(self.heap, self.owner, self.type_id, name, |block, bytes| {
+            let (key, _) = entry::decode::<K, V>(bytes)?;
             let mut stripe = lock(self.stripe(&key));
-            if stripe.blocks.insert(key, info.block).is_some() {
+            if stripe.blocks.insert(key, block).is_some() {
                 return Err(Error::Corrupted {
-                    offset: info.block.offset(),
+                    offset: block.offset(),
                     what: "two live entries of a hash map have the same key",
                 });
             }
             // ORDERING: counted during the scan; `open` returns after the scan's joins.
             self.len.fetch_add(1, Ordering::Relaxed);
             Ok(())
-        })?;
-        Ok(())
+        })
     }
 
     fn stripe(&self, key: &K) -> &Mutex<Stripe<K>> {
@@ -408,21 +389,19 @@ mod tests {
         let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
         let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
         map.insert(1, 10).unwrap();
-        let old = heap.begin_op().unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                heap.advance_epoch().unwrap();
-                assert_eq!(map.remove(&1).unwrap(), Some(10));
-            });
-        });
-        let bytes = entry::encode(&1u64, &11u64);
-        assert!(matches!(
-            map.insert_in(&old, &1, &bytes),
-            Err(Error::Aborted)
-        ));
-        assert!(matches!(map.get_in(&old, &1), Err(Error::Aborted)));
-        assert!(matches!(map.remove_in(&old, &1), Err(Error::Aborted)));
-        old.abort().unwrap();
+        structure::with_older_operation(
+            &heap,
+            || assert_eq!(map.remove(&1).unwrap(), Some(10)),
+            |old| {
+                let bytes = entry::encode(&1u64, &11u64);
+                assert!(matches!(
+                    map.insert_in(old, &1, &bytes),
+                    Err(Error::Aborted)
+                ));
+                assert!(matches!(map.get_in(old, &1), Err(Error::Aborted)));
+                assert!(matches!(map.remove_in(old, &1), Err(Error::Aborted)));
+            },
+        );
         // A new operation sees the removal.
         assert_eq!(map.get(&1).unwrap(), None);
     }

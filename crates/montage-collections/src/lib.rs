@@ -8,6 +8,7 @@
 //! that completed before a [`Heap::sync`](montage_core::Heap::sync) that returned is in it.
 //!
 //! * [`HashMap`]: lock-striped buckets.
+//! * [`SortedMap`]: an ordered map (a concurrent skip list index) with range scans.
 //! * [`Queue`]: a FIFO queue whose elements carry sequence numbers.
 
 #![forbid(unsafe_code)]
@@ -15,6 +16,9 @@
 mod entry;
 pub mod hash_map;
 pub mod queue;
+pub mod sorted_map;
+mod structure;
 
 pub use hash_map::HashMap;
 pub use queue::Queue;
+pub use sorted_map::SortedMap;

@@ -18,9 +18,9 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use montage_core::{
-    BlockKind, Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result, ScanFilter,
-};
+use montage_core::{Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result};
+
+use crate::structure;
 
 /// The DRAM side of the queue.
 #[derive(Debug)]
@@ -84,30 +84,14 @@ impl<'h, T: Codec> Queue<'h, T> {
             .str("queue")
             .u64(T::CODEC_ID)
             .finish();
-        let existing = heap.lookup(name);
-        let owner = match existing {
-            Some(owner) => owner,
-            None => heap.register(name)?,
-        };
+        let (owner, existed) = structure::owner(heap, name)?;
         let mut elements = Vec::new();
-        if existing.is_some() {
+        if existed {
             let found = Mutex::new(Vec::new());
-            let threads = std::thread::available_parallelism().map_or(1, usize::from);
-            heap.scan(ScanFilter::all().owner(owner), threads, |view| {
-                let info = view.info();
-                if info.spec.kind == BlockKind::Delete {
-                    return Ok(());
-                }
-                if info.spec.type_id != type_id {
-                    return Err(Error::LayoutMismatch {
-                        type_name: "montage_collections::Queue element",
-                        stored: info.spec.type_id,
-                        compiled: type_id,
-                    });
-                }
-                let mut seq = [0u8; 8];
-                view.read(0, &mut seq)?;
-                lock(&found).push((u64::from_le_bytes(seq), info.block));
+            let name = "montage_collections::Queue element";
+            structure::scan_payloads(heap, owner, type_id, name, |block, bytes| {
+                let (seq, _) = decode::<T>(bytes, block.offset())?;
+                lock(&found).push((seq, block));
                 Ok(())
             })?;
             elements = found.into_inner().unwrap_or_else(PoisonError::into_inner);
@@ -245,20 +229,18 @@ mod tests {
         let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
         let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
         queue.push_back(1).unwrap();
-        let old = heap.begin_op().unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                heap.advance_epoch().unwrap();
-                assert_eq!(queue.pop_front().unwrap(), Some(1));
-            });
-        });
-        assert!(matches!(queue.pop_in(&old), Err(Error::Aborted)));
-        let mut bytes = vec![0u8; 16];
-        assert!(matches!(
-            queue.push_in(&old, &mut bytes),
-            Err(Error::Aborted)
-        ));
-        old.abort().unwrap();
+        structure::with_older_operation(
+            &heap,
+            || assert_eq!(queue.pop_front().unwrap(), Some(1)),
+            |old| {
+                assert!(matches!(queue.pop_in(old), Err(Error::Aborted)));
+                let mut bytes = vec![0u8; 16];
+                assert!(matches!(
+                    queue.push_in(old, &mut bytes),
+                    Err(Error::Aborted)
+                ));
+            },
+        );
         assert_eq!(queue.pop_front().unwrap(), None);
     }
 }

@@ -6,16 +6,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{Event, MapKey, MapOp, Ticks, linearizable};
 use montage_collections::HashMap;
-use montage_core::{EpochLength, Error, Heap, HeapConfig, SimMode, SplitMix64};
+use montage_core::{Error, Heap, HeapConfig, SimMode};
 use proptest::prelude::*;
-
-/// One key's recorded operations.
-type History = Vec<Event<MapOp, Option<u64>>>;
 
 fn sim_heap(size: u64) -> Heap {
     Heap::create(&HeapConfig::simulated(size, SimMode::Prefix)).unwrap()
@@ -147,102 +141,12 @@ fn reopening_with_other_types_is_a_layout_mismatch() {
     assert_eq!(map.get(&1).unwrap(), Some(2));
 }
 
-/// Threads run random operations on a few keys while the clock advances; each key's
-/// history (a map is linearizable iff each key's history is) must have a linearization.
 #[test]
 fn concurrent_histories_are_linearizable() {
-    const THREADS: u64 = 3;
-    const OPS: u64 = 120;
-    const KEYS: u64 = 6;
-    for round in 0..12u64 {
-        let heap = Heap::create(&HeapConfig::in_memory(8 << 20).epoch_length(EpochLength::Manual))
-            .unwrap();
-        let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
-        let ticks = Ticks::default();
-        let histories: Vec<Mutex<History>> = (0..KEYS).map(|_| Mutex::new(Vec::new())).collect();
-        let done = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                while !done.load(Ordering::Relaxed) {
-                    heap.advance_epoch().unwrap();
-                    std::thread::yield_now();
-                }
-            });
-            let workers: Vec<_> = (0..THREADS)
-                .map(|t| {
-                    let (map, ticks, histories) = (&map, &ticks, &histories);
-                    s.spawn(move || {
-                        let mut rng = SplitMix64::new(round * 31 + t);
-                        for i in 0..OPS {
-                            let key = rng.next_u64() % KEYS;
-                            let op = match rng.next_u64() % 3 {
-                                0 => MapOp::Get,
-                                1 => MapOp::Insert((t << 32) | i),
-                                _ => MapOp::Remove,
-                            };
-                            let call = ticks.now();
-                            let result = match op {
-                                MapOp::Get => map.get(&key),
-                                MapOp::Insert(v) => map.insert(key, v),
-                                MapOp::Remove => map.remove(&key),
-                            }
-                            .unwrap();
-                            let ret = ticks.now();
-                            histories[key as usize].lock().unwrap().push(Event {
-                                call,
-                                ret,
-                                op,
-                                result,
-                            });
-                        }
-                    })
-                })
-                .collect();
-            for w in workers {
-                w.join().unwrap();
-            }
-            done.store(true, Ordering::Relaxed);
-        });
-        for (key, history) in histories.iter().enumerate() {
-            let history = history.lock().unwrap();
-            assert!(
-                linearizable::<MapKey>(&None, &history),
-                "round {round}, key {key}: no linearization of {history:?}"
-            );
-        }
-    }
+    common::check_map_linearizability(common::open_hash_map);
 }
 
-/// One million entries: inserted, synced, closed, reopened from the file, and every one
-/// read back.
 #[test]
 fn a_million_entries_are_recovered() {
-    const N: u64 = 1_000_000;
-    let dir = tempfile::tempdir().unwrap();
-    let config = HeapConfig::new(dir.path().join("heap")).size(256 << 20);
-    let heap = Heap::create(&config).unwrap();
-    let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "big").unwrap();
-    std::thread::scope(|s| {
-        for t in 0..2 {
-            let map = &map;
-            s.spawn(move || {
-                for k in (t..N).step_by(2) {
-                    map.insert(k, k.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-                        .unwrap();
-                }
-            });
-        }
-    });
-    drop(map);
-    heap.close().unwrap();
-    let heap = Heap::open(&config).unwrap();
-    let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "big").unwrap();
-    assert_eq!(map.len() as u64, N);
-    for k in 0..N {
-        assert_eq!(
-            map.get(&k).unwrap(),
-            Some(k.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-            "key {k}"
-        );
-    }
+    common::check_million_recovered(common::open_hash_map);
 }

@@ -6,12 +6,10 @@
 mod common;
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{Event, Fifo, QueueOp, Ticks, linearizable};
+use common::{Fifo, QueueOp, linearizable};
 use montage_collections::Queue;
-use montage_core::{EpochLength, Error, Heap, HeapConfig, SimMode, SplitMix64};
+use montage_core::{EpochLength, Error, Heap, HeapConfig, SimMode};
 use proptest::prelude::*;
 
 proptest! {
@@ -74,56 +72,30 @@ fn reopening_with_another_element_type_is_a_layout_mismatch() {
 /// linearization (histories are kept short enough for the exhaustive search).
 #[test]
 fn concurrent_histories_are_linearizable() {
-    const THREADS: u64 = 3;
-    const OPS: u64 = 30;
     for round in 0..30u64 {
         let heap = Heap::create(&HeapConfig::in_memory(4 << 20).epoch_length(EpochLength::Manual))
             .unwrap();
         let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
-        let ticks = Ticks::default();
-        let history = Mutex::new(Vec::new());
-        let done = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                while !done.load(Ordering::Relaxed) {
-                    heap.advance_epoch().unwrap();
-                    std::thread::yield_now();
+        let history = common::record_history(
+            &heap,
+            round,
+            3,
+            30,
+            |rng, t, i| {
+                if rng.next_u64().is_multiple_of(2) {
+                    QueueOp::Push((t << 32) | i)
+                } else {
+                    QueueOp::Pop
                 }
-            });
-            let workers: Vec<_> = (0..THREADS)
-                .map(|t| {
-                    let (queue, ticks, history) = (&queue, &ticks, &history);
-                    s.spawn(move || {
-                        let mut rng = SplitMix64::new(round * 17 + t);
-                        for i in 0..OPS {
-                            let op = if rng.next_u64().is_multiple_of(2) {
-                                QueueOp::Push((t << 32) | i)
-                            } else {
-                                QueueOp::Pop
-                            };
-                            let call = ticks.now();
-                            let result = match op {
-                                QueueOp::Push(v) => queue.push_back(v).map(|()| None),
-                                QueueOp::Pop => queue.pop_front(),
-                            }
-                            .unwrap();
-                            let ret = ticks.now();
-                            history.lock().unwrap().push(Event {
-                                call,
-                                ret,
-                                op,
-                                result,
-                            });
-                        }
-                    })
-                })
-                .collect();
-            for w in workers {
-                w.join().unwrap();
-            }
-            done.store(true, Ordering::Relaxed);
-        });
-        let history = history.into_inner().unwrap();
+            },
+            |op| {
+                match op {
+                    QueueOp::Push(v) => queue.push_back(*v).map(|()| None),
+                    QueueOp::Pop => queue.pop_front(),
+                }
+                .unwrap()
+            },
+        );
         assert!(
             linearizable::<Fifo>(&VecDeque::new(), &history),
             "round {round}: no linearization of {history:?}"

@@ -157,3 +157,179 @@ impl Spec for Fifo {
         }
     }
 }
+
+/// The two maps, as the map tests drive them (`u64` keys and values).
+pub trait TestMap: Sync {
+    fn insert(&self, key: u64, value: u64) -> Option<u64>;
+    fn remove(&self, key: u64) -> Option<u64>;
+    fn get(&self, key: u64) -> Option<u64>;
+    fn entries(&self) -> std::collections::BTreeMap<u64, u64>;
+}
+
+/// Opens one of the maps as a [`TestMap`].
+pub type Opener = for<'h> fn(&'h montage_core::Heap, &str) -> Box<dyn TestMap + 'h>;
+
+macro_rules! test_map {
+    ($map:ident, $open:ident) => {
+        impl TestMap for montage_collections::$map<'_, u64, u64> {
+            fn insert(&self, key: u64, value: u64) -> Option<u64> {
+                montage_collections::$map::insert(self, key, value).unwrap()
+            }
+            fn remove(&self, key: u64) -> Option<u64> {
+                montage_collections::$map::remove(self, &key).unwrap()
+            }
+            fn get(&self, key: u64) -> Option<u64> {
+                montage_collections::$map::get(self, &key).unwrap()
+            }
+            fn entries(&self) -> std::collections::BTreeMap<u64, u64> {
+                self.iter().map(Result::unwrap).collect()
+            }
+        }
+
+        pub fn $open<'h>(heap: &'h montage_core::Heap, name: &str) -> Box<dyn TestMap + 'h> {
+            Box::new(montage_collections::$map::<u64, u64>::open(heap, name).unwrap())
+        }
+    };
+}
+test_map!(HashMap, open_hash_map);
+test_map!(SortedMap, open_sorted_map);
+
+/// One key's recorded operations.
+type History = Vec<Event<MapOp, Option<u64>>>;
+
+/// Runs `threads` threads of `ops` operations each on `heap`'s structures while another
+/// thread advances the clock as fast as it can; `make` picks each operation (from a
+/// per-thread generator seeded by `seed`, the thread and the index) and `run` runs it.
+/// Returns the history, every event stamped with one shared clock.
+pub fn record_history<Op, Ret>(
+    heap: &montage_core::Heap,
+    seed: u64,
+    threads: u64,
+    ops: u64,
+    make: impl Fn(&mut montage_core::SplitMix64, u64, u64) -> Op + Sync,
+    run: impl Fn(&Op) -> Ret + Sync,
+) -> Vec<Event<Op, Ret>>
+where
+    Op: Send,
+    Ret: Send,
+{
+    let ticks = Ticks::default();
+    let history = std::sync::Mutex::new(Vec::new());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                heap.advance_epoch().unwrap();
+                std::thread::yield_now();
+            }
+        });
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (ticks, history, make, run) = (&ticks, &history, &make, &run);
+                s.spawn(move || {
+                    let mut rng = montage_core::SplitMix64::new(seed.wrapping_mul(31) + t);
+                    for i in 0..ops {
+                        let op = make(&mut rng, t, i);
+                        let call = ticks.now();
+                        let result = run(&op);
+                        let ret = ticks.now();
+                        history.lock().unwrap().push(Event {
+                            call,
+                            ret,
+                            op,
+                            result,
+                        });
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    history.into_inner().unwrap()
+}
+
+/// Threads run random operations on a few keys while the clock advances; each key's
+/// history (a map is linearizable iff each key's history is) must have a linearization.
+pub fn check_map_linearizability(open: Opener) {
+    const KEYS: u64 = 6;
+    for round in 0..12u64 {
+        let heap = montage_core::Heap::create(
+            &montage_core::HeapConfig::in_memory(8 << 20)
+                .epoch_length(montage_core::EpochLength::Manual),
+        )
+        .unwrap();
+        let map = open(&heap, "m");
+        let history = record_history(
+            &heap,
+            round,
+            3,
+            120,
+            |rng, t, i| {
+                let key = rng.next_u64() % KEYS;
+                let op = match rng.next_u64() % 3 {
+                    0 => MapOp::Get,
+                    1 => MapOp::Insert((t << 32) | i),
+                    _ => MapOp::Remove,
+                };
+                (key, op)
+            },
+            |(key, op)| match op {
+                MapOp::Get => map.get(*key),
+                MapOp::Insert(v) => map.insert(*key, *v),
+                MapOp::Remove => map.remove(*key),
+            },
+        );
+        for key in 0..KEYS {
+            let of_key: History = history
+                .iter()
+                .filter(|e| e.op.0 == key)
+                .map(|e| Event {
+                    call: e.call,
+                    ret: e.ret,
+                    op: e.op.1.clone(),
+                    result: e.result,
+                })
+                .collect();
+            assert!(
+                linearizable::<MapKey>(&None, &of_key),
+                "round {round}, key {key}: no linearization of {of_key:?}"
+            );
+        }
+    }
+}
+
+/// One million entries: inserted by two threads, synced, closed, reopened from the file,
+/// and every one read back.
+pub fn check_million_recovered(open: Opener) {
+    const N: u64 = 1_000_000;
+    let value = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let dir = tempfile::tempdir().unwrap();
+    let config = montage_core::HeapConfig::new(dir.path().join("heap")).size(256 << 20);
+    let heap = montage_core::Heap::create(&config).unwrap();
+    let map = open(&heap, "big");
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let map = &map;
+            s.spawn(move || {
+                for k in (t..N).step_by(2) {
+                    map.insert(k, value(k));
+                }
+            });
+        }
+    });
+    drop(map);
+    heap.close().unwrap();
+    let heap = montage_core::Heap::open(&config).unwrap();
+    let map = open(&heap, "big");
+    let entries = map.entries();
+    assert_eq!(entries.len() as u64, N);
+    for (k, v) in entries {
+        assert_eq!(v, value(k), "key {k}");
+    }
+    for k in (0..N).step_by(9973) {
+        assert_eq!(map.get(k), Some(value(k)), "key {k}");
+    }
+}

@@ -1,4 +1,4 @@
-//! `HashMap` on the power-failure simulator: threads insert and remove on a few keys while
+//! The maps (`HashMap`, `SortedMap`) on the power-failure simulator: threads insert and remove on a few keys while
 //! the clock advances and syncs; the simulator crashes at a random persistence event; the
 //! recovered map must be the state after exactly the operations of the epochs the
 //! recovered clock covers, and hold every operation a returned sync covered.
@@ -12,10 +12,12 @@
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use montage_collections::HashMap;
+use common::{Opener, TestMap};
 use montage_core::{
     Heap, HeapConfig, SimMode, SplitMix64, crash_generation, for_each_seed, run_against_clock,
 };
@@ -38,15 +40,16 @@ struct Done {
 /// Inserts `value` (or removes, for `None`); returns the epoch the map's operation took
 /// effect in and the value it replaced.
 fn insert_or_remove(
-    map: &HashMap<'_, u64, u64>,
+    heap: &Heap,
+    map: &dyn TestMap,
     key: u64,
     value: Option<u64>,
 ) -> (u64, Option<u64>) {
     let replaced = match value {
-        Some(v) => map.insert(key, v).unwrap(),
-        None => map.remove(&key).unwrap(),
+        Some(v) => map.insert(key, v),
+        None => map.remove(key),
     };
-    (map.heap().last_op_epoch().unwrap(), replaced)
+    (heap.last_op_epoch().unwrap(), replaced)
 }
 
 fn model(start: &BTreeMap<u64, u64>, log: &[Done], cut: u64) -> BTreeMap<u64, u64> {
@@ -72,14 +75,14 @@ fn model(start: &BTreeMap<u64, u64>, log: &[Done], cut: u64) -> BTreeMap<u64, u6
     state
 }
 
-fn run_seed(seed: u64) {
+fn run_seed(open: Opener, seed: u64) {
     let mode = SimMode::ALL[(seed % 4) as usize];
     let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
     let mut rng = SplitMix64::new(seed);
     let mut heap = Heap::create(&config).unwrap();
     let mut state = BTreeMap::new();
     for generation in 0..GENERATIONS {
-        let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+        let map = open(&heap, "m");
         let log = Mutex::new(Vec::new());
         let within = THREADS as u64 * OPS_PER_THREAD * 12;
         let crashed = crash_generation(&heap, &mut rng, within, seed, || {
@@ -89,7 +92,7 @@ fn run_seed(seed: u64) {
                     let key = rng.next_u64() % KEYS;
                     let value = (!rng.next_u64().is_multiple_of(4))
                         .then_some((generation << 40) | ((t as u64) << 32) | i);
-                    let (epoch, replaced) = insert_or_remove(&map, key, value);
+                    let (epoch, replaced) = insert_or_remove(&heap, &*map, key, value);
                     if value.is_some() || replaced.is_some() {
                         ended.record(epoch);
                     }
@@ -107,8 +110,7 @@ fn run_seed(seed: u64) {
         drop(heap);
         let want = model(&state, &log.into_inner().unwrap(), crashed.cut);
         heap = Heap::open_image(crashed.image, &config).unwrap();
-        let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
-        let got: BTreeMap<u64, u64> = map.iter().map(Result::unwrap).collect();
+        let got = open(&heap, "m").entries();
         assert_eq!(
             got, want,
             "generation {generation}: crash at {}, cut {}",
@@ -119,6 +121,13 @@ fn run_seed(seed: u64) {
 }
 
 #[test]
-fn recovered_map_is_the_model_of_the_recovered_epochs() {
-    for_each_seed("hash map", 24, run_seed);
+fn recovered_hash_map_is_the_model_of_the_recovered_epochs() {
+    for_each_seed("hash map", 24, |seed| run_seed(common::open_hash_map, seed));
+}
+
+#[test]
+fn recovered_sorted_map_is_the_model_of_the_recovered_epochs() {
+    for_each_seed("sorted map", 24, |seed| {
+        run_seed(common::open_sorted_map, seed);
+    });
 }

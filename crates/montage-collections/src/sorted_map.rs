@@ -1,0 +1,484 @@
+//! [`SortedMap`]: a buffered durably linearizable ordered map with range scans.
+//!
+//! Entries are payloads laid out as the hash map's ([`entry`](crate::entry)); the DRAM
+//! index is a concurrent skip list (crossbeam-skiplist) from each key to a slot: the
+//! payload's current block, or none for a key removed recently, and the epoch of the last
+//! operation that changed the key. Lookups and scans walk the skip list without locks;
+//! each key's slot has its own lock.
+//!
+//! # Linearization points
+//!
+//! `get`, `contains_key`, `insert`, `remove` and `update` run in one operation and hold the
+//! key's slot lock while they read or write its payload; they linearize at that access (at
+//! the slot or skip-list lookup for an absent key). An operation of an older epoch than the
+//! slot's stamp aborts and is retried, so each key's lock order agrees with epoch order.
+//! A removed key keeps its slot, stamped, until the clock is two epochs past the removal
+//! (no operation of an older epoch can run then); until that point the stamp makes an
+//! older operation that finds the key absent abort.
+//!
+//! Scans ([`range`](SortedMap::range), [`iter`](SortedMap::iter), and both ends) read each
+//! key in its own operation, in key order (either direction): every entry they return was
+//! the key's value at some point during the scan, but the scan as a whole is not a
+//! snapshot while others write.
+
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::ops::RangeBounds;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crossbeam_skiplist::SkipMap;
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
+
+use crate::{entry, structure};
+
+/// One key's state in the index.
+#[derive(Debug)]
+struct Slot {
+    /// The payload's current block; `None` after a removal (until the slot is purged).
+    block: Option<PBlock>,
+    /// The epoch of the last operation that changed the key.
+    stamp: u64,
+}
+
+type Index<K> = SkipMap<K, Mutex<Slot>>;
+
+/// A concurrent ordered map whose entries survive crashes (module docs).
+pub struct SortedMap<'h, K, V> {
+    heap: &'h Heap,
+    owner: OwnerId,
+    type_id: u64,
+    index: Index<K>,
+    len: AtomicUsize,
+    /// Removed keys, with the stamp of their removal, in removal order.
+    removed: Mutex<VecDeque<(K, u64)>>,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<K, V> std::fmt::Debug for SortedMap<'_, K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SortedMap")
+            .field("owner", &self.owner)
+            .field("len", &self.len.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<'h, K, V> SortedMap<'h, K, V>
+where
+    K: Codec + Ord + Clone,
+    V: Codec,
+{
+    /// Opens the map named `name` in `heap`, creating it if the heap has no structure of that
+    /// name, and rebuilding its index from its payloads (scanned in parallel) if it has.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LayoutMismatch`] if the map was written with other key or value types;
+    /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
+    /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
+    pub fn open(heap: &'h Heap, name: &str) -> Result<SortedMap<'h, K, V>> {
+        let type_id = entry::type_id::<K, V>("sorted-map");
+        let (owner, existed) = structure::owner(heap, name)?;
+        let map = SortedMap {
+            heap,
+            owner,
+            type_id,
+            index: SkipMap::new(),
+            len: AtomicUsize::new(0),
+            removed: Mutex::new(VecDeque::new()),
+            _value: PhantomData,
+        };
+        if existed {
+            map.rebuild()?;
+        }
+        Ok(map)
+    }
+
+    fn rebuild(&self) -> Result<()> {
+        let name = "montage_collections::SortedMap entry";
+        structure::scan_payloads(self.heap, self.owner, self.type_id, name, |block, bytes| {
+            let (key, _) = entry::decode::<K, V>(bytes)?;
+            let slot = self.index.get_or_insert_with(key, || {
+                Mutex::new(Slot {
+                    block: Some(block),
+                    stamp: 0,
+                })
+            });
+            if lock(slot.value()).block != Some(block) {
+                return Err(Error::Corrupted {
+                    offset: block.offset(),
+                    what: "two live entries of a sorted map have the same key",
+                });
+            }
+            // ORDERING: counted during the scan; `open` returns after the scan's joins.
+            self.len.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
+    /// Runs `f` on `key`'s slot, locked and checked against `op`'s epoch, creating the slot
+    /// if `create` and it is missing; `f` gets `None` for a missing slot.
+    fn with_slot<R>(
+        &self,
+        op: &OpGuard<'_>,
+        key: &K,
+        create: bool,
+        mut f: impl FnMut(Option<&mut Slot>) -> Result<R>,
+    ) -> Result<R> {
+        loop {
+            let found = if create {
+                Some(self.index.get_or_insert_with(key.clone(), || {
+                    Mutex::new(Slot {
+                        block: None,
+                        stamp: 0,
+                    })
+                }))
+            } else {
+                self.index.get(key)
+            };
+            let Some(found) = found else {
+                return f(None);
+            };
+            let mut slot = lock(found.value());
+            if found.is_removed() {
+                // Purged between the lookup and the lock: look again.
+                continue;
+            }
+            op.check_epoch(slot.stamp)?;
+            return f(Some(&mut slot));
+        }
+    }
+
+    /// The value of `key`.
+    ///
+    /// # Errors
+    ///
+    /// A heap error ([`Error::Corrupted`] for an entry that does not decode, ...).
+    pub fn get(&self, key: &K) -> Result<Option<V>> {
+        self.heap.run_op(|op| self.get_in(op, key))
+    }
+
+    fn get_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
+        self.with_slot(op, key, false, |slot| match slot.and_then(|s| s.block) {
+            Some(block) => Ok(Some(entry::decode_value(&op.read(block)?)?)),
+            None => Ok(None),
+        })
+    }
+
+    /// Whether the map holds `key`.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub fn contains_key(&self, key: &K) -> Result<bool> {
+        self.heap.run_op(|op| {
+            self.with_slot(op, key, false, |slot| match slot.and_then(|s| s.block) {
+                Some(block) => op.info(block).map(|_| true),
+                None => Ok(false),
+            })
+        })
+    }
+
+    /// Sets `key` to `value`; returns the value it replaced.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfSpace`] when the heap is full (nothing changed); as [`get`](Self::get).
+    // By value, as `std`'s; the key is cloned into the index because an aborted attempt
+    // must be able to run again.
+    #[allow(clippy::needless_pass_by_value)]
+    pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
+        let bytes = entry::encode(&key, &value);
+        let result = self.heap.run_op(|op| self.insert_in(op, &key, &bytes));
+        if result.is_err() {
+            // A slot created for a failed insert holds nothing; let the purge drop it.
+            lock(&self.removed).push_back((key, 0));
+        }
+        result
+    }
+
+    fn insert_in(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<Option<V>> {
+        self.with_slot(op, key, true, |slot| {
+            let Some(slot) = slot else {
+                unreachable!("with_slot creates the slot")
+            };
+            let old = if let Some(block) = slot.block {
+                let old = entry::decode_value(&op.read(block)?)?;
+                slot.block = Some(op.update(block, bytes)?);
+                Some(old)
+            } else {
+                slot.block = Some(op.alloc(self.owner, self.type_id, bytes)?);
+                // ORDERING: a statistic; the slot lock orders the entry itself.
+                self.len.fetch_add(1, Ordering::Relaxed);
+                None
+            };
+            slot.stamp = op.epoch();
+            Ok(old)
+        })
+    }
+
+    /// Removes `key`; returns its value.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn remove(&self, key: &K) -> Result<Option<V>> {
+        let removed = self.heap.run_op(|op| self.remove_in(op, key))?;
+        if let Some((_, stamp)) = removed {
+            lock(&self.removed).push_back((key.clone(), stamp));
+        }
+        self.purge();
+        Ok(removed.map(|(value, _)| value))
+    }
+
+    /// Removes `key`, returning its value and the epoch of the removal.
+    fn remove_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<(V, u64)>> {
+        self.with_slot(op, key, false, |slot| {
+            let Some(slot) = slot else { return Ok(None) };
+            let Some(block) = slot.block else {
+                return Ok(None);
+            };
+            let old = entry::decode_value(&op.read(block)?)?;
+            op.delete(block)?;
+            slot.block = None;
+            slot.stamp = op.epoch();
+            // ORDERING: a statistic; the slot lock orders the entry itself.
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            Ok(Some((old, op.epoch())))
+        })
+    }
+
+    /// Drops the slots of keys removed at least two epochs ago and not written since.
+    fn purge(&self) {
+        let now = self.heap.epoch();
+        loop {
+            let next = {
+                let mut removed = lock(&self.removed);
+                match removed.front() {
+                    Some((_, stamp)) if stamp + 2 <= now => removed.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some((key, stamp)) = next else { return };
+            if let Some(found) = self.index.get(&key) {
+                let slot = lock(found.value());
+                if slot.block.is_none() && slot.stamp == stamp {
+                    // Under the slot lock: whoever locks it next sees `is_removed`.
+                    found.remove();
+                }
+            }
+        }
+    }
+
+    /// Replaces the value of `key` with `f(&value)` atomically; returns the new value, or
+    /// `None` (calling nothing) if the key is absent. `f` may run more than once.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn update(&self, key: &K, mut f: impl FnMut(&V) -> V) -> Result<Option<V>>
+    where
+        V: Clone,
+    {
+        self.heap.run_op(|op| {
+            self.with_slot(op, key, false, |slot| {
+                let Some(slot) = slot else { return Ok(None) };
+                let Some(block) = slot.block else {
+                    return Ok(None);
+                };
+                let new = f(&entry::decode_value(&op.read(block)?)?);
+                slot.block = Some(op.update(block, &entry::encode(key, &new))?);
+                slot.stamp = op.epoch();
+                Ok(Some(new))
+            })
+        })
+    }
+
+    /// The number of entries (exact when no other thread is writing).
+    pub fn len(&self) -> usize {
+        // ORDERING: a statistic.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the map has no entries (as [`len`](Self::len)).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The entries whose keys lie in `range`, in key order; `.rev()` walks it backwards.
+    /// Each entry is read in its own operation (module docs); an error is yielded once and
+    /// ends the scan.
+    pub fn range<R: RangeBounds<K>>(&self, range: R) -> Range<'_, 'h, K, V, R> {
+        Range {
+            map: self,
+            inner: self.index.range(range),
+            failed: false,
+        }
+    }
+
+    /// Every entry, in key order (as [`range`](Self::range) over everything).
+    pub fn iter(&self) -> Range<'_, 'h, K, V, std::ops::RangeFull> {
+        self.range(..)
+    }
+
+    /// The entry with the smallest key.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub fn first_key_value(&self) -> Result<Option<(K, V)>> {
+        self.iter().next().transpose()
+    }
+
+    /// The entry with the largest key.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub fn last_key_value(&self) -> Result<Option<(K, V)>> {
+        self.iter().next_back().transpose()
+    }
+
+    /// Reads the entry of an index slot, in its own operation; `None` for a removed key.
+    fn read_slot(&self, key: &K, slot: &Mutex<Slot>) -> Result<Option<(K, V)>> {
+        self.heap.run_op(|op| {
+            let slot = lock(slot);
+            op.check_epoch(slot.stamp)?;
+            match slot.block {
+                Some(block) => Ok(Some((key.clone(), entry::decode_value(&op.read(block)?)?))),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// The heap the map lives in.
+    pub fn heap(&self) -> &'h Heap {
+        self.heap
+    }
+}
+
+impl<'m, 'h, K, V> IntoIterator for &'m SortedMap<'h, K, V>
+where
+    K: Codec + Ord + Clone,
+    V: Codec,
+{
+    type Item = Result<(K, V)>;
+    type IntoIter = Range<'m, 'h, K, V, std::ops::RangeFull>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// The iterator of [`SortedMap::range`] and [`SortedMap::iter`].
+pub struct Range<'m, 'h, K: Ord, V, R: RangeBounds<K>> {
+    map: &'m SortedMap<'h, K, V>,
+    inner: crossbeam_skiplist::map::Range<'m, K, R, K, Mutex<Slot>>,
+    failed: bool,
+}
+
+impl<K: Ord, V, R: RangeBounds<K>> std::fmt::Debug for Range<'_, '_, K, V, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Range").finish_non_exhaustive()
+    }
+}
+
+impl<K, V, R> Range<'_, '_, K, V, R>
+where
+    K: Codec + Ord + Clone,
+    V: Codec,
+    R: RangeBounds<K>,
+{
+    /// Reads index entries from the front (or the back) until one holds a live entry.
+    fn advance(&mut self, back: bool) -> Option<Result<(K, V)>> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            let found = if back {
+                self.inner.next_back()?
+            } else {
+                self.inner.next()?
+            };
+            match self.map.read_slot(found.key(), found.value()) {
+                Ok(Some(entry)) => return Some(Ok(entry)),
+                Ok(None) => {}
+                Err(err) => {
+                    self.failed = true;
+                    return Some(Err(err));
+                }
+            }
+        }
+    }
+}
+
+impl<K, V, R> Iterator for Range<'_, '_, K, V, R>
+where
+    K: Codec + Ord + Clone,
+    V: Codec,
+    R: RangeBounds<K>,
+{
+    type Item = Result<(K, V)>;
+
+    fn next(&mut self) -> Option<Result<(K, V)>> {
+        self.advance(false)
+    }
+}
+
+impl<K, V, R> DoubleEndedIterator for Range<'_, '_, K, V, R>
+where
+    K: Codec + Ord + Clone,
+    V: Codec,
+    R: RangeBounds<K>,
+{
+    fn next_back(&mut self) -> Option<Result<(K, V)>> {
+        self.advance(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use montage_core::{HeapConfig, SimMode};
+
+    /// An operation of epoch `e` that finds a key absent because an operation of `e + 1`
+    /// removed it must abort (module docs), and the removed key's slot is purged once the
+    /// clock is two epochs past the removal.
+    #[test]
+    fn an_older_operation_that_meets_a_newer_removal_aborts() {
+        let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
+        let map: SortedMap<'_, u64, u64> = SortedMap::open(&heap, "m").unwrap();
+        map.insert(1, 10).unwrap();
+        structure::with_older_operation(
+            &heap,
+            || assert_eq!(map.remove(&1).unwrap(), Some(10)),
+            |old| {
+                let bytes = entry::encode(&1u64, &11u64);
+                assert!(matches!(
+                    map.insert_in(old, &1, &bytes),
+                    Err(Error::Aborted)
+                ));
+                assert!(matches!(map.get_in(old, &1), Err(Error::Aborted)));
+            },
+        );
+        assert!(
+            map.index.get(&1).is_some(),
+            "the stamped slot stays for now"
+        );
+        heap.advance_epoch().unwrap();
+        heap.advance_epoch().unwrap();
+        map.purge();
+        assert!(
+            map.index.get(&1).is_none(),
+            "purged two epochs after the removal"
+        );
+        assert_eq!(map.get(&1).unwrap(), None);
+    }
+}

@@ -1,0 +1,62 @@
+//! What every structure does the same way: find or create its name in the heap directory,
+//! and rebuild from its payloads (checked to be of its payload type) in a parallel scan.
+
+use montage_core::{BlockKind, Error, Heap, OwnerId, PBlock, Result, ScanFilter};
+
+/// The owner id of structure `name`, registering it if the heap has none; and whether it
+/// existed (so has payloads to rebuild from).
+pub(crate) fn owner(heap: &Heap, name: &str) -> Result<(OwnerId, bool)> {
+    match heap.lookup(name) {
+        Some(owner) => Ok((owner, true)),
+        None => Ok((heap.register(name)?, false)),
+    }
+}
+
+/// Calls `visit` with every live payload of `owner` (its block and bytes), on as many
+/// threads as the machine has. A payload of another type than `type_id` (the structure was
+/// written with other key, value or element types) is [`Error::LayoutMismatch`].
+pub(crate) fn scan_payloads(
+    heap: &Heap,
+    owner: OwnerId,
+    type_id: u64,
+    type_name: &'static str,
+    visit: impl Fn(PBlock, &[u8]) -> Result<()> + Sync,
+) -> Result<()> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    heap.scan(ScanFilter::all().owner(owner), threads, |view| {
+        let info = view.info();
+        if info.spec.kind == BlockKind::Delete {
+            return Ok(());
+        }
+        if info.spec.type_id != type_id {
+            return Err(Error::LayoutMismatch {
+                type_name,
+                stored: info.spec.type_id,
+                compiled: type_id,
+            });
+        }
+        let mut bytes = vec![0u8; info.len as usize];
+        view.read(0, &mut bytes)?;
+        visit(info.block, &bytes)
+    })
+    .map(|_| ())
+}
+
+/// Test support: runs `newer` on another thread after moving the clock past the epoch of an
+/// operation begun here, then hands that older operation to `check` (and aborts it).
+#[cfg(test)]
+pub(crate) fn with_older_operation(
+    heap: &Heap,
+    newer: impl FnOnce() + Send,
+    check: impl FnOnce(&montage_core::OpGuard<'_>),
+) {
+    let old = heap.begin_op().expect("begin_op");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            heap.advance_epoch().expect("advance");
+            newer();
+        });
+    });
+    check(&old);
+    old.abort().expect("abort");
+}
