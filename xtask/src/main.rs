@@ -118,6 +118,7 @@ fn ci() -> Result {
         ("montage", "payload_crash"),
         ("montage-collections", "map_crash"),
         ("montage-collections", "queue_crash"),
+        ("montage-collections", "graph"),
     ] {
         cargo(
             &["test", "--release", "--package", package, "--test", test],

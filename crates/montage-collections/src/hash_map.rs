@@ -109,19 +109,25 @@ where
     /// Fills the index from the payloads recovery kept.
     fn rebuild(&self) -> Result<()> {
         let name = "montage_collections::HashMap entry";
-        structure::scan_payloads(self.heap, self.owner, self.type_id, name, |block, bytes| {
-            let (key, _) = entry::decode::<K, V>(bytes)?;
-            let mut stripe = lock(self.stripe(&key));
-            if stripe.blocks.insert(key, block).is_some() {
-                return Err(Error::Corrupted {
-                    offset: block.offset(),
-                    what: "two live entries of a hash map have the same key",
-                });
-            }
-            // ORDERING: counted during the scan; `open` returns after the scan's joins.
-            self.len.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })
+        structure::scan_payloads(
+            self.heap,
+            self.owner,
+            &[self.type_id],
+            name,
+            |_, block, bytes| {
+                let (key, _) = entry::decode::<K, V>(bytes)?;
+                let mut stripe = lock(self.stripe(&key));
+                if stripe.blocks.insert(key, block).is_some() {
+                    return Err(Error::Corrupted {
+                        offset: block.offset(),
+                        what: "two live entries of a hash map have the same key",
+                    });
+                }
+                // ORDERING: counted during the scan; `open` returns after the scan's joins.
+                self.len.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            },
+        )
     }
 
     fn stripe(&self, key: &K) -> &Mutex<Stripe<K>> {

@@ -10,15 +10,18 @@
 //! * [`HashMap`]: lock-striped buckets.
 //! * [`SortedMap`]: an ordered map (a concurrent skip list index) with range scans.
 //! * [`Queue`]: a FIFO queue whose elements carry sequence numbers.
+//! * [`Graph`]: a directed graph with values on vertices and edges.
 
 #![forbid(unsafe_code)]
 
 mod entry;
+pub mod graph;
 pub mod hash_map;
 pub mod queue;
 pub mod sorted_map;
 mod structure;
 
+pub use graph::Graph;
 pub use hash_map::HashMap;
 pub use queue::Queue;
 pub use sorted_map::SortedMap;

@@ -89,7 +89,7 @@ impl<'h, T: Codec> Queue<'h, T> {
         if existed {
             let found = Mutex::new(Vec::new());
             let name = "montage_collections::Queue element";
-            structure::scan_payloads(heap, owner, type_id, name, |block, bytes| {
+            structure::scan_payloads(heap, owner, &[type_id], name, |_, block, bytes| {
                 let (seq, _) = decode::<T>(bytes, block.offset())?;
                 lock(&found).push((seq, block));
                 Ok(())

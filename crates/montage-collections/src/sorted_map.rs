@@ -101,24 +101,30 @@ where
 
     fn rebuild(&self) -> Result<()> {
         let name = "montage_collections::SortedMap entry";
-        structure::scan_payloads(self.heap, self.owner, self.type_id, name, |block, bytes| {
-            let (key, _) = entry::decode::<K, V>(bytes)?;
-            let slot = self.index.get_or_insert_with(key, || {
-                Mutex::new(Slot {
-                    block: Some(block),
-                    stamp: 0,
-                })
-            });
-            if lock(slot.value()).block != Some(block) {
-                return Err(Error::Corrupted {
-                    offset: block.offset(),
-                    what: "two live entries of a sorted map have the same key",
+        structure::scan_payloads(
+            self.heap,
+            self.owner,
+            &[self.type_id],
+            name,
+            |_, block, bytes| {
+                let (key, _) = entry::decode::<K, V>(bytes)?;
+                let slot = self.index.get_or_insert_with(key, || {
+                    Mutex::new(Slot {
+                        block: Some(block),
+                        stamp: 0,
+                    })
                 });
-            }
-            // ORDERING: counted during the scan; `open` returns after the scan's joins.
-            self.len.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })
+                if lock(slot.value()).block != Some(block) {
+                    return Err(Error::Corrupted {
+                        offset: block.offset(),
+                        what: "two live entries of a sorted map have the same key",
+                    });
+                }
+                // ORDERING: counted during the scan; `open` returns after the scan's joins.
+                self.len.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            },
+        )
     }
 
     /// Runs `f` on `key`'s slot, locked and checked against `op`'s epoch, creating the slot

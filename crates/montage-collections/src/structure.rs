@@ -12,15 +12,16 @@ pub(crate) fn owner(heap: &Heap, name: &str) -> Result<(OwnerId, bool)> {
     }
 }
 
-/// Calls `visit` with every live payload of `owner` (its block and bytes), on as many
-/// threads as the machine has. A payload of another type than `type_id` (the structure was
-/// written with other key, value or element types) is [`Error::LayoutMismatch`].
+/// Calls `visit` with every live payload of `owner` (its type id, block and bytes), on as
+/// many threads as the machine has. A payload of a type not in `type_ids` (the structure
+/// was written with other key, value or element types) is [`Error::LayoutMismatch`]
+/// against the first of them.
 pub(crate) fn scan_payloads(
     heap: &Heap,
     owner: OwnerId,
-    type_id: u64,
+    type_ids: &[u64],
     type_name: &'static str,
-    visit: impl Fn(PBlock, &[u8]) -> Result<()> + Sync,
+    visit: impl Fn(u64, PBlock, &[u8]) -> Result<()> + Sync,
 ) -> Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     heap.scan(ScanFilter::all().owner(owner), threads, |view| {
@@ -28,16 +29,16 @@ pub(crate) fn scan_payloads(
         if info.spec.kind == BlockKind::Delete {
             return Ok(());
         }
-        if info.spec.type_id != type_id {
+        if !type_ids.contains(&info.spec.type_id) {
             return Err(Error::LayoutMismatch {
                 type_name,
                 stored: info.spec.type_id,
-                compiled: type_id,
+                compiled: type_ids.first().copied().unwrap_or(0),
             });
         }
         let mut bytes = vec![0u8; info.len as usize];
         view.read(0, &mut bytes)?;
-        visit(info.block, &bytes)
+        visit(info.spec.type_id, info.block, &bytes)
     })
     .map(|_| ())
 }

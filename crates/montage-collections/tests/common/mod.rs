@@ -243,10 +243,18 @@ where
                 })
             })
             .collect();
-        for w in workers {
-            w.join().unwrap();
-        }
+        let results: Vec<_> = workers
+            .into_iter()
+            .map(std::thread::ScopedJoinHandle::join)
+            .collect();
+        // Stop the clock thread before a worker's panic is passed on, or the scope would
+        // wait for it forever.
         done.store(true, Ordering::Relaxed);
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
     });
     history.into_inner().unwrap()
 }
