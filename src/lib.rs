@@ -9,3 +9,6 @@ pub use montage_core::*;
 /// marked `#[payload(atomic)]`). See the crate docs for an example.
 #[cfg(feature = "derive")]
 pub use montage_derive::Payload;
+
+/// The ready structures (`montage-collections`): hash map, ordered map, queue and graph.
+pub use montage_collections as collections;

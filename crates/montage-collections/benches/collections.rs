@@ -1,0 +1,154 @@
+//! The hot operations of each structure, one thread, on a pmem-backend heap file in
+//! `MONTAGE_BENCH_DIR` (default `/dev/shm`) with the default 50 ms epochs:
+//!
+//! * hash map and sorted map: `get` of a present key, `insert` replacing a value, and an
+//!   `insert` + `remove` pair of a fresh key, on a map prefilled with 100,000 entries
+//!   (`u64` keys, 8-byte values);
+//! * queue: a `push_back` + `pop_front` pair on a queue of 1,000 elements;
+//! * graph: `add_edge` + `remove_edge` and `neighbours` on a ring of 10,000 vertices.
+
+#![forbid(unsafe_code)]
+#![allow(missing_docs)] // criterion_group! generates undocumented public functions
+#![allow(clippy::unwrap_used)] // a benchmark stops loudly
+
+use std::hint::black_box;
+use std::path::PathBuf;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use montage_collections::{Graph, HashMap, Queue, SortedMap};
+use montage_core::{BackendKind, Heap, HeapConfig, SplitMix64};
+
+const PREFILL: u64 = 100_000;
+
+fn heap(name: &str) -> (Heap, PathBuf) {
+    let dir = std::env::var_os("MONTAGE_BENCH_DIR").map_or_else(
+        || {
+            let shm = PathBuf::from("/dev/shm");
+            if shm.is_dir() {
+                shm
+            } else {
+                std::env::temp_dir()
+            }
+        },
+        PathBuf::from,
+    );
+    let path = dir.join(format!("montage-bench-{}-{name}.heap", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let config = HeapConfig::new(&path)
+        .size(1 << 30)
+        .backend(BackendKind::Pmem);
+    (Heap::create(&config).unwrap(), path)
+}
+
+/// A map-like structure, for the benchmarks both maps share.
+trait Map: Sync {
+    fn get(&self, key: u64) -> Option<u64>;
+    fn insert(&self, key: u64, value: u64) -> Option<u64>;
+    fn remove(&self, key: u64) -> Option<u64>;
+}
+
+impl Map for HashMap<'_, u64, u64> {
+    fn get(&self, key: u64) -> Option<u64> {
+        HashMap::get(self, &key).unwrap()
+    }
+    fn insert(&self, key: u64, value: u64) -> Option<u64> {
+        HashMap::insert(self, key, value).unwrap()
+    }
+    fn remove(&self, key: u64) -> Option<u64> {
+        HashMap::remove(self, &key).unwrap()
+    }
+}
+
+impl Map for SortedMap<'_, u64, u64> {
+    fn get(&self, key: u64) -> Option<u64> {
+        SortedMap::get(self, &key).unwrap()
+    }
+    fn insert(&self, key: u64, value: u64) -> Option<u64> {
+        SortedMap::insert(self, key, value).unwrap()
+    }
+    fn remove(&self, key: u64) -> Option<u64> {
+        SortedMap::remove(self, &key).unwrap()
+    }
+}
+
+fn map_benches(c: &mut Criterion, name: &str, map: &dyn Map) {
+    for k in 0..PREFILL {
+        map.insert(k, k);
+    }
+    let mut group = c.benchmark_group(name);
+    let mut rng = SplitMix64::new(1);
+    group.bench_function("get", |b| {
+        b.iter(|| black_box(map.get(rng.next_u64() % PREFILL)));
+    });
+    group.bench_function("insert_replace", |b| {
+        b.iter(|| black_box(map.insert(rng.next_u64() % PREFILL, 7)));
+    });
+    let mut fresh = PREFILL;
+    group.bench_function("insert_remove_fresh", |b| {
+        b.iter(|| {
+            fresh += 1;
+            map.insert(fresh, 1);
+            black_box(map.remove(fresh))
+        });
+    });
+    group.finish();
+}
+
+fn maps(c: &mut Criterion) {
+    let (heap, path) = heap("maps");
+    let hash: HashMap<'_, u64, u64> = HashMap::open(&heap, "hash").unwrap();
+    map_benches(c, "hash_map", &hash);
+    let sorted: SortedMap<'_, u64, u64> = SortedMap::open(&heap, "sorted").unwrap();
+    map_benches(c, "sorted_map", &sorted);
+    drop((hash, sorted));
+    drop(heap);
+    let _ = std::fs::remove_file(path);
+}
+
+fn queue(c: &mut Criterion) {
+    let (heap, path) = heap("queue");
+    let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
+    for i in 0..1_000 {
+        queue.push_back(i).unwrap();
+    }
+    c.bench_function("queue/push_pop", |b| {
+        b.iter(|| {
+            queue.push_back(5).unwrap();
+            black_box(queue.pop_front().unwrap())
+        });
+    });
+    drop(queue);
+    drop(heap);
+    let _ = std::fs::remove_file(path);
+}
+
+fn graph(c: &mut Criterion) {
+    const N: u64 = 10_000;
+    let (heap, path) = heap("graph");
+    let graph: Graph<'_, u64, u64> = Graph::open(&heap, "g").unwrap();
+    for id in 0..N {
+        graph.add_vertex(id, &id).unwrap();
+    }
+    for id in 0..N {
+        graph.add_edge(id, (id + 1) % N, &1).unwrap();
+    }
+    let mut rng = SplitMix64::new(2);
+    let mut group = c.benchmark_group("graph");
+    group.bench_function("add_remove_edge", |b| {
+        b.iter(|| {
+            let (s, d) = (rng.next_u64() % N, rng.next_u64() % N);
+            graph.add_edge(s, d, &9).unwrap();
+            black_box(graph.remove_edge(s, d).unwrap())
+        });
+    });
+    group.bench_function("neighbours", |b| {
+        b.iter(|| black_box(graph.neighbours(rng.next_u64() % N).unwrap()));
+    });
+    group.finish();
+    drop(graph);
+    drop(heap);
+    let _ = std::fs::remove_file(path);
+}
+
+criterion_group!(benches, maps, queue, graph);
+criterion_main!(benches);
