@@ -1,8 +1,7 @@
 //! [`HashMap`]: a buffered durably linearizable hash map with lock-striped buckets.
 //!
-//! Every entry is one payload in the heap holding its key and value
-//! ([`entry`](crate::entry) layout); the DRAM index maps each key to its payload's current
-//! block. The index is split into stripes, each a `std` hash map (which grows as it fills)
+//! Every entry is one payload in the heap holding its key and value (the key's length, the
+//! key, the value); the DRAM index maps each key to its payload's current block. The index is split into stripes, each a `std` hash map (which grows as it fills)
 //! under its own lock, chosen by the key's hash.
 //!
 //! # Linearization points

@@ -1,6 +1,6 @@
 //! [`SortedMap`]: a buffered durably linearizable ordered map with range scans.
 //!
-//! Entries are payloads laid out as the hash map's ([`entry`](crate::entry)); the DRAM
+//! Entries are payloads laid out as the hash map's (key length, key, value); the DRAM
 //! index is a concurrent skip list (crossbeam-skiplist) from each key to a slot: the
 //! payload's current block, or none for a key removed recently, and the epoch of the last
 //! operation that changed the key. Lookups and scans walk the skip list without locks;
