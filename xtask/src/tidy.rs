@@ -11,6 +11,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/montage-core/src/heap/mapping.rs",
     "crates/montage-core/src/persist/x86.rs",
     "crates/montage-core/src/payload/cas.rs",
+    "crates/montage-core/src/payload/list.rs",
 ];
 
 pub(crate) fn run(root: &Path) -> Result {

@@ -1,7 +1,7 @@
 //! The hot operations of each structure, one thread, on a pmem-backend heap file in
 //! `MONTAGE_BENCH_DIR` (default `/dev/shm`) with the default 50 ms epochs:
 //!
-//! * hash map and sorted map: `get` of a present key, `insert` replacing a value, and an
+//! * the hash maps and the sorted map: `get` of a present key, `insert` replacing a value, and an
 //!   `insert` + `remove` pair of a fresh key, on a map prefilled with 100,000 entries
 //!   (`u64` keys, 8-byte values);
 //! * queue: a `push_back` + `pop_front` pair on a queue of 1,000 elements;
@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use montage_collections::{Graph, HashMap, Queue, SortedMap};
+use montage_collections::{Graph, HashMap, NbHashMap, Queue, SortedMap};
 use montage_core::{BackendKind, Heap, HeapConfig, SplitMix64};
 
 const PREFILL: u64 = 100_000;
@@ -59,6 +59,18 @@ impl Map for HashMap<'_, u64, u64> {
     }
 }
 
+impl Map for NbHashMap<'_, u64, u64> {
+    fn get(&self, key: u64) -> Option<u64> {
+        NbHashMap::get(self, &key).unwrap()
+    }
+    fn insert(&self, key: u64, value: u64) -> Option<u64> {
+        NbHashMap::insert(self, key, value).unwrap()
+    }
+    fn remove(&self, key: u64) -> Option<u64> {
+        NbHashMap::remove(self, &key).unwrap()
+    }
+}
+
 impl Map for SortedMap<'_, u64, u64> {
     fn get(&self, key: u64) -> Option<u64> {
         SortedMap::get(self, &key).unwrap()
@@ -98,9 +110,11 @@ fn maps(c: &mut Criterion) {
     let (heap, path) = heap("maps");
     let hash: HashMap<'_, u64, u64> = HashMap::open(&heap, "hash").unwrap();
     map_benches(c, "hash_map", &hash);
+    let nb: NbHashMap<'_, u64, u64> = NbHashMap::open(&heap, "nb").unwrap();
+    map_benches(c, "nb_hash_map", &nb);
     let sorted: SortedMap<'_, u64, u64> = SortedMap::open(&heap, "sorted").unwrap();
     map_benches(c, "sorted_map", &sorted);
-    drop((hash, sorted));
+    drop((hash, nb, sorted));
     drop(heap);
     let _ = std::fs::remove_file(path);
 }

@@ -296,12 +296,8 @@ where
 
     /// An iterator over every entry. It reads one stripe at a time, each in one operation,
     /// so while others write it is not a snapshot of the whole map; an error ends it.
-    pub fn iter(&self) -> Iter<'_, 'h, K, V> {
-        Iter {
-            map: self,
-            next_stripe: 0,
-            buffer: Vec::new().into_iter(),
-        }
+    pub fn iter(&self) -> impl Iterator<Item = Result<(K, V)>> + '_ {
+        structure::parts(self.stripes.len(), |index| self.stripe_entries(index))
     }
 
     /// The entries of stripe `index`, read in one operation.
@@ -320,62 +316,6 @@ where
     /// The heap the map lives in.
     pub fn heap(&self) -> &'h Heap {
         self.heap
-    }
-}
-
-/// The iterator of [`HashMap::iter`].
-pub struct Iter<'m, 'h, K, V> {
-    map: &'m HashMap<'h, K, V>,
-    next_stripe: usize,
-    buffer: std::vec::IntoIter<(K, V)>,
-}
-
-impl<K, V> std::fmt::Debug for Iter<'_, '_, K, V> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Iter")
-            .field("next_stripe", &self.next_stripe)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<K, V> Iterator for Iter<'_, '_, K, V>
-where
-    K: Codec + Hash + Eq + Clone,
-    V: Codec,
-{
-    type Item = Result<(K, V)>;
-
-    fn next(&mut self) -> Option<Result<(K, V)>> {
-        loop {
-            if let Some(entry) = self.buffer.next() {
-                return Some(Ok(entry));
-            }
-            if self.next_stripe >= self.map.stripes.len() {
-                return None;
-            }
-            let index = self.next_stripe;
-            self.next_stripe += 1;
-            match self.map.stripe_entries(index) {
-                Ok(entries) => self.buffer = entries.into_iter(),
-                Err(err) => {
-                    self.next_stripe = self.map.stripes.len();
-                    return Some(Err(err));
-                }
-            }
-        }
-    }
-}
-
-impl<'m, 'h, K, V> IntoIterator for &'m HashMap<'h, K, V>
-where
-    K: Codec + Hash + Eq + Clone,
-    V: Codec,
-{
-    type Item = Result<(K, V)>;
-    type IntoIter = Iter<'m, 'h, K, V>;
-
-    fn into_iter(self) -> Iter<'m, 'h, K, V> {
-        self.iter()
     }
 }
 

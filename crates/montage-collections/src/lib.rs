@@ -8,6 +8,7 @@
 //! that completed before a [`Heap::sync`](montage_core::Heap::sync) that returned is in it.
 //!
 //! * [`HashMap`]: lock-striped buckets.
+//! * [`NbHashMap`]: a nonblocking hash map on the epoch-verified compare-and-swap.
 //! * [`SortedMap`]: an ordered map (a concurrent skip list index) with range scans.
 //! * [`Queue`]: a FIFO queue whose elements carry sequence numbers.
 //! * [`Graph`]: a directed graph with values on vertices and edges.
@@ -17,11 +18,13 @@
 mod entry;
 pub mod graph;
 pub mod hash_map;
+pub mod nb_hash_map;
 pub mod queue;
 pub mod sorted_map;
 mod structure;
 
 pub use graph::Graph;
 pub use hash_map::HashMap;
+pub use nb_hash_map::NbHashMap;
 pub use queue::Queue;
 pub use sorted_map::SortedMap;

@@ -43,6 +43,52 @@ pub(crate) fn scan_payloads(
     .map(|_| ())
 }
 
+/// An iterator over a structure read in `count` parts (stripes, buckets), each part read
+/// by `read` in one operation when the iteration reaches it; an error is yielded once and
+/// ends it.
+pub(crate) fn parts<T>(
+    count: usize,
+    read: impl FnMut(usize) -> Result<Vec<T>>,
+) -> impl Iterator<Item = Result<T>> {
+    Parts {
+        count,
+        next: 0,
+        buffer: Vec::new().into_iter(),
+        read,
+    }
+}
+
+struct Parts<T, F> {
+    count: usize,
+    next: usize,
+    buffer: std::vec::IntoIter<T>,
+    read: F,
+}
+
+impl<T, F: FnMut(usize) -> Result<Vec<T>>> Iterator for Parts<T, F> {
+    type Item = Result<T>;
+
+    fn next(&mut self) -> Option<Result<T>> {
+        loop {
+            if let Some(item) = self.buffer.next() {
+                return Some(Ok(item));
+            }
+            if self.next >= self.count {
+                return None;
+            }
+            let index = self.next;
+            self.next += 1;
+            match (self.read)(index) {
+                Ok(items) => self.buffer = items.into_iter(),
+                Err(err) => {
+                    self.next = self.count;
+                    return Some(Err(err));
+                }
+            }
+        }
+    }
+}
+
 /// Test support: runs `newer` on another thread after moving the clock past the epoch of an
 /// operation begun here, then hands that older operation to `check` (and aborts it).
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The maps (`HashMap`, `SortedMap`) on the power-failure simulator: threads insert and remove on a few keys while
+//! The maps (`HashMap`, `NbHashMap`, `SortedMap`) on the power-failure simulator: threads insert and remove on a few keys while
 //! the clock advances and syncs; the simulator crashes at a random persistence event; the
 //! recovered map must be the state after exactly the operations of the epochs the
 //! recovered clock covers, and hold every operation a returned sync covered.
@@ -129,5 +129,12 @@ fn recovered_hash_map_is_the_model_of_the_recovered_epochs() {
 fn recovered_sorted_map_is_the_model_of_the_recovered_epochs() {
     for_each_seed("sorted map", 24, |seed| {
         run_seed(common::open_sorted_map, seed);
+    });
+}
+
+#[test]
+fn recovered_nb_hash_map_is_the_model_of_the_recovered_epochs() {
+    for_each_seed("nonblocking hash map", 24, |seed| {
+        run_seed(common::open_nb_hash_map, seed);
     });
 }

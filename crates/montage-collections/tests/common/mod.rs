@@ -193,6 +193,7 @@ macro_rules! test_map {
 }
 test_map!(HashMap, open_hash_map);
 test_map!(SortedMap, open_sorted_map);
+test_map!(NbHashMap, open_nb_hash_map);
 
 /// One key's recorded operations.
 type History = Vec<Event<MapOp, Option<u64>>>;

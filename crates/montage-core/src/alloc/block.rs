@@ -9,6 +9,13 @@ use crate::heap::layout::{HEADER_LEN, RawHeader};
 pub struct PBlock(pub(crate) u64);
 
 impl PBlock {
+    /// A handle for the block at heap offset `offset` (as stored, for example, in a DRAM
+    /// index word). Nothing is checked here; every access through the handle checks that a
+    /// live block is there.
+    pub fn from_offset(offset: u64) -> PBlock {
+        PBlock(offset)
+    }
+
     /// The heap offset of the block's header.
     pub fn offset(self) -> u64 {
         self.0

@@ -237,6 +237,22 @@ impl<'h> OpGuard<'h> {
         self.replace(&info, bytes)
     }
 
+    /// Writes a new version of `block`'s payload holding `bytes` to a new block with the
+    /// same uid, and retires `block`, even when `block` was written in this epoch: for
+    /// structures that publish the new version with a swap instead of under a lock, so that
+    /// readers of the old handle never see a half-written payload. (A superseded block of
+    /// this epoch becomes invalid when the operation ends; one of an older epoch stays
+    /// readable until it is reclaimed.)
+    ///
+    /// # Errors
+    ///
+    /// As [`update`](Self::update); [`Error::Retired`] is how a concurrent replacement of
+    /// the same block shows.
+    pub fn copy_update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
+        let info = self.info(block)?;
+        self.replace(&info, bytes)
+    }
+
     /// Writes `bytes` at byte `at` of `block`'s payload (inside its current length) and
     /// returns the handle to use from now on, as [`update`](Self::update) does.
     ///

@@ -177,7 +177,7 @@ pub(crate) struct Clock<'a> {
 }
 
 impl Clock<'_> {
-    fn of<'a>(op: &'a OpGuard<'_>) -> Clock<'a> {
+    pub(crate) fn of<'a>(op: &'a OpGuard<'_>) -> Clock<'a> {
         let epochs = &op.heap().shared().epochs;
         Clock {
             tracker: epochs.tracker(),
@@ -323,7 +323,7 @@ pub(crate) fn dcss(
 }
 
 /// The word's value, completing any swap found in progress.
-fn load_raw(word: &AtomicUsize, clock: Clock<'_>, guard: &reclaim::Guard) -> usize {
+pub(crate) fn load_raw(word: &AtomicUsize, clock: Clock<'_>, guard: &reclaim::Guard) -> usize {
     loop {
         // ORDERING: SeqCst, as in `dcss`.
         let raw = word.load(Ordering::SeqCst);
@@ -385,22 +385,34 @@ fn complete(word: &AtomicUsize, descriptor: &Descriptor, tagged: usize, clock: C
 }
 
 #[cfg(not(montage_loom))]
-mod reclaim {
+pub(crate) mod reclaim {
     use std::ptr::NonNull;
 
-    pub(super) use crossbeam_epoch::Guard;
+    pub(crate) use crossbeam_epoch::Guard;
 
-    pub(super) fn pin() -> Guard {
+    pub(crate) fn pin() -> Guard {
         crossbeam_epoch::pin()
     }
 
     /// Frees `descriptor` once no pinned thread can still reach it.
     pub(super) fn retire(descriptor: NonNull<super::Descriptor>, guard: &Guard) {
-        let ptr = descriptor.as_ptr();
+        // SAFETY: the owner retires its descriptor once, after `complete` swapped it out of
+        // the word (INV-CAS-1); it came from `Box::leak` in `dcss`.
+        unsafe { retire_box(descriptor, guard) };
+    }
+
+    /// Frees the `Box` at `ptr` once every thread pinned now has unpinned.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `Box::leak` (with its provenance), is retired once, and is no longer
+    /// reachable from any shared word, so that only threads pinned now can still hold it.
+    pub(crate) unsafe fn retire_box<T: Send>(ptr: NonNull<T>, guard: &Guard) {
+        let ptr = ptr.as_ptr();
         let free = move || {
             // SAFETY:
-            // - `ptr` came from `Box::leak` in `dcss` and is retired exactly once, by its
-            //   owner, after the word stopped holding it;
+            // - `ptr` came from `Box::leak` and is retired exactly once, after no shared word
+            //   holds it any more (this function's contract);
             // - so only threads pinned before the retirement can hold it, and this runs after
             //   all of them have unpinned.
             drop(unsafe { Box::from_raw(ptr) });
@@ -413,17 +425,24 @@ mod reclaim {
 }
 
 #[cfg(montage_loom)]
-mod reclaim {
+pub(crate) mod reclaim {
     use std::ptr::NonNull;
 
-    /// Nothing to pin: descriptors are leaked under loom.
-    pub(super) struct Guard;
+    /// Nothing to pin: descriptors and nodes are leaked under loom.
+    pub(crate) struct Guard;
 
-    pub(super) fn pin() -> Guard {
+    pub(crate) fn pin() -> Guard {
         Guard
     }
 
     pub(super) fn retire(_descriptor: NonNull<super::Descriptor>, _guard: &Guard) {}
+
+    /// Leaks (loom explores bounded executions).
+    ///
+    /// # Safety
+    ///
+    /// None needed; the signature matches the real one.
+    pub(crate) unsafe fn retire_box<T: Send>(_ptr: NonNull<T>, _guard: &Guard) {}
 }
 
 #[cfg(all(test, montage_loom))]

@@ -19,6 +19,8 @@ pub(crate) mod access;
 pub(crate) mod cas;
 pub(crate) mod codec;
 pub(crate) mod fingerprint;
+#[allow(unsafe_code)]
+pub(crate) mod list;
 pub(crate) mod registry;
 
 use std::marker::PhantomData;

@@ -1,0 +1,312 @@
+//! [`NbHashMap`]: a nonblocking buffered durably linearizable hash map.
+//!
+//! Entries are payloads laid out as [`HashMap`](crate::HashMap)'s. The DRAM index is a
+//! fixed array of buckets, each a [`VerifiedList`] (montage-core's lock-free sorted list
+//! whose changes are epoch-verified swaps) from key to the offset of the entry's current
+//! payload. No method takes a lock.
+//!
+//! # Linearization points
+//!
+//! An update first does all its payload work (a new payload; for a replacement, a new
+//! version of the old one, which claims the old block through its retired bit; for a
+//! removal, the anti-block), then publishes it with one epoch-verified swap of the key's
+//! value word in its bucket: that swap is the linearization point, and it succeeds only
+//! while the clock still reads the operation's epoch (INV-CAS-1). If the swap fails
+//! (another operation changed the key first, or the epoch moved), the operation aborts,
+//! which undoes its payload work, and runs again. A read linearizes at its load of the
+//! value word (and aborts if that holds a payload or a removal of a newer epoch). A
+//! failed swap means another operation's swap succeeded, so the map is lock-free.
+//!
+//! The bucket count is fixed when the map is opened ([`NbHashMap::with_buckets`]); lists
+//! grow as needed, so a map far larger than its bucket count works, only slower.
+
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, VerifiedList};
+
+use crate::{entry, structure};
+
+/// The default number of buckets.
+pub const DEFAULT_BUCKETS: usize = 1 << 16;
+
+/// A nonblocking concurrent hash map whose entries survive crashes (module docs).
+pub struct NbHashMap<'h, K, V> {
+    heap: &'h Heap,
+    owner: OwnerId,
+    type_id: u64,
+    hasher: std::collections::hash_map::RandomState,
+    buckets: Box<[VerifiedList<K>]>,
+    len: AtomicUsize,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<K, V> std::fmt::Debug for NbHashMap<'_, K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbHashMap")
+            .field("owner", &self.owner)
+            .field("buckets", &self.buckets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a read of a key found: its payload block and value.
+struct Found<V> {
+    block: PBlock,
+    value: V,
+}
+
+impl<'h, K, V> NbHashMap<'h, K, V>
+where
+    K: Codec + Hash + Ord + Clone,
+    V: Codec,
+{
+    /// Opens the map named `name` in `heap` with [`DEFAULT_BUCKETS`] buckets (see
+    /// [`with_buckets`](Self::with_buckets)).
+    ///
+    /// # Errors
+    ///
+    /// As [`with_buckets`](Self::with_buckets).
+    pub fn open(heap: &'h Heap, name: &str) -> Result<NbHashMap<'h, K, V>> {
+        NbHashMap::with_buckets(heap, name, DEFAULT_BUCKETS)
+    }
+
+    /// Opens the map named `name` in `heap` with `buckets` buckets (rounded up to a power of
+    /// two), creating it if the heap has no structure of that name and rebuilding its index
+    /// from its payloads (scanned in parallel) if it has.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LayoutMismatch`] if the map was written with other key or value types;
+    /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
+    /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
+    pub fn with_buckets(heap: &'h Heap, name: &str, buckets: usize) -> Result<NbHashMap<'h, K, V>> {
+        let (owner, existed) = structure::owner(heap, name)?;
+        let map = NbHashMap {
+            heap,
+            owner,
+            type_id: entry::type_id::<K, V>("hash-map"),
+            hasher: std::collections::hash_map::RandomState::new(),
+            buckets: (0..buckets.max(1).next_power_of_two())
+                .map(|_| VerifiedList::new())
+                .collect(),
+            len: AtomicUsize::new(0),
+            _value: PhantomData,
+        };
+        if existed {
+            let name = "montage_collections::NbHashMap entry";
+            structure::scan_payloads(heap, owner, &[map.type_id], name, |_, block, bytes| {
+                let (key, _) = entry::decode::<K, V>(bytes)?;
+                let bucket = map.bucket(&key);
+                let inserted = heap.run_op(|op| bucket.insert(op, &key, block.offset()))?;
+                if inserted.is_err() {
+                    return Err(Error::Corrupted {
+                        offset: block.offset(),
+                        what: "two live entries of a hash map have the same key",
+                    });
+                }
+                // ORDERING: counted during the scan; `open` returns after the scan's joins.
+                map.len.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })?;
+        }
+        Ok(map)
+    }
+
+    fn bucket(&self, key: &K) -> &VerifiedList<K> {
+        let hash = self.hasher.hash_one(key);
+        &self.buckets[hash as usize & (self.buckets.len() - 1)]
+    }
+
+    /// The key's payload and value as `op` sees them. A payload replaced between the load
+    /// of its offset and the read (it becomes invalid when the replacing operation ends)
+    /// is looked up again.
+    fn find(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<Found<V>>> {
+        let bucket = self.bucket(key);
+        let mut last = None;
+        loop {
+            let Some(offset) = bucket.get(op, key)? else {
+                return Ok(None);
+            };
+            let block = PBlock::from_offset(offset);
+            match op.read(block) {
+                Ok(bytes) => {
+                    return Ok(Some(Found {
+                        block,
+                        value: entry::decode_value(&bytes)?,
+                    }));
+                }
+                // The same offset twice: not a concurrent replacement but a broken index.
+                Err(Error::InvalidBlock { .. }) if last != Some(offset) => last = Some(offset),
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// The value of `key`.
+    ///
+    /// # Errors
+    ///
+    /// A heap error ([`Error::Corrupted`] for an entry that does not decode, ...).
+    pub fn get(&self, key: &K) -> Result<Option<V>> {
+        self.heap
+            .run_op(|op| Ok(self.find(op, key)?.map(|found| found.value)))
+    }
+
+    /// Whether the map holds `key`.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub fn contains_key(&self, key: &K) -> Result<bool> {
+        self.heap.run_op(|op| Ok(self.find(op, key)?.is_some()))
+    }
+
+    /// Sets `key` to `value`; returns the value it replaced.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfSpace`] when the heap is full (nothing changed); as [`get`](Self::get).
+    #[allow(clippy::needless_pass_by_value)] // as `std`'s: the map keeps the value (encoded)
+    pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
+        let bytes = entry::encode(&key, &value);
+        self.heap.run_op(|op| self.insert_in(op, &key, &bytes))
+    }
+
+    fn insert_in(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<Option<V>> {
+        let bucket = self.bucket(key);
+        if let Some(old) = self.find(op, key)? {
+            let new = op.copy_update(old.block, bytes).map_err(contended)?;
+            bucket
+                .replace(op, key, old.block.offset(), new.offset())?
+                .map_err(|_| Error::Aborted)?;
+            return Ok(Some(old.value));
+        }
+        let new = op.alloc(self.owner, self.type_id, bytes)?;
+        bucket
+            .insert(op, key, new.offset())?
+            .map_err(|_| Error::Aborted)?;
+        // ORDERING: a statistic; the verified swap orders the entry itself.
+        self.len.fetch_add(1, Ordering::Relaxed);
+        Ok(None)
+    }
+
+    /// Removes `key`; returns its value.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn remove(&self, key: &K) -> Result<Option<V>> {
+        self.heap.run_op(|op| self.remove_in(op, key))
+    }
+
+    fn remove_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
+        let Some(old) = self.find(op, key)? else {
+            return Ok(None);
+        };
+        op.delete(old.block).map_err(contended)?;
+        self.bucket(key)
+            .remove(op, key, old.block.offset())?
+            .map_err(|_| Error::Aborted)?;
+        // ORDERING: a statistic; the verified swap orders the entry itself.
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        Ok(Some(old.value))
+    }
+
+    /// Replaces the value of `key` with `f(&value)` atomically; returns the new value, or
+    /// `None` (calling nothing) if the key is absent. `f` may run more than once.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn update(&self, key: &K, mut f: impl FnMut(&V) -> V) -> Result<Option<V>>
+    where
+        V: Clone,
+    {
+        self.heap.run_op(|op| {
+            let Some(old) = self.find(op, key)? else {
+                return Ok(None);
+            };
+            let new = f(&old.value);
+            let block = op
+                .copy_update(old.block, &entry::encode(key, &new))
+                .map_err(contended)?;
+            self.bucket(key)
+                .replace(op, key, old.block.offset(), block.offset())?
+                .map_err(|_| Error::Aborted)?;
+            Ok(Some(new))
+        })
+    }
+
+    /// Sets `key` to `new` if its value equals `current` (an absent key never does);
+    /// otherwise returns the value found.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // the map keeps `new` (encoded)
+    pub fn compare_and_set(&self, key: &K, current: &V, new: V) -> Result<Result<(), Option<V>>>
+    where
+        V: PartialEq,
+    {
+        let bytes = entry::encode(key, &new);
+        self.heap.run_op(|op| {
+            let Some(old) = self.find(op, key)? else {
+                return Ok(Err(None));
+            };
+            if old.value != *current {
+                return Ok(Err(Some(old.value)));
+            }
+            let block = op.copy_update(old.block, &bytes).map_err(contended)?;
+            self.bucket(key)
+                .replace(op, key, old.block.offset(), block.offset())?
+                .map_err(|_| Error::Aborted)?;
+            Ok(Ok(()))
+        })
+    }
+
+    /// The number of entries (exact when no other thread is writing).
+    pub fn len(&self) -> usize {
+        // ORDERING: a statistic.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the map has no entries (as [`len`](Self::len)).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An iterator over every entry. It reads one bucket at a time, each in one operation,
+    /// so while others write it is not a snapshot of the whole map; an error ends it.
+    pub fn iter(&self) -> impl Iterator<Item = Result<(K, V)>> + '_ {
+        structure::parts(self.buckets.len(), |index| self.bucket_entries(index))
+    }
+
+    /// The entries of bucket `index`, read in one operation.
+    fn bucket_entries(&self, index: usize) -> Result<Vec<(K, V)>> {
+        self.heap.run_op(|op| {
+            self.buckets[index]
+                .entries(op)?
+                .into_iter()
+                .map(|(key, offset)| {
+                    let bytes = op.read(PBlock::from_offset(offset)).map_err(contended)?;
+                    Ok((key, entry::decode_value(&bytes)?))
+                })
+                .collect()
+        })
+    }
+
+    /// The heap the map lives in.
+    pub fn heap(&self) -> &'h Heap {
+        self.heap
+    }
+}
+
+/// Errors that mean another operation changed the entry first: retry the operation.
+fn contended(err: Error) -> Error {
+    match err {
+        Error::Retired { .. } | Error::InvalidBlock { .. } => Error::Aborted,
+        other => other,
+    }
+}

@@ -1,0 +1,457 @@
+//! [`VerifiedList`]: a lock-free sorted list of keys, each with a value word, whose every
+//! change that a structure's state depends on is an epoch-verified swap. It is the bucket
+//! of montage-collections' nonblocking hash map; the values are payload handles.
+//!
+//! The list is Harris's, with Michael's traversal (2002): a node is unlinked only after
+//! its `next` link is marked, and traversals unlink marked nodes they pass. On top of it
+//! each node's value word moves through these states (INV-LIST-1):
+//!
+//! ```text
+//! live(v) --remove in e--> removed(e) --insert--> live(w)
+//!                          removed(e) --purge, once the clock is >= e + 2--> dead
+//! ```
+//!
+//! Insertions of a new key (linking a node), and every change of a value word, are
+//! epoch-verified swaps, so each linearizes while the clock still reads its operation's
+//! epoch. A removed node keeps the epoch of its removal, and an operation older than it
+//! that finds the key absent aborts (as every structure must, INV-COL-1); only when no
+//! operation of an older epoch can run any more (the clock is two past it) does a
+//! traversal turn it dead, mark its link and unlink it. Dead is final: a node is never
+//! revived after a traversal may have begun to unlink it.
+//!
+//! Nodes are freed through crossbeam-epoch (leaked under loom) by the thread whose swap
+//! unlinked them.
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use crate::epoch::op::OpGuard;
+use crate::error::{Error, Result};
+use crate::payload::cas::{CasErrorKind, Clock, VerifiedAtomic, dcss, load_raw, reclaim};
+use crate::primitive::{AtomicUsize, Ordering};
+
+/// Value-word states above any live value (live values are below 2^61).
+const REMOVED: u64 = 1 << 61;
+const DEAD: u64 = 1 << 62;
+/// The largest value a list holds.
+pub const MAX_LIST_VALUE: u64 = REMOVED - 1;
+
+/// The mark bit of a link (nodes are at least 8-aligned, so bit 0 of an address is free).
+const MARK: usize = 1;
+
+/// Link words are DCSS words holding `(address | mark) << 1` (bit 0 tags descriptors).
+fn enc(addr: usize, marked: bool) -> usize {
+    (addr | usize::from(marked)) << 1
+}
+
+fn dec(raw: usize) -> (usize, bool) {
+    let v = raw >> 1;
+    (v & !MARK, v & MARK != 0)
+}
+
+struct Node<K> {
+    key: K,
+    value: VerifiedAtomic<u64>,
+    next: AtomicUsize,
+}
+
+/// A lock-free sorted list from keys to value words (module docs). A list serves the
+/// operations of one heap.
+pub struct VerifiedList<K> {
+    head: AtomicUsize,
+    _nodes: PhantomData<Box<Node<K>>>,
+}
+
+impl<K> std::fmt::Debug for VerifiedList<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerifiedList").finish_non_exhaustive()
+    }
+}
+
+impl<K> Default for VerifiedList<K> {
+    fn default() -> Self {
+        VerifiedList {
+            head: AtomicUsize::new(enc(0, false)),
+            _nodes: PhantomData,
+        }
+    }
+}
+
+/// Where a search stopped: the link that points at `curr` (unmarked), and `curr`, the
+/// first node whose key is not below the one searched for (or none).
+struct Position<'g, K> {
+    pred: &'g AtomicUsize,
+    curr_raw: usize,
+    curr: Option<&'g Node<K>>,
+}
+
+/// The node at `addr`.
+///
+/// # Safety
+///
+/// `addr` (mark bit cleared) was read from a link of the list while this thread was pinned
+/// by `_guard`.
+unsafe fn node<K>(addr: usize, _guard: &reclaim::Guard) -> &Node<K> {
+    let ptr = std::ptr::with_exposed_provenance::<Node<K>>(addr);
+    // SAFETY:
+    // - `addr` was exposed by `VerifiedList::insert` from a live `Box<Node<K>>` (the only
+    //   place node addresses come from), with the mark bit cleared by `dec`;
+    // - it was read from a link of the list while this thread was pinned by `_guard`, and a
+    //   node is retired only after being unlinked, then freed only once every thread pinned
+    //   before that has unpinned (crossbeam-epoch), so it lives at least as long as `'g`;
+    //   under loom nodes are never freed;
+    // - only shared references to nodes are formed; their mutable state is atomic.
+    unsafe { &*ptr }
+}
+
+impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
+    /// An empty list.
+    pub fn new() -> VerifiedList<K> {
+        VerifiedList::default()
+    }
+
+    /// Finds `key`'s position, unlinking marked nodes on the way and turning removed nodes
+    /// that no operation can need any more into dead ones.
+    fn find<'g>(&'g self, op: &OpGuard<'_>, key: &K, guard: &'g reclaim::Guard) -> Position<'g, K> {
+        let clock = Clock::of(op);
+        'retry: loop {
+            let mut pred: &'g AtomicUsize = &self.head;
+            let mut curr_raw = load_raw(pred, clock, guard);
+            loop {
+                let (curr_addr, _) = dec(curr_raw);
+                if curr_addr == 0 {
+                    return Position {
+                        pred,
+                        curr_raw,
+                        curr: None,
+                    };
+                }
+                // SAFETY: `curr_addr` was just read from `pred`, a link of the list, while
+                // pinned by `guard`.
+                let curr: &'g Node<K> = unsafe { node(curr_addr, guard) };
+                let next_raw = load_raw(&curr.next, clock, guard);
+                // Michael's check: `pred` still points at `curr`, unmarked.
+                if load_raw(pred, clock, guard) != curr_raw {
+                    continue 'retry;
+                }
+                let (next_addr, marked) = dec(next_raw);
+                if marked {
+                    // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1). A plain
+                    // swap: unlinking is not a linearization point; a descriptor in `pred`
+                    // makes it fail and the search start again.
+                    let unlinked = pred
+                        .compare_exchange(
+                            curr_raw,
+                            enc(next_addr, false),
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        )
+                        .is_ok();
+                    if !unlinked {
+                        continue 'retry;
+                    }
+                    let ptr = std::ptr::with_exposed_provenance_mut::<Node<K>>(curr_addr);
+                    if let Some(ptr) = NonNull::new(ptr) {
+                        // SAFETY: the node came from `Box::leak` in `insert` (its address
+                        // exposed there); the swap above removed the only link to it (a
+                        // node is linked once, and a marked node is never linked again), so
+                        // only threads pinned now can still hold it; only this swap's winner
+                        // retires it.
+                        unsafe { reclaim::retire_box(ptr, guard) };
+                    }
+                    curr_raw = enc(next_addr, false);
+                    continue;
+                }
+                Self::retire_if_stale(op, curr);
+                if curr.key >= *key {
+                    return Position {
+                        pred,
+                        curr_raw,
+                        curr: Some(curr),
+                    };
+                }
+                pred = &curr.next;
+                curr_raw = next_raw;
+            }
+        }
+    }
+
+    /// Turns a node removed two or more epochs before the clock dead and marks its link, so
+    /// that the next traversal unlinks it.
+    fn retire_if_stale(op: &OpGuard<'_>, curr: &Node<K>) {
+        let value = curr.value.load(op);
+        let stale =
+            value & REMOVED != 0 && value & DEAD == 0 && (value & !REMOVED) + 2 <= op.epoch();
+        if stale && curr.value.compare_exchange(op, value, DEAD).is_err() {
+            return;
+        }
+        if stale || value == DEAD {
+            mark(&curr.next, op);
+        }
+    }
+
+    /// The value of `key`, or `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Aborted`] if `key` was removed by an operation newer than `op`.
+    pub fn get(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<u64>> {
+        let guard = reclaim::pin();
+        let position = self.find(op, key, &guard);
+        match position.curr.filter(|c| c.key == *key) {
+            Some(curr) => live(op, curr.value.load(op)),
+            None => Ok(None),
+        }
+    }
+
+    /// Sets `key` to `value` if it is absent; otherwise returns its value.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Aborted`] if the clock moved past `op`'s epoch, or `key` was removed by a
+    /// newer operation.
+    ///
+    /// # Panics
+    ///
+    /// If `value > MAX_LIST_VALUE`.
+    pub fn insert(&self, op: &OpGuard<'_>, key: &K, value: u64) -> Result<Result<(), u64>> {
+        assert!(value <= MAX_LIST_VALUE, "list values are below 2^61");
+        let guard = reclaim::pin();
+        loop {
+            let position = self.find(op, key, &guard);
+            if let Some(curr) = position.curr.filter(|c| c.key == *key) {
+                let found = curr.value.load(op);
+                if let Some(v) = live(op, found)? {
+                    return Ok(Err(v));
+                }
+                if found == DEAD {
+                    // Being unlinked: a new node goes in once it is gone.
+                    continue;
+                }
+                match curr.value.compare_exchange(op, found, value) {
+                    Ok(_) => return Ok(Ok(())),
+                    Err(err) if err.kind == CasErrorKind::EpochAdvanced => {
+                        return Err(Error::Aborted);
+                    }
+                    Err(_) => continue,
+                }
+            }
+            let new = NonNull::from(Box::leak(Box::new(Node {
+                key: key.clone(),
+                value: VerifiedAtomic::new(value),
+                next: AtomicUsize::new(position.curr_raw),
+            })));
+            let new_raw = enc(new.as_ptr().expose_provenance(), false);
+            match dcss(
+                position.pred,
+                Clock::of(op),
+                op.epoch(),
+                position.curr_raw,
+                new_raw,
+            ) {
+                Ok(_) => return Ok(Ok(())),
+                Err((_, kind)) => {
+                    // SAFETY: `new` came from `Box::leak` above and the swap that would have
+                    // published it failed, so no other thread can reach it.
+                    drop(unsafe { Box::from_raw(new.as_ptr()) });
+                    if kind == CasErrorKind::EpochAdvanced {
+                        return Err(Error::Aborted);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces `key`'s value `current` with `new`; otherwise returns the value found
+    /// (`None` if the key is absent).
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    ///
+    /// # Panics
+    ///
+    /// If `new > MAX_LIST_VALUE`.
+    pub fn replace(
+        &self,
+        op: &OpGuard<'_>,
+        key: &K,
+        current: u64,
+        new: u64,
+    ) -> Result<Result<(), Option<u64>>> {
+        assert!(new <= MAX_LIST_VALUE, "list values are below 2^61");
+        self.swap_value(op, key, current, new)
+    }
+
+    /// Removes `key` if its value is `current`; otherwise returns the value found (`None` if
+    /// the key is absent).
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn remove(
+        &self,
+        op: &OpGuard<'_>,
+        key: &K,
+        current: u64,
+    ) -> Result<Result<(), Option<u64>>> {
+        self.swap_value(op, key, current, REMOVED | op.epoch())
+    }
+
+    fn swap_value(
+        &self,
+        op: &OpGuard<'_>,
+        key: &K,
+        current: u64,
+        new: u64,
+    ) -> Result<Result<(), Option<u64>>> {
+        let guard = reclaim::pin();
+        let position = self.find(op, key, &guard);
+        let Some(curr) = position.curr.filter(|c| c.key == *key) else {
+            return Ok(Err(None));
+        };
+        match curr.value.compare_exchange(op, current, new) {
+            Ok(_) => Ok(Ok(())),
+            Err(err) if err.kind == CasErrorKind::EpochAdvanced => Err(Error::Aborted),
+            Err(err) => Ok(Err(live(op, err.current)?)),
+        }
+    }
+
+    /// Every live key and value, in key order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Aborted`] if a key was removed by an operation newer than `op`.
+    pub fn entries(&self, op: &OpGuard<'_>) -> Result<Vec<(K, u64)>> {
+        let guard = reclaim::pin();
+        let clock = Clock::of(op);
+        let mut out = Vec::new();
+        let (mut addr, _) = dec(load_raw(&self.head, clock, &guard));
+        while addr != 0 {
+            // SAFETY: `addr` was just read from a link of the list while pinned by `guard`.
+            let curr: &Node<K> = unsafe { node(addr, &guard) };
+            if let Some(v) = live(op, curr.value.load(op))? {
+                out.push((curr.key.clone(), v));
+            }
+            addr = dec(load_raw(&curr.next, clock, &guard)).0;
+        }
+        Ok(out)
+    }
+}
+
+/// Marks `link` (a node's `next`), so that no node is linked after it and traversals
+/// unlink its node.
+fn mark(link: &AtomicUsize, op: &OpGuard<'_>) {
+    let guard = reclaim::pin();
+    loop {
+        let raw = load_raw(link, Clock::of(op), &guard);
+        let (addr, marked) = dec(raw);
+        // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
+        if marked
+            || link
+                .compare_exchange(raw, enc(addr, true), Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// A value word as seen by `op`: `Some` if live, `None` if removed (or dead).
+fn live(op: &OpGuard<'_>, value: u64) -> Result<Option<u64>> {
+    if value & (REMOVED | DEAD) == 0 {
+        return Ok(Some(value));
+    }
+    if value & DEAD == 0 {
+        op.check_epoch(value & !REMOVED)?;
+    }
+    Ok(None)
+}
+
+impl<K> Drop for VerifiedList<K> {
+    fn drop(&mut self) {
+        // ORDERING: exclusive access (`&mut self`): no other thread can see the list.
+        let (mut addr, _) = dec(self.head.load(Ordering::Relaxed));
+        while addr != 0 {
+            let ptr = std::ptr::with_exposed_provenance_mut::<Node<K>>(addr);
+            // SAFETY: with `&mut self` no other thread uses the list; every node still
+            // linked came from `Box::leak` in `insert`, is linked once, and is freed once
+            // here (unlinked nodes were handed to crossbeam-epoch instead).
+            let boxed = unsafe { Box::from_raw(ptr) };
+            // ORDERING: exclusive access, as above.
+            addr = dec(boxed.next.load(Ordering::Relaxed)).0;
+        }
+    }
+}
+
+#[cfg(all(test, not(montage_loom)))]
+mod tests {
+    use super::*;
+    use crate::{Heap, HeapConfig, SimMode};
+
+    fn length(list: &VerifiedList<u64>) -> usize {
+        let guard = reclaim::pin();
+        let mut n = 0;
+        // ORDERING: a single-threaded test.
+        let (mut addr, _) = dec(list.head.load(Ordering::SeqCst));
+        while addr != 0 {
+            n += 1;
+            // SAFETY: read from a link of the list while pinned.
+            addr = dec(unsafe { node::<u64>(addr, &guard) }
+                .next
+                .load(Ordering::SeqCst))
+            .0;
+        }
+        n
+    }
+
+    #[test]
+    fn removed_keys_revive_abort_older_operations_and_are_purged_after_two_epochs() {
+        let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
+        let list = VerifiedList::<u64>::new();
+        heap.run_op(|op| {
+            for k in [5, 1, 3] {
+                assert_eq!(list.insert(op, &k, k * 10)?, Ok(()));
+            }
+            assert_eq!(list.insert(op, &3, 99)?, Err(30));
+            assert_eq!(list.entries(op)?, vec![(1, 10), (3, 30), (5, 50)]);
+            assert_eq!(list.remove(op, &3, 31)?, Err(Some(30)));
+            assert_eq!(list.remove(op, &3, 30)?, Ok(()));
+            assert_eq!(list.get(op, &3)?, None);
+            // Revived in the same epoch.
+            assert_eq!(list.insert(op, &3, 33)?, Ok(()));
+            assert_eq!(list.remove(op, &3, 33)?, Ok(()));
+            Ok(())
+        })
+        .unwrap();
+        // An operation older than the removal must not see the key as absent.
+        let old = heap.begin_op().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                heap.advance_epoch().unwrap();
+                heap.run_op(|op| list.insert(op, &3, 34).map(|_| ()))
+                    .unwrap();
+                heap.run_op(|op| list.remove(op, &3, 34).map(|_| ()))
+                    .unwrap();
+            });
+        });
+        assert!(matches!(list.get(&old, &3), Err(Error::Aborted)));
+        drop(old);
+        assert_eq!(
+            length(&list),
+            3,
+            "a removed node stays while it may be needed"
+        );
+        heap.advance_epoch().unwrap();
+        heap.advance_epoch().unwrap();
+        heap.run_op(|op| list.get(op, &5).map(|_| ())).unwrap();
+        assert_eq!(length(&list), 2, "purged two epochs after its removal");
+        heap.run_op(|op| {
+            assert_eq!(list.get(op, &3)?, None);
+            assert_eq!(list.insert(op, &3, 35)?, Ok(()));
+            assert_eq!(list.entries(op)?, vec![(1, 10), (3, 35), (5, 50)]);
+            Ok(())
+        })
+        .unwrap();
+    }
+}
