@@ -12,6 +12,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/montage-core/src/persist/x86.rs",
     "crates/montage-core/src/payload/cas.rs",
     "crates/montage-core/src/payload/list.rs",
+    "crates/montage-core/src/payload/queue.rs",
 ];
 
 pub(crate) fn run(root: &Path) -> Result {

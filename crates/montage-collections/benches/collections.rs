@@ -4,7 +4,7 @@
 //! * the hash maps and the sorted map: `get` of a present key, `insert` replacing a value, and an
 //!   `insert` + `remove` pair of a fresh key, on a map prefilled with 100,000 entries
 //!   (`u64` keys, 8-byte values);
-//! * queue: a `push_back` + `pop_front` pair on a queue of 1,000 elements;
+//! * both queues: a `push_back` + `pop_front` pair on a queue of 1,000 elements;
 //! * graph: `add_edge` + `remove_edge` and `neighbours` on a ring of 10,000 vertices.
 
 #![forbid(unsafe_code)]
@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use montage_collections::{Graph, HashMap, NbHashMap, Queue, SortedMap};
+use montage_collections::{Graph, HashMap, NbHashMap, NbQueue, Queue, SortedMap};
 use montage_core::{BackendKind, Heap, HeapConfig, SplitMix64};
 
 const PREFILL: u64 = 100_000;
@@ -131,7 +131,17 @@ fn queue(c: &mut Criterion) {
             black_box(queue.pop_front().unwrap())
         });
     });
-    drop(queue);
+    let nb: NbQueue<'_, u64> = NbQueue::open(&heap, "nb").unwrap();
+    for i in 0..1_000 {
+        nb.push_back(i).unwrap();
+    }
+    c.bench_function("nb_queue/push_pop", |b| {
+        b.iter(|| {
+            nb.push_back(5).unwrap();
+            black_box(nb.pop_front().unwrap())
+        });
+    });
+    drop((queue, nb));
     drop(heap);
     let _ = std::fs::remove_file(path);
 }

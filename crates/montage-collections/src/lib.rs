@@ -11,6 +11,7 @@
 //! * [`NbHashMap`]: a nonblocking hash map on the epoch-verified compare-and-swap.
 //! * [`SortedMap`]: an ordered map (a concurrent skip list index) with range scans.
 //! * [`Queue`]: a FIFO queue whose elements carry sequence numbers.
+//! * [`NbQueue`]: the same queue without locks (Michael-Scott, verified swaps).
 //! * [`Graph`]: a directed graph with values on vertices and edges.
 
 #![forbid(unsafe_code)]
@@ -19,6 +20,7 @@ mod entry;
 pub mod graph;
 pub mod hash_map;
 pub mod nb_hash_map;
+pub mod nb_queue;
 pub mod queue;
 pub mod sorted_map;
 mod structure;
@@ -26,5 +28,6 @@ mod structure;
 pub use graph::Graph;
 pub use hash_map::HashMap;
 pub use nb_hash_map::NbHashMap;
+pub use nb_queue::NbQueue;
 pub use queue::Queue;
 pub use sorted_map::SortedMap;

@@ -56,7 +56,8 @@ fn corrupted(offset: u64) -> Error {
     }
 }
 
-fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
+/// The sequence number and element of an element payload.
+pub(crate) fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
     let seq = bytes
         .get(..8)
         .and_then(|b| b.try_into().ok())
@@ -69,6 +70,27 @@ fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
     Ok((seq, value))
 }
 
+/// The type id of a queue's element payloads.
+pub(crate) fn type_id<T: Codec>() -> u64 {
+    Fingerprint::new()
+        .str("montage-collections")
+        .str("queue")
+        .u64(T::CODEC_ID)
+        .finish()
+}
+
+/// Sorts recovered (sequence number, block) pairs, rejecting a repeated number.
+pub(crate) fn sort_checked(elements: &mut [(u64, PBlock)]) -> Result<()> {
+    elements.sort_unstable_by_key(|&(seq, _)| seq);
+    match elements.windows(2).find(|w| w[0].0 == w[1].0) {
+        Some(pair) => Err(Error::Corrupted {
+            offset: pair[1].1.offset(),
+            what: "two queue elements have the same sequence number",
+        }),
+        None => Ok(()),
+    }
+}
+
 impl<'h, T: Codec> Queue<'h, T> {
     /// Opens the queue named `name` in `heap`, creating it if the heap has no structure of
     /// that name, and rebuilding it from its payloads (in sequence order) if it has.
@@ -79,11 +101,7 @@ impl<'h, T: Codec> Queue<'h, T> {
     /// [`Error::Corrupted`] if an element does not decode or two share a sequence number;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &'h Heap, name: &str) -> Result<Queue<'h, T>> {
-        let type_id = Fingerprint::new()
-            .str("montage-collections")
-            .str("queue")
-            .u64(T::CODEC_ID)
-            .finish();
+        let type_id = type_id::<T>();
         let (owner, existed) = structure::owner(heap, name)?;
         let mut elements = Vec::new();
         if existed {
@@ -95,13 +113,7 @@ impl<'h, T: Codec> Queue<'h, T> {
                 Ok(())
             })?;
             elements = found.into_inner().unwrap_or_else(PoisonError::into_inner);
-            elements.sort_unstable_by_key(|&(seq, _)| seq);
-            if let Some(pair) = elements.windows(2).find(|w| w[0].0 == w[1].0) {
-                return Err(Error::Corrupted {
-                    offset: pair[1].1.offset(),
-                    what: "two queue elements have the same sequence number",
-                });
-            }
+            sort_checked(&mut elements)?;
         }
         let next_seq = elements.last().map_or(0, |&(seq, _)| seq + 1);
         Ok(Queue {

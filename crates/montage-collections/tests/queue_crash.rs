@@ -1,4 +1,4 @@
-//! `Queue` on the power-failure simulator: producers push unique values and consumers pop
+//! The queues (`Queue`, `NbQueue`) on the power-failure simulator: producers push unique values and consumers pop
 //! while the clock advances and syncs; the simulator crashes at a random persistence event.
 //! The recovered queue must hold exactly the elements pushed by operations of the epochs
 //! the recovered clock covers and not popped by such operations, each producer's elements
@@ -9,10 +9,11 @@
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use montage_collections::Queue;
 use montage_core::{
     Heap, HeapConfig, SimMode, SplitMix64, crash_generation, for_each_seed, run_against_clock,
 };
@@ -74,14 +75,14 @@ fn check(before: &[u64], pushes: &[(u64, u64)], pops: &[(u64, u64)], cut: u64, g
     }
 }
 
-fn run_seed(seed: u64) {
+fn run_seed(open: common::QueueOpener, seed: u64) {
     let mode = SimMode::ALL[(seed % 4) as usize];
     let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
     let mut rng = SplitMix64::new(seed);
     let mut heap = Heap::create(&config).unwrap();
     let mut before: Vec<u64> = Vec::new();
     for generation in 1..=GENERATIONS {
-        let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
+        let queue = open(&heap, "q");
         let pushes = Mutex::new(Vec::new());
         let pops = Mutex::new(Vec::new());
         let within = THREADS as u64 * OPS_PER_THREAD * 12;
@@ -91,11 +92,11 @@ fn run_seed(seed: u64) {
                 for i in 0..OPS_PER_THREAD {
                     if rng.next_u64() % 3 < 2 {
                         let v = value(generation, t as u64, i);
-                        queue.push_back(v).unwrap();
+                        queue.push(v);
                         let epoch = heap.last_op_epoch().unwrap();
                         ended.record(epoch);
                         pushes.lock().unwrap().push((epoch, v));
-                    } else if let Some(v) = queue.pop_front().unwrap() {
+                    } else if let Some(v) = queue.pop() {
                         let epoch = heap.last_op_epoch().unwrap();
                         ended.record(epoch);
                         pops.lock().unwrap().push((epoch, v));
@@ -107,8 +108,7 @@ fn run_seed(seed: u64) {
         drop(queue);
         drop(heap);
         heap = Heap::open_image(crashed.image, &config).unwrap();
-        let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
-        let got = queue.to_vec().unwrap();
+        let got = open(&heap, "q").all();
         check(
             &before,
             &pushes.into_inner().unwrap(),
@@ -122,5 +122,12 @@ fn run_seed(seed: u64) {
 
 #[test]
 fn recovered_queue_is_the_model_of_the_recovered_epochs() {
-    for_each_seed("queue", 24, run_seed);
+    for_each_seed("queue", 24, |seed| run_seed(common::open_queue, seed));
+}
+
+#[test]
+fn recovered_nb_queue_is_the_model_of_the_recovered_epochs() {
+    for_each_seed("nonblocking queue", 24, |seed| {
+        run_seed(common::open_nb_queue, seed);
+    });
 }

@@ -79,6 +79,7 @@ pub use payload::cas::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
 pub use payload::codec::Codec;
 pub use payload::fingerprint::Fingerprint;
 pub use payload::list::{MAX_LIST_VALUE, VerifiedList};
+pub use payload::queue::VerifiedQueue;
 pub use payload::{CasField, POff, PRef, Payload, PayloadField};
 pub use persist::harness::{
     Crashed, Ended, SyncRecord, check_synced, crash_generation, run_against_clock,

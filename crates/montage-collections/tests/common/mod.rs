@@ -342,3 +342,141 @@ pub fn check_million_recovered(open: Opener) {
         assert_eq!(map.get(k), Some(value(k)), "key {k}");
     }
 }
+
+/// Both queues, as the queue tests drive them (`u64` elements).
+pub trait TestQueue: Sync {
+    fn push(&self, value: u64);
+    fn pop(&self) -> Option<u64>;
+    fn all(&self) -> Vec<u64>;
+    fn len(&self) -> usize;
+}
+
+/// Opens one of the queues as a [`TestQueue`].
+pub type QueueOpener = for<'h> fn(&'h montage_core::Heap, &str) -> Box<dyn TestQueue + 'h>;
+
+macro_rules! test_queue {
+    ($queue:ident, $open:ident) => {
+        impl TestQueue for montage_collections::$queue<'_, u64> {
+            fn push(&self, value: u64) {
+                self.push_back(value).unwrap();
+            }
+            fn pop(&self) -> Option<u64> {
+                self.pop_front().unwrap()
+            }
+            fn all(&self) -> Vec<u64> {
+                self.to_vec().unwrap()
+            }
+            fn len(&self) -> usize {
+                montage_collections::$queue::len(self)
+            }
+        }
+
+        pub fn $open<'h>(heap: &'h montage_core::Heap, name: &str) -> Box<dyn TestQueue + 'h> {
+            Box::new(montage_collections::$queue::<u64>::open(heap, name).unwrap())
+        }
+    };
+}
+test_queue!(Queue, open_queue);
+test_queue!(NbQueue, open_nb_queue);
+
+/// Threads push and pop while the clock advances; the whole history must have a
+/// linearization (histories are kept short enough for the exhaustive search).
+pub fn check_queue_linearizability(open: QueueOpener) {
+    for round in 0..30u64 {
+        let heap = montage_core::Heap::create(
+            &montage_core::HeapConfig::in_memory(4 << 20)
+                .epoch_length(montage_core::EpochLength::Manual),
+        )
+        .unwrap();
+        let queue = open(&heap, "q");
+        let history = record_history(
+            &heap,
+            round,
+            3,
+            30,
+            |rng, t, i| {
+                if rng.next_u64().is_multiple_of(2) {
+                    QueueOp::Push((t << 32) | i)
+                } else {
+                    QueueOp::Pop
+                }
+            },
+            |op| match op {
+                QueueOp::Push(v) => {
+                    queue.push(*v);
+                    None
+                }
+                QueueOp::Pop => queue.pop(),
+            },
+        );
+        assert!(
+            linearizable::<Fifo>(&std::collections::VecDeque::new(), &history),
+            "round {round}: no linearization of {history:?}"
+        );
+    }
+}
+
+/// One million elements: pushed, synced, closed, reopened from the file, and every one
+/// checked in order.
+pub fn check_queue_million(open: QueueOpener) {
+    const N: u64 = 1_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let config = montage_core::HeapConfig::new(dir.path().join("heap")).size(256 << 20);
+    let heap = montage_core::Heap::create(&config).unwrap();
+    let queue = open(&heap, "big");
+    for i in 0..N {
+        queue.push(i ^ 0x5555);
+    }
+    drop(queue);
+    heap.close().unwrap();
+    let heap = montage_core::Heap::open(&config).unwrap();
+    let queue = open(&heap, "big");
+    assert_eq!(queue.len() as u64, N);
+    for (i, value) in queue.all().into_iter().enumerate() {
+        assert_eq!(value, i as u64 ^ 0x5555, "element {i}");
+    }
+    assert_eq!(queue.pop(), Some(0x5555));
+}
+
+/// Runs `steps` (0 and 1 push, 2 pops, 3 advances the clock) on a queue and on a
+/// `VecDeque`, checking every result and length, then crashes after a sync and checks that
+/// the recovered queue holds the same elements in the same order and keeps working.
+pub fn check_queue_against_vecdeque(
+    open: QueueOpener,
+    steps: &[u8],
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::prop_assert_eq;
+    let config = montage_core::HeapConfig::simulated(4 << 20, montage_core::SimMode::Prefix);
+    let heap = montage_core::Heap::create(&config).unwrap();
+    let queue = open(&heap, "q");
+    let mut model = std::collections::VecDeque::new();
+    for (i, step) in steps.iter().enumerate() {
+        match step {
+            0 | 1 => {
+                queue.push(i as u64);
+                model.push_back(i as u64);
+            }
+            2 => prop_assert_eq!(queue.pop(), model.pop_front()),
+            _ => {
+                heap.advance_epoch().unwrap();
+            }
+        }
+        prop_assert_eq!(queue.len(), model.len());
+    }
+    prop_assert_eq!(queue.all(), model.iter().copied().collect::<Vec<_>>());
+    drop(queue);
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(5);
+    drop(heap);
+    let heap = montage_core::Heap::open_image(image, &config).unwrap();
+    let queue = open(&heap, "q");
+    prop_assert_eq!(queue.all(), model.iter().copied().collect::<Vec<_>>());
+    // New elements go after the recovered ones.
+    queue.push(u64::MAX);
+    model.push_back(u64::MAX);
+    while let Some(want) = model.pop_front() {
+        prop_assert_eq!(queue.pop(), Some(want));
+    }
+    prop_assert_eq!(queue.pop(), None);
+    Ok(())
+}

@@ -322,6 +322,40 @@ pub(crate) fn dcss(
     }
 }
 
+/// Publishes `node`, a value leaked from a `Box` and never shared, by swapping `new` (its
+/// encoding) into `word` in place of `expected`, verified against `epoch` (INV-CAS-1):
+/// `Ok(true)` if it is linked, `Ok(false)` (node freed) if `word` held something else.
+///
+/// # Errors
+///
+/// [`Error::Aborted`](crate::Error::Aborted) (node freed) if the clock moved past `epoch`.
+///
+/// # Safety
+///
+/// `node` came from `Box::leak`, no other thread can reach it, and `new` encodes it.
+pub(crate) unsafe fn publish_node<T>(
+    word: &AtomicUsize,
+    clock: Clock<'_>,
+    epoch: u64,
+    expected: usize,
+    new: usize,
+    node: NonNull<T>,
+) -> crate::Result<bool> {
+    match dcss(word, clock, epoch, expected, new) {
+        Ok(_) => Ok(true),
+        Err((_, kind)) => {
+            // SAFETY: by the contract, `node` came from `Box::leak` and no other thread can
+            // reach it; the swap that would have published it failed.
+            drop(unsafe { Box::from_raw(node.as_ptr()) });
+            if kind == CasErrorKind::EpochAdvanced {
+                Err(crate::Error::Aborted)
+            } else {
+                Ok(false)
+            }
+        }
+    }
+}
+
 /// The word's value, completing any swap found in progress.
 pub(crate) fn load_raw(word: &AtomicUsize, clock: Clock<'_>, guard: &reclaim::Guard) -> usize {
     loop {

@@ -27,7 +27,7 @@ use std::ptr::NonNull;
 
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
-use crate::payload::cas::{CasErrorKind, Clock, VerifiedAtomic, dcss, load_raw, reclaim};
+use crate::payload::cas::{CasErrorKind, Clock, VerifiedAtomic, load_raw, publish_node, reclaim};
 use crate::primitive::{AtomicUsize, Ordering};
 
 /// Value-word states above any live value (live values are below 2^61).
@@ -242,22 +242,21 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                 next: AtomicUsize::new(position.curr_raw),
             })));
             let new_raw = enc(new.as_ptr().expose_provenance(), false);
-            match dcss(
-                position.pred,
-                Clock::of(op),
-                op.epoch(),
-                position.curr_raw,
-                new_raw,
-            ) {
-                Ok(_) => return Ok(Ok(())),
-                Err((_, kind)) => {
-                    // SAFETY: `new` came from `Box::leak` above and the swap that would have
-                    // published it failed, so no other thread can reach it.
-                    drop(unsafe { Box::from_raw(new.as_ptr()) });
-                    if kind == CasErrorKind::EpochAdvanced {
-                        return Err(Error::Aborted);
-                    }
-                }
+            let clock = Clock::of(op);
+            // SAFETY: `new` was leaked from a `Box` just above and is not shared yet;
+            // `new_raw` encodes it.
+            let linked = unsafe {
+                publish_node(
+                    position.pred,
+                    clock,
+                    op.epoch(),
+                    position.curr_raw,
+                    new_raw,
+                    new,
+                )
+            };
+            if linked? {
+                return Ok(Ok(()));
             }
         }
     }

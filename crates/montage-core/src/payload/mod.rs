@@ -21,6 +21,8 @@ pub(crate) mod codec;
 pub(crate) mod fingerprint;
 #[allow(unsafe_code)]
 pub(crate) mod list;
+#[allow(unsafe_code)]
+pub(crate) mod queue;
 pub(crate) mod registry;
 
 use std::marker::PhantomData;

@@ -1,0 +1,169 @@
+//! [`NbQueue`]: a nonblocking buffered durably linearizable FIFO queue.
+//!
+//! Elements are payloads laid out as [`Queue`](crate::Queue)'s (a sequence number, then
+//! the element), with the same type id, so either queue can open what the other wrote.
+//! The DRAM index is montage-core's [`VerifiedQueue`], a Michael-Scott queue whose linking
+//! and head swaps are epoch-verified; the sequence number of an element is its
+//! predecessor's plus one, fixed before it is linked, so recovery rebuilds the order by
+//! sorting the recovered payloads.
+//!
+//! # Linearization points
+//!
+//! `push_back` writes its payload, then linearizes at the verified swap that links its
+//! node; `pop_front` claims the front element's payload (its anti-block) and linearizes at
+//! the verified swap of the head; a failed swap aborts the operation (undoing the payload
+//! work) and runs it again, and a failed swap means another operation's succeeded, so the
+//! queue is lock-free. `pop_front` on an empty queue linearizes at its read of the head,
+//! and aborts if an operation newer than it emptied the queue.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use montage_core::{Codec, Error, Heap, OwnerId, PBlock, Result, VerifiedQueue};
+
+use crate::{queue, structure};
+
+/// A nonblocking concurrent FIFO queue whose elements survive crashes (module docs).
+pub struct NbQueue<'h, T> {
+    heap: &'h Heap,
+    owner: OwnerId,
+    type_id: u64,
+    index: VerifiedQueue,
+    len: AtomicUsize,
+    _element: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for NbQueue<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbQueue")
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Errors that mean another operation took the element first: retry the operation.
+fn contended(err: Error) -> Error {
+    match err {
+        Error::Retired { .. } | Error::InvalidBlock { .. } => Error::Aborted,
+        other => other,
+    }
+}
+
+impl<'h, T: Codec> NbQueue<'h, T> {
+    /// Opens the queue named `name` in `heap`, creating it if the heap has no structure of
+    /// that name, and rebuilding it from its payloads (in sequence order) if it has.
+    ///
+    /// # Errors
+    ///
+    /// As [`Queue::open`](crate::Queue::open).
+    pub fn open(heap: &'h Heap, name: &str) -> Result<NbQueue<'h, T>> {
+        let type_id = queue::type_id::<T>();
+        let (owner, existed) = structure::owner(heap, name)?;
+        let mut elements = Vec::new();
+        if existed {
+            let found = Mutex::new(Vec::new());
+            let name = "montage_collections::NbQueue element";
+            structure::scan_payloads(heap, owner, &[type_id], name, |_, block, bytes| {
+                let (seq, _) = queue::decode::<T>(bytes, block.offset())?;
+                found
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((seq, block));
+                Ok(())
+            })?;
+            elements = found.into_inner().unwrap_or_else(PoisonError::into_inner);
+            queue::sort_checked(&mut elements)?;
+        }
+        let mut index = VerifiedQueue::new(elements.first().map_or(0, |&(seq, _)| seq));
+        for &(seq, block) in &elements {
+            index.push_recovered(block.offset(), seq);
+        }
+        Ok(NbQueue {
+            heap,
+            owner,
+            type_id,
+            index,
+            len: AtomicUsize::new(elements.len()),
+            _element: PhantomData,
+        })
+    }
+
+    /// Appends `value` at the back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
+    #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
+    pub fn push_back(&self, value: T) -> Result<()> {
+        let mut bytes = vec![0u8; 8];
+        value.encode(&mut bytes);
+        self.heap.run_op(|op| {
+            let block = op.alloc(self.owner, self.type_id, &bytes)?;
+            self.index.push(op, block.offset(), |seq| {
+                op.write(block, 0, &seq.to_le_bytes()).map(|_| ())
+            })?;
+            // ORDERING: a statistic; the verified swap orders the element itself.
+            self.len.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
+    /// Removes and returns the front element.
+    ///
+    /// # Errors
+    ///
+    /// A heap error ([`Error::Corrupted`] for an element that does not decode, ...).
+    pub fn pop_front(&self) -> Result<Option<T>> {
+        self.heap.run_op(|op| {
+            let mut value = None;
+            let popped = self.index.pop(op, |offset, _| {
+                let block = PBlock::from_offset(offset);
+                let bytes = op.read(block).map_err(contended)?;
+                value = Some(queue::decode::<T>(&bytes, offset)?.1);
+                op.delete(block).map_err(contended)
+            })?;
+            if popped.is_none() {
+                return Ok(None);
+            }
+            // ORDERING: a statistic; the verified swap orders the element itself.
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            Ok(value)
+        })
+    }
+
+    /// The number of elements (exact when no other thread is changing the queue).
+    pub fn len(&self) -> usize {
+        // ORDERING: a statistic.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the queue is empty (as [`len`](Self::len)).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every element, front to back, read in one operation (a traversal, not a snapshot
+    /// while others change the queue).
+    ///
+    /// # Errors
+    ///
+    /// As [`pop_front`](Self::pop_front).
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        self.heap.run_op(|op| {
+            self.index
+                .to_vec(op)
+                .into_iter()
+                .map(|(offset, _)| {
+                    let bytes = op.read(PBlock::from_offset(offset)).map_err(contended)?;
+                    Ok(queue::decode::<T>(&bytes, offset)?.1)
+                })
+                .collect()
+        })
+    }
+
+    /// The heap the queue lives in.
+    pub fn heap(&self) -> &'h Heap {
+        self.heap
+    }
+}

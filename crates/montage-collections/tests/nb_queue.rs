@@ -1,0 +1,51 @@
+//! `NbQueue`: semantics against `VecDeque` across epochs and a crash-reopen, opening what
+//! `Queue` wrote, a linearizability check of concurrent histories, and recovery of a
+//! million elements.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+mod common;
+
+use montage_collections::{NbQueue, Queue};
+use montage_core::{Heap, HeapConfig, SimMode};
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Every method returns what `VecDeque` returns, across epochs, and a reopened heap
+    /// holds the same elements in the same order.
+    #[test]
+    fn behaves_like_vecdeque_and_survives_a_reopen(steps in proptest::collection::vec(0u8..4, 1..150)) {
+        common::check_queue_against_vecdeque(common::open_nb_queue, &steps)?;
+    }
+}
+
+#[test]
+fn either_queue_opens_what_the_other_wrote() {
+    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
+    for i in 0..5 {
+        queue.push_back(i).unwrap();
+    }
+    drop(queue);
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(0);
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    let queue: NbQueue<'_, u64> = NbQueue::open(&heap, "q").unwrap();
+    assert_eq!(queue.pop_front().unwrap(), Some(0));
+    queue.push_back(5).unwrap();
+    assert_eq!(queue.to_vec().unwrap(), vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn concurrent_histories_are_linearizable() {
+    common::check_queue_linearizability(common::open_nb_queue);
+}
+
+#[test]
+fn a_million_elements_are_recovered_in_order() {
+    common::check_queue_million(common::open_nb_queue);
+}
