@@ -31,3 +31,14 @@ pub use nb_hash_map::NbHashMap;
 pub use nb_queue::NbQueue;
 pub use queue::Queue;
 pub use sorted_map::SortedMap;
+
+/// Every structure can be shared across threads by reference (or in an `Arc` with its heap).
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<HashMap<'static, Vec<u8>, Vec<u8>>>();
+    shareable::<NbHashMap<'static, Vec<u8>, Vec<u8>>>();
+    shareable::<SortedMap<'static, Vec<u8>, Vec<u8>>>();
+    shareable::<Queue<'static, Vec<u8>>>();
+    shareable::<NbQueue<'static, Vec<u8>>>();
+    shareable::<Graph<'static, Vec<u8>, Vec<u8>>>();
+};
