@@ -113,6 +113,8 @@ fn ci() -> Result {
             &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
         )?;
     }
+    // The lock-free indexes under a moving clock, optimised (more interleavings per second).
+    cargo(&release_core_test("lockfree_stress", &[]), &[deny[0]])?;
     // Typed payloads with verified swaps, and the collections: 300 seeds of two crashes each.
     for (package, test) in [
         ("montage", "payload_crash"),

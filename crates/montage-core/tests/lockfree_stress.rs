@@ -1,0 +1,185 @@
+//! Stress tests of the lock-free indexes (`VerifiedList`, `VerifiedQueue`) under a clock
+//! that advances every few tens of microseconds, so that verified swaps fail, operations
+//! abort and retry, removed nodes are purged and unlinked, and freed nodes are reused by
+//! the allocator while other threads traverse: a use-after-free or a lost node shows up as
+//! a wrong value.
+//!
+//! * List: each thread writes only its own keys (so it knows their exact state and checks
+//!   every result) and reads everyone's (a value read must be one its key's owner wrote).
+//! * Queue: producers push their own increasing numbers, consumers pop; every number is
+//!   popped exactly once, and each producer's numbers come out in order.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use montage_core::{EpochLength, Error, Heap, HeapConfig, SplitMix64, VerifiedList, VerifiedQueue};
+
+const THREADS: u64 = 3;
+
+fn heap() -> Heap {
+    Heap::create(&HeapConfig::in_memory(8 << 20).epoch_length(EpochLength::Manual)).unwrap()
+}
+
+/// Runs `work(t)` on `THREADS` threads while another thread advances the clock.
+fn with_moving_clock(heap: &Heap, work: impl Fn(u64) + Sync) {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                heap.advance_epoch().unwrap();
+                std::thread::sleep(Duration::from_micros(30));
+            }
+        });
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                s.spawn({
+                    let work = &work;
+                    move || work(t)
+                })
+            })
+            .collect();
+        let results: Vec<_> = workers
+            .into_iter()
+            .map(std::thread::ScopedJoinHandle::join)
+            .collect();
+        done.store(true, Ordering::Relaxed);
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+}
+
+/// A value names its key and a version: `key << 24 | version`.
+fn value(key: u64, version: u64) -> u64 {
+    (key << 24) | version
+}
+
+#[test]
+fn list_operations_keep_every_key_exact_under_a_moving_clock() {
+    const KEYS: u64 = 48;
+    const OPS: u64 = 100_000;
+    let heap = heap();
+    let list = VerifiedList::<u64>::new();
+    with_moving_clock(&heap, |t| {
+        let mut rng = SplitMix64::new(t + 1);
+        // This thread's keys and their state.
+        let mut mine: HashMap<u64, Option<u64>> = (0..KEYS)
+            .filter(|k| k % THREADS == t)
+            .map(|k| (k, None))
+            .collect();
+        let own: Vec<u64> = mine.keys().copied().collect();
+        for i in 1..=OPS {
+            let key = own[(rng.next_u64() % own.len() as u64) as usize];
+            let state = mine[&key];
+            let result = heap.run_op(|op| match rng.next_u64() % 4 {
+                0 => list.get(op, &key).map(|got| {
+                    assert_eq!(got, state, "thread {t} key {key}");
+                    state
+                }),
+                1 => match state {
+                    None => {
+                        assert_eq!(list.insert(op, &key, value(key, i))?, Ok(()));
+                        Ok(Some(value(key, i)))
+                    }
+                    Some(v) => {
+                        assert_eq!(list.insert(op, &key, 1)?, Err(v));
+                        Ok(state)
+                    }
+                },
+                2 => {
+                    if let Some(v) = state {
+                        assert_eq!(list.replace(op, &key, v, value(key, i))?, Ok(()));
+                        Ok(Some(value(key, i)))
+                    } else {
+                        assert_eq!(list.replace(op, &key, 0, 1)?, Err(None));
+                        Ok(None)
+                    }
+                }
+                _ => match state {
+                    Some(v) => {
+                        assert_eq!(list.remove(op, &key, v)?, Ok(()));
+                        Ok(None)
+                    }
+                    None => Ok(None),
+                },
+            });
+            let new_state = result.unwrap();
+            mine.insert(key, new_state);
+            // Read someone else's key: whatever is there was written for that key.
+            let other = rng.next_u64() % KEYS;
+            match heap.run_op(|op| list.get(op, &other)) {
+                Ok(Some(v)) => assert_eq!(v >> 24, other, "a value of another key"),
+                Ok(None) => {}
+                Err(err) => panic!("{err}"),
+            }
+        }
+        // What this thread leaves behind.
+        let entries = heap.run_op(|op| list.entries(op)).unwrap();
+        for (key, state) in &mine {
+            let found = entries.iter().find(|(k, _)| k == key).map(|&(_, v)| v);
+            // Other threads never touch this thread's keys.
+            assert_eq!(found, *state, "thread {t} key {key} at the end");
+        }
+    });
+}
+
+#[test]
+fn queue_delivers_every_element_once_in_each_producers_order() {
+    const PER_PRODUCER: u64 = 100_000;
+    let heap = heap();
+    let queue = VerifiedQueue::new(0);
+    let popped: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    let producers_done = AtomicBool::new(false);
+    with_moving_clock(&heap, |t| {
+        if t < 2 {
+            for i in 0..PER_PRODUCER {
+                heap.run_op(|op| queue.push(op, (t << 32) | i, |_| Ok(())))
+                    .unwrap();
+            }
+            if t == 1 {
+                producers_done.store(true, Ordering::SeqCst);
+            }
+        }
+        // Every thread consumes; producers once they are done.
+        let mut mine = Vec::new();
+        loop {
+            match heap.run_op(|op| queue.pop(op, |_, _| Ok(()))) {
+                Ok(Some(v)) => mine.push(v),
+                Ok(None) if producers_done.load(Ordering::SeqCst) => break,
+                Ok(None) => std::thread::yield_now(),
+                Err(Error::Aborted) => unreachable!("run_op retries aborts"),
+                Err(err) => panic!("{err}"),
+            }
+        }
+        // Within one consumer, each producer's numbers increase.
+        for producer in 0..2u64 {
+            let seq: Vec<u64> = mine
+                .iter()
+                .filter(|v| *v >> 32 == producer)
+                .copied()
+                .collect();
+            assert!(
+                seq.windows(2).all(|w| w[0] < w[1]),
+                "producer {producer} out of order"
+            );
+        }
+        popped.lock().unwrap().extend(mine);
+    });
+    // The last pops may have raced with the end flag: drain what is left.
+    let mut all = popped.into_inner().unwrap();
+    while let Some(v) = heap.run_op(|op| queue.pop(op, |_, _| Ok(()))).unwrap() {
+        all.push(v);
+    }
+    all.sort_unstable();
+    let want: Vec<u64> = (0..2u64)
+        .flat_map(|t| (0..PER_PRODUCER).map(move |i| (t << 32) | i))
+        .collect();
+    assert_eq!(all.len(), want.len(), "elements lost or duplicated");
+    assert_eq!(all, want);
+}
