@@ -78,23 +78,23 @@ pub(crate) const EPOCH_OFFSET: u64 = 0x40;
 pub(crate) const CLEAN_SHUTDOWN_OFFSET: u64 = 0x80;
 
 pub(crate) const DIRECTORY_OFFSET: u64 = 0x1000;
-pub(crate) const DIR_ENTRY_LEN: u64 = 64;
+/// The length of a directory or type-registry entry.
+pub(crate) const ENTRY_LEN: u64 = 64;
+/// Where an entry's valid word is; the bytes before it are the entry's body.
+pub(crate) const ENTRY_VALID_OFFSET: u64 = 0x38;
 /// How many named structures one heap holds.
 pub const DIRECTORY_CAPACITY: usize = 64;
 /// The longest structure name, in bytes.
 pub const NAME_MAX: usize = 32;
 pub(crate) const DIR_OWNER_OFFSET: u64 = 0x20;
-pub(crate) const DIR_VALID_OFFSET: u64 = 0x38;
 const DIR_TAG: u64 = 0x4449_5245; // "DIRE"
 
 pub(crate) const TYPE_REGISTRY_OFFSET: u64 = 0x2000;
-pub(crate) const REG_ENTRY_LEN: u64 = 64;
 /// How many payload types one heap records.
 pub const REGISTRY_CAPACITY: usize = 128;
 pub(crate) const REG_TYPE_ID_OFFSET: u64 = 0x08;
 pub(crate) const REG_NAME_OFFSET: u64 = 0x10;
 pub(crate) const REG_NAME_LEN: usize = 40;
-pub(crate) const REG_VALID_OFFSET: u64 = 0x38;
 const REG_TAG: u64 = 0x5459_5045; // "TYPE"
 pub(crate) const SPAN_TABLE_OFFSET: u64 = 0x4000;
 
@@ -134,11 +134,11 @@ pub(crate) struct SuperblockHead {
 const _: () = assert!(size_of::<SuperblockHead>() as u64 == SUPERBLOCK_HEAD_LEN);
 const _: () = assert!(EPOCH_OFFSET.is_multiple_of(64) && CLEAN_SHUTDOWN_OFFSET.is_multiple_of(64));
 const _: () =
-    assert!(DIRECTORY_OFFSET + DIR_ENTRY_LEN * DIRECTORY_CAPACITY as u64 <= TYPE_REGISTRY_OFFSET);
+    assert!(DIRECTORY_OFFSET + ENTRY_LEN * DIRECTORY_CAPACITY as u64 <= TYPE_REGISTRY_OFFSET);
 const _: () = assert!(HEADER_LEN.is_multiple_of(8) && HEADER_LEN <= 64);
 const _: () =
-    assert!(TYPE_REGISTRY_OFFSET + REG_ENTRY_LEN * REGISTRY_CAPACITY as u64 <= SPAN_TABLE_OFFSET);
-const _: () = assert!(REG_NAME_OFFSET + REG_NAME_LEN as u64 == REG_VALID_OFFSET);
+    assert!(TYPE_REGISTRY_OFFSET + ENTRY_LEN * REGISTRY_CAPACITY as u64 <= SPAN_TABLE_OFFSET);
+const _: () = assert!(REG_NAME_OFFSET + REG_NAME_LEN as u64 == ENTRY_VALID_OFFSET);
 
 impl SuperblockHead {
     fn compute_checksum(&self) -> u32 {
@@ -412,24 +412,40 @@ fn header_crc(offset: u64, creation_id: u64, upper: u64, body: &[u64; 4]) -> u32
     crc32c::crc32c(&bytes)
 }
 
-/// The valid word of directory entry `index` holding `name_and_owner` (bytes 0x00..0x38).
-pub(crate) fn directory_valid_word(index: u64, creation_id: u64, entry: &[u8]) -> u64 {
-    (DIR_TAG << 32) | u64::from(checksum(&[index, creation_id], entry))
+/// A table of 64-byte entries (the directory, the type registry): each a 56-byte body and
+/// a valid word, `tag << 32 | crc32c(index, creation id, body)`, 0 for an empty entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EntryTable {
+    base: u64,
+    tag: u64,
+    /// How many entries the table has.
+    pub(crate) capacity: usize,
 }
 
-/// The valid word of type-registry entry `index` whose first 56 bytes are `entry`.
-pub(crate) fn registry_valid_word(index: u64, creation_id: u64, entry: &[u8]) -> u64 {
-    (REG_TAG << 32) | u64::from(checksum(&[index, creation_id], entry))
-}
+/// The structure directory.
+pub(crate) const DIRECTORY: EntryTable = EntryTable {
+    base: DIRECTORY_OFFSET,
+    tag: DIR_TAG,
+    capacity: DIRECTORY_CAPACITY,
+};
 
-/// The offset of type-registry entry `index`.
-pub(crate) fn registry_entry_offset(index: u64) -> u64 {
-    TYPE_REGISTRY_OFFSET.saturating_add(index.saturating_mul(REG_ENTRY_LEN))
-}
+/// The type registry.
+pub(crate) const REGISTRY: EntryTable = EntryTable {
+    base: TYPE_REGISTRY_OFFSET,
+    tag: REG_TAG,
+    capacity: REGISTRY_CAPACITY,
+};
 
-/// The offset of directory entry `index`.
-pub(crate) fn directory_entry_offset(index: u64) -> u64 {
-    DIRECTORY_OFFSET.saturating_add(index.saturating_mul(DIR_ENTRY_LEN))
+impl EntryTable {
+    /// The offset of entry `index`.
+    pub(crate) fn offset(self, index: u64) -> u64 {
+        self.base.saturating_add(index.saturating_mul(ENTRY_LEN))
+    }
+
+    /// The valid word of entry `index` whose body is `body`.
+    pub(crate) fn valid_word(self, index: u64, creation_id: u64, body: &[u8]) -> u64 {
+        (self.tag << 32) | u64::from(checksum(&[index, creation_id], body))
+    }
 }
 
 #[cfg(test)]

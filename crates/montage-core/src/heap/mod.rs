@@ -6,6 +6,7 @@ pub(crate) mod layout;
 pub(crate) mod mapping;
 #[allow(unsafe_code)]
 pub(crate) mod region;
+pub(crate) mod table;
 
 use crate::payload::registry::Registry;
 use std::fs::{File, OpenOptions};
@@ -26,9 +27,9 @@ use crate::persist::{Backend, Media};
 use crate::recovery::scan::{self, UnitVisit};
 use crate::recovery::{self, BlockView, RecoveryReport, Verdict};
 use layout::{
-    CLEAN_SHUTDOWN_OFFSET, DIR_ENTRY_LEN, DIR_OWNER_OFFSET, DIR_VALID_OFFSET, DIRECTORY_CAPACITY,
+    CLEAN_SHUTDOWN_OFFSET, DIR_OWNER_OFFSET, DIRECTORY, DIRECTORY_CAPACITY, ENTRY_VALID_OFFSET,
     EPOCH_OFFSET, Geometry, HEADER_LEN, LEN_WORD_OFFSET, MAGIC_OFFSET, NAME_MAX,
-    SUPERBLOCK_HEAD_LEN, directory_entry_offset, directory_valid_word,
+    SUPERBLOCK_HEAD_LEN,
 };
 use mapping::Mapping;
 use region::Region;
@@ -448,16 +449,19 @@ impl Heap {
                 capacity: DIRECTORY_CAPACITY,
             })?;
         let owner = owner_of(index);
-        let mut entry = [0u8; DIR_VALID_OFFSET as usize];
+        let mut entry: table::Body = [0; ENTRY_VALID_OFFSET as usize];
         entry[..name.len()].copy_from_slice(name.as_bytes());
         entry[DIR_OWNER_OFFSET as usize..DIR_OWNER_OFFSET as usize + 8]
             .copy_from_slice(&u64::from(owner.0).to_le_bytes());
-        let at = directory_entry_offset(index as u64);
-        self.shared.media.write(at, &entry)?;
-        let valid = directory_valid_word(index as u64, self.shared.geometry.creation_id, &entry);
-        self.shared.media.store(at + DIR_VALID_OFFSET, valid)?;
-        // PERSIST: the name is durable before its owner id is handed out.
-        self.shared.media.persist(at, DIR_ENTRY_LEN)?;
+        let creation_id = self.shared.geometry.creation_id;
+        // The name is durable before its owner id is handed out.
+        table::write_entry(
+            &self.shared.media,
+            DIRECTORY,
+            creation_id,
+            index as u64,
+            &entry,
+        )?;
         dir[index] = Some(name.to_owned());
         Ok(owner)
     }
@@ -871,17 +875,10 @@ fn format(media: &Media, geometry: &Geometry) -> Result<()> {
     media.persist(MAGIC_OFFSET, 8)
 }
 
+/// The directory's names. A registration torn by a crash never returned its id to anyone,
+/// so `read_entries` clears it.
 fn read_directory(media: &Media, geometry: &Geometry) -> Result<Vec<Option<String>>> {
-    let mut names = Vec::with_capacity(DIRECTORY_CAPACITY);
-    for index in 0..DIRECTORY_CAPACITY as u64 {
-        let at = directory_entry_offset(index);
-        let valid = media.load(at + DIR_VALID_OFFSET)?;
-        if valid == 0 {
-            names.push(None);
-            continue;
-        }
-        let mut entry = [0u8; DIR_VALID_OFFSET as usize];
-        media.read(at, &mut entry)?;
+    table::read_entries(media, DIRECTORY, geometry.creation_id, |index, entry| {
         let name_bytes = &entry[..NAME_MAX];
         let end = name_bytes.iter().position(|&b| b == 0).unwrap_or(NAME_MAX);
         let owner = u64::from_le_bytes(
@@ -889,21 +886,9 @@ fn read_directory(media: &Media, geometry: &Geometry) -> Result<Vec<Option<Strin
                 .try_into()
                 .unwrap_or([0; 8]),
         );
-        let name = std::str::from_utf8(&name_bytes[..end]).ok();
-        let intact = valid == directory_valid_word(index, geometry.creation_id, &entry)
-            && owner == index + 1
-            && name.is_some_and(|n| !n.is_empty());
-        if let (true, Some(name)) = (intact, name) {
-            names.push(Some(name.to_owned()));
-        } else {
-            // A registration torn by a crash never returned its id to anyone: clear it.
-            media.store(at + DIR_VALID_OFFSET, 0)?;
-            // PERSIST: the cleared entry is durable before the slot is reused.
-            media.persist(at + DIR_VALID_OFFSET, 8)?;
-            names.push(None);
-        }
-    }
-    Ok(names)
+        let name = std::str::from_utf8(&name_bytes[..end]).ok()?;
+        (owner == index + 1 && !name.is_empty()).then(|| name.to_owned())
+    })
 }
 
 #[cfg(test)]

@@ -10,9 +10,10 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::error::{Error, Result};
 use crate::heap::layout::{
-    REG_ENTRY_LEN, REG_NAME_LEN, REG_NAME_OFFSET, REG_TYPE_ID_OFFSET, REG_VALID_OFFSET,
-    REGISTRY_CAPACITY, registry_entry_offset, registry_valid_word,
+    ENTRY_VALID_OFFSET, REG_NAME_LEN, REG_NAME_OFFSET, REG_TYPE_ID_OFFSET, REGISTRY,
+    REGISTRY_CAPACITY,
 };
+use crate::heap::table;
 use crate::persist::Media;
 
 /// One registered type, as the DRAM copy keeps it.
@@ -40,28 +41,12 @@ impl Registry {
     /// reported registered (registration persists it before returning), so no payload of
     /// its type can be durable: it is cleared.
     pub(crate) fn load(media: &Media, creation_id: u64) -> Result<Registry> {
-        let mut entries = Vec::with_capacity(REGISTRY_CAPACITY);
-        for index in 0..REGISTRY_CAPACITY as u64 {
-            let at = registry_entry_offset(index);
-            let valid = media.load(at + REG_VALID_OFFSET)?;
-            if valid == 0 {
-                entries.push(None);
-                continue;
-            }
-            let mut raw = [0u8; REG_VALID_OFFSET as usize];
-            media.read(at, &mut raw)?;
-            if valid == registry_valid_word(index, creation_id, &raw) {
-                entries.push(Some(Entry {
-                    name_hash: word(&raw, 0),
-                    type_id: word(&raw, REG_TYPE_ID_OFFSET as usize),
-                }));
-            } else {
-                media.store(at + REG_VALID_OFFSET, 0)?;
-                // PERSIST: the cleared entry is durable before its slot is reused.
-                media.persist(at + REG_VALID_OFFSET, 8)?;
-                entries.push(None);
-            }
-        }
+        let entries = table::read_entries(media, REGISTRY, creation_id, |_, raw| {
+            Some(Entry {
+                name_hash: word(raw, 0),
+                type_id: word(raw, REG_TYPE_ID_OFFSET as usize),
+            })
+        })?;
         Ok(Registry {
             entries: Mutex::new(entries),
         })
@@ -102,23 +87,17 @@ impl Registry {
                 .ok_or_else(|| Error::RegistryFull {
                     capacity: REGISTRY_CAPACITY,
                 })?;
-        let mut raw = [0u8; REG_VALID_OFFSET as usize];
+        let mut raw: table::Body = [0; ENTRY_VALID_OFFSET as usize];
         raw[..8].copy_from_slice(&name_hash.to_le_bytes());
         raw[REG_TYPE_ID_OFFSET as usize..REG_NAME_OFFSET as usize]
             .copy_from_slice(&type_id.to_le_bytes());
         let shown = truncate_utf8(name, REG_NAME_LEN);
         raw[REG_NAME_OFFSET as usize..REG_NAME_OFFSET as usize + shown.len()]
             .copy_from_slice(shown.as_bytes());
-        let at = registry_entry_offset(index as u64);
-        media.write(at, &raw)?;
-        media.store(
-            at + REG_VALID_OFFSET,
-            registry_valid_word(index as u64, creation_id, &raw),
-        )?;
-        // PERSIST: the entry is durable before any payload of its type is allocated (the
-        // caller allocates only after this returns), so recovery never meets a payload whose
-        // layout it cannot check.
-        media.persist(at, REG_ENTRY_LEN)?;
+        // Durable before any payload of the type is allocated (the caller allocates only
+        // after this returns), so recovery never meets a payload whose layout it cannot
+        // check.
+        table::write_entry(media, REGISTRY, creation_id, index as u64, &raw)?;
         entries[index] = Some(Entry { name_hash, type_id });
         Ok(())
     }
