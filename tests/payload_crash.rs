@@ -11,26 +11,21 @@
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use common::{Counter, try_increment};
 use montage::{
-    CasErrorKind, Error, Heap, HeapConfig, OwnerId, PRef, Payload, SimMode, SplitMix64, SyncRecord,
-    crash_generation, for_each_seed, run_against_clock,
+    Heap, HeapConfig, OwnerId, PRef, SimMode, SplitMix64, SyncRecord, crash_generation,
+    for_each_seed, run_against_clock,
 };
 
 const COUNTERS: u64 = 4;
 const THREADS: usize = 3;
 const INCREMENTS_PER_THREAD: u64 = 40;
 const GENERATIONS: usize = 2;
-
-#[derive(Payload, Debug, Clone, Copy, PartialEq)]
-#[repr(C)]
-struct Counter {
-    id: u64,
-    #[payload(atomic)]
-    value: u64,
-}
 
 /// One counter: its current handle (replaced under the lock on copy-on-write) and every
 /// successful increment as (epoch, value written).
@@ -39,34 +34,13 @@ struct Slot {
     increments: Mutex<Vec<(u64, u64)>>,
 }
 
-/// One increment attempt in its own operation; `Ok(None)` means "try again".
-fn try_increment(heap: &Heap, slot: &Slot) -> montage::Result<Option<u64>> {
-    let op = heap.begin_op()?;
-    let handle = *slot.handle.lock().unwrap();
-    let value = match handle.get_value(&op) {
-        Ok(value) => value,
-        Err(Error::Aborted | Error::InvalidBlock { .. } | Error::Retired { .. }) => {
-            return Ok(None);
-        }
-        Err(err) => return Err(err),
-    };
-    match handle.cas_value(&op, value, value + 1)? {
-        Ok(()) => {
-            slot.increments
-                .lock()
-                .unwrap()
-                .push((op.epoch(), value + 1));
-            Ok(Some(op.epoch()))
-        }
-        Err(err) if err.kind == CasErrorKind::OlderEpoch => {
-            let mut current = slot.handle.lock().unwrap();
-            if *current == handle {
-                *current = handle.set_value(&op, err.current)?;
-            }
-            Ok(None)
-        }
-        Err(_) => Ok(None),
+/// One increment attempt (see `common::try_increment`), recorded on success.
+fn increment(heap: &Heap, slot: &Slot) -> montage::Result<Option<u64>> {
+    let done = try_increment(heap, &slot.handle)?;
+    if let Some((epoch, written)) = done {
+        slot.increments.lock().unwrap().push((epoch, written));
     }
+    Ok(done.map(|(epoch, _)| epoch))
 }
 
 fn generation(heap: &Heap, slots: &[Slot], seed: u64) -> Vec<SyncRecord> {
@@ -75,7 +49,7 @@ fn generation(heap: &Heap, slots: &[Slot], seed: u64) -> Vec<SyncRecord> {
         for _ in 0..INCREMENTS_PER_THREAD {
             let slot = &slots[(rng.next_u64() % COUNTERS) as usize];
             loop {
-                if let Some(epoch) = try_increment(heap, slot).unwrap() {
+                if let Some(epoch) = increment(heap, slot).unwrap() {
                     ended.record(epoch);
                     break;
                 }

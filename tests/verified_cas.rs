@@ -10,10 +10,12 @@
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+mod common;
 
-use montage::{CasErrorKind, EpochLength, Error, Heap, HeapConfig, PRef, Payload, VerifiedAtomic};
+use std::sync::Mutex;
+
+use common::{Counter, CounterFields, try_increment};
+use montage::{CasErrorKind, EpochLength, Heap, HeapConfig, VerifiedAtomic, run_with_clock};
 
 const WORKERS: usize = 3;
 const SWAPS_PER_WORKER: usize = 3_000;
@@ -30,39 +32,25 @@ fn race(
     heap: &Heap,
     swap_once: impl Fn() -> montage::Result<Option<(u64, u64)>> + Sync,
 ) -> Vec<(u64, u64)> {
-    let done = AtomicBool::new(false);
     let successes = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        let advancer = s.spawn(|| {
-            let mut advances = 0u64;
-            while !done.load(Ordering::Relaxed) {
-                heap.advance_epoch().unwrap();
-                advances += 1;
-                // Epochs long enough for swaps to succeed in most of them, short enough for
-                // many swaps to meet a boundary.
-                std::thread::sleep(std::time::Duration::from_micros(20));
+    let mut advances = 0u64;
+    let tick = || {
+        heap.advance_epoch().unwrap();
+        advances += 1;
+        // Epochs long enough for swaps to succeed in most of them, short enough for many
+        // swaps to meet a boundary.
+        std::thread::sleep(std::time::Duration::from_micros(20));
+    };
+    run_with_clock(WORKERS, tick, |_| {
+        let mut mine = Vec::new();
+        while mine.len() < SWAPS_PER_WORKER || heap.advances() < MIN_ADVANCES {
+            if let Some(success) = swap_once().unwrap() {
+                mine.push(success);
             }
-            advances
-        });
-        let workers: Vec<_> = (0..WORKERS)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    while mine.len() < SWAPS_PER_WORKER || heap.advances() < MIN_ADVANCES {
-                        if let Some(success) = swap_once().unwrap() {
-                            mine.push(success);
-                        }
-                    }
-                    successes.lock().unwrap().extend(mine);
-                })
-            })
-            .collect();
-        for worker in workers {
-            worker.join().unwrap();
         }
-        done.store(true, Ordering::Relaxed);
-        assert!(advancer.join().unwrap() >= MIN_ADVANCES);
+        successes.lock().unwrap().extend(mine);
     });
+    assert!(advances >= MIN_ADVANCES);
     successes.into_inner().unwrap()
 }
 
@@ -116,13 +104,6 @@ fn verified_atomic_loses_nothing_and_keeps_epoch_order() {
     check(successes, last);
 }
 
-#[derive(Payload)]
-#[repr(C)]
-struct Counter {
-    #[payload(atomic)]
-    value: u64,
-}
-
 #[test]
 fn payload_cas_loses_nothing_and_keeps_epoch_order() {
     let heap = heap();
@@ -130,35 +111,10 @@ fn payload_cas_loses_nothing_and_keeps_epoch_order() {
     // The structure's synchronization for copy-on-write: the current handle, replaced
     // under its lock when the payload must move into a newer epoch.
     let current = Mutex::new(
-        heap.run_op(|op| op.alloc_payload(owner, &Counter { value: 0 }))
+        heap.run_op(|op| op.alloc_payload(owner, &Counter { id: 0, value: 0 }))
             .unwrap(),
     );
-    let successes = race(&heap, || {
-        let op = heap.begin_op()?;
-        let handle: PRef<Counter> = *current.lock().unwrap();
-        let value = match handle.get_value(&op) {
-            Ok(value) => value,
-            // Another thread moved it into a newer epoch than ours, or replaced it.
-            Err(Error::Aborted | Error::InvalidBlock { .. } | Error::Retired { .. }) => {
-                return Ok(None);
-            }
-            Err(err) => return Err(err),
-        };
-        match handle.cas_value(&op, value, value + 1)? {
-            Ok(()) => Ok(Some((op.epoch(), value + 1))),
-            Err(err) => match err.kind {
-                CasErrorKind::Mismatch | CasErrorKind::EpochAdvanced => Ok(None),
-                CasErrorKind::OlderEpoch => {
-                    let mut slot = current.lock().unwrap();
-                    if *slot == handle {
-                        *slot = handle.set_value(&op, err.current)?;
-                    }
-                    Ok(None)
-                }
-                other => panic!("unexpected {other:?}"),
-            },
-        }
-    });
+    let successes = race(&heap, || try_increment(&heap, &current));
     let handle = *current.lock().unwrap();
     let last = heap.run_op(|op| handle.get_value(op)).unwrap();
     check(successes, last);

@@ -82,7 +82,7 @@ pub use payload::list::{MAX_LIST_VALUE, VerifiedList};
 pub use payload::queue::VerifiedQueue;
 pub use payload::{CasField, POff, PRef, Payload, PayloadField};
 pub use persist::harness::{
-    Crashed, Ended, SyncRecord, check_synced, crash_generation, run_against_clock,
+    Crashed, Ended, SyncRecord, check_synced, crash_generation, run_against_clock, run_with_clock,
 };
 pub use persist::sim::{CrashImage, SimMode, Simulator, SplitMix64, crash_seeds, for_each_seed};
 pub use persist::{CACHE_LINE, PAGE_SIZE};

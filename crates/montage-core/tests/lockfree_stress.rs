@@ -16,7 +16,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use montage_core::{EpochLength, Error, Heap, HeapConfig, SplitMix64, VerifiedList, VerifiedQueue};
+use montage_core::{
+    EpochLength, Error, Heap, HeapConfig, SplitMix64, VerifiedList, VerifiedQueue, run_with_clock,
+};
 
 const THREADS: u64 = 3;
 
@@ -26,33 +28,11 @@ fn heap() -> Heap {
 
 /// Runs `work(t)` on `THREADS` threads while another thread advances the clock.
 fn with_moving_clock(heap: &Heap, work: impl Fn(u64) + Sync) {
-    let done = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                heap.advance_epoch().unwrap();
-                std::thread::sleep(Duration::from_micros(30));
-            }
-        });
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                s.spawn({
-                    let work = &work;
-                    move || work(t)
-                })
-            })
-            .collect();
-        let results: Vec<_> = workers
-            .into_iter()
-            .map(std::thread::ScopedJoinHandle::join)
-            .collect();
-        done.store(true, Ordering::Relaxed);
-        for result in results {
-            if let Err(panic) = result {
-                std::panic::resume_unwind(panic);
-            }
-        }
-    });
+    let tick = || {
+        heap.advance_epoch().unwrap();
+        std::thread::sleep(Duration::from_micros(30));
+    };
+    run_with_clock(THREADS as usize, tick, |t| work(t as u64));
 }
 
 /// A value names its key and a version: `key << 24 | version`.

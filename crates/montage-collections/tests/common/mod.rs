@@ -216,45 +216,24 @@ where
 {
     let ticks = Ticks::default();
     let history = std::sync::Mutex::new(Vec::new());
-    let done = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                heap.advance_epoch().unwrap();
-                std::thread::yield_now();
-            }
-        });
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let (ticks, history, make, run) = (&ticks, &history, &make, &run);
-                s.spawn(move || {
-                    let mut rng = montage_core::SplitMix64::new(seed.wrapping_mul(31) + t);
-                    for i in 0..ops {
-                        let op = make(&mut rng, t, i);
-                        let call = ticks.now();
-                        let result = run(&op);
-                        let ret = ticks.now();
-                        history.lock().unwrap().push(Event {
-                            call,
-                            ret,
-                            op,
-                            result,
-                        });
-                    }
-                })
-            })
-            .collect();
-        let results: Vec<_> = workers
-            .into_iter()
-            .map(std::thread::ScopedJoinHandle::join)
-            .collect();
-        // Stop the clock thread before a worker's panic is passed on, or the scope would
-        // wait for it forever.
-        done.store(true, Ordering::Relaxed);
-        for result in results {
-            if let Err(panic) = result {
-                std::panic::resume_unwind(panic);
-            }
+    let tick = || {
+        heap.advance_epoch().unwrap();
+        std::thread::yield_now();
+    };
+    montage_core::run_with_clock(threads as usize, tick, |t| {
+        let t = t as u64;
+        let mut rng = montage_core::SplitMix64::new(seed.wrapping_mul(31) + t);
+        for i in 0..ops {
+            let op = make(&mut rng, t, i);
+            let call = ticks.now();
+            let result = run(&op);
+            let ret = ticks.now();
+            history.lock().unwrap().push(Event {
+                call,
+                ret,
+                op,
+                result,
+            });
         }
     });
     history.into_inner().unwrap()

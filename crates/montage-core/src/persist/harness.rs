@@ -1,7 +1,8 @@
 //! What every buffered-durability crash test needs beside the simulator: worker threads
-//! running operations while another thread moves the clock (a random mix of `sync` and
-//! plain advances), a record of which syncs returned and what they covered, and the check
-//! that the recovered clock covers every sync that returned before the crash.
+//! running operations while another thread moves the clock ([`run_with_clock`]; for crash
+//! tests a random mix of `sync` and plain advances), a record of which syncs returned and
+//! what they covered, and the check that the recovered clock covers every sync that
+//! returned before the crash.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +33,37 @@ impl Ended {
     }
 }
 
+/// Runs `work(t)` on `threads` threads while one more thread calls `tick` in a loop, until
+/// every worker returns; a worker's panic is re-raised after the clock thread has stopped
+/// (the scope would otherwise wait for it forever).
+///
+/// # Panics
+///
+/// Re-raises a worker's or `tick`'s panic.
+pub fn run_with_clock(threads: usize, mut tick: impl FnMut() + Send, work: impl Fn(usize) + Sync) {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let work = &work;
+        let workers: Vec<_> = (0..threads).map(|t| s.spawn(move || work(t))).collect();
+        s.spawn(|| {
+            // ORDERING: a stop flag; the scope's joins order everything else.
+            while !done.load(Ordering::Relaxed) {
+                tick();
+            }
+        });
+        let results: Vec<_> = workers
+            .into_iter()
+            .map(std::thread::ScopedJoinHandle::join)
+            .collect();
+        done.store(true, Ordering::Relaxed);
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+}
+
 /// Runs `work(t, &ended)` on `threads` threads while one more thread, driven by `seed`,
 /// calls `sync` (one time in three) or advances the clock, until every worker returns;
 /// returns the syncs that returned. The heap must be simulated.
@@ -49,49 +81,28 @@ pub fn run_against_clock(
     let sim = heap
         .simulator()
         .expect("run_against_clock needs a simulated heap");
-    let done = AtomicBool::new(false);
     let ended = Ended::default();
     let syncs = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        let (work, ended) = (&work, &ended);
-        let workers: Vec<_> = (0..threads)
-            .map(|t| s.spawn(move || work(t, ended)))
-            .collect();
-        s.spawn(|| {
-            let mut rng = SplitMix64::new(seed ^ 0xC10C);
-            // ORDERING: a stop flag; the scope's joins order everything else.
-            while !done.load(Ordering::Relaxed) {
-                if rng.next_u64().is_multiple_of(3) {
-                    // ORDERING: SeqCst pairs with `Ended::record`.
-                    let covered = ended.0.load(Ordering::SeqCst);
-                    heap.sync().expect("sync failed");
-                    let record = SyncRecord {
-                        covered,
-                        returned_at: sim.events(),
-                    };
-                    syncs
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push(record);
-                } else {
-                    heap.advance_epoch().expect("advance failed");
-                }
-                std::thread::yield_now();
-            }
-        });
-        let results: Vec<_> = workers
-            .into_iter()
-            .map(std::thread::ScopedJoinHandle::join)
-            .collect();
-        // Stop the clock thread before a worker's panic is passed on, or the scope would
-        // wait for it forever.
-        done.store(true, Ordering::Relaxed);
-        for result in results {
-            if let Err(panic) = result {
-                std::panic::resume_unwind(panic);
-            }
+    let mut rng = SplitMix64::new(seed ^ 0xC10C);
+    let tick = || {
+        if rng.next_u64().is_multiple_of(3) {
+            // ORDERING: SeqCst pairs with `Ended::record`.
+            let covered = ended.0.load(Ordering::SeqCst);
+            heap.sync().expect("sync failed");
+            let record = SyncRecord {
+                covered,
+                returned_at: sim.events(),
+            };
+            syncs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(record);
+        } else {
+            heap.advance_epoch().expect("advance failed");
         }
-    });
+        std::thread::yield_now();
+    };
+    run_with_clock(threads, tick, |t| work(t, &ended));
     syncs
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
