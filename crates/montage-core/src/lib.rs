@@ -93,7 +93,6 @@ pub use recovery::{BlockView, RecoveryReport, Verdict};
 pub mod __private {
     pub use crate::payload::access::{cas_field, get_field, set_field};
     pub use crate::payload::codec::encode_payload;
-    pub use crate::payload::fingerprint::Fingerprint;
     pub use zerocopy;
 
     /// Writes `value` into `out` at byte `offset` (a payload's field, during

@@ -139,7 +139,7 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
             #[automatically_derived]
             impl #krate::Payload for #ident where #(#bounds)* {
                 const TYPE_NAME: &'static str = #registry_name;
-                const TYPE_ID: u64 = #krate::__private::Fingerprint::new()
+                const TYPE_ID: u64 = #krate::Fingerprint::new()
                     .str(#registry_name)
                     #(#fingerprint)*
                     .u64(::core::mem::size_of::<#ident>() as u64)

@@ -214,8 +214,12 @@ impl<T: CasWord> VerifiedAtomic<T> {
     ///
     /// If the word is shared with operations of another heap (a misuse).
     pub fn load(&self, op: &OpGuard<'_>) -> T {
-        let guard = reclaim::pin();
-        decode(load_raw(&self.word, Clock::of(op), &guard))
+        self.load_in(Clock::of(op), &reclaim::pin())
+    }
+
+    /// [`load`](Self::load) for a caller that is already pinned (the lock-free indexes).
+    pub(crate) fn load_in(&self, clock: Clock<'_>, guard: &reclaim::Guard) -> T {
+        decode(load_raw(&self.word, clock, guard))
     }
 
     /// Replaces `current` with `new` if the word holds `current` and the epoch clock still
@@ -353,6 +357,25 @@ pub(crate) unsafe fn publish_node<T>(
                 Ok(false)
             }
         }
+    }
+}
+
+/// Frees a chain of nodes leaked from `Box`es, starting at address `first` (0 ends it);
+/// `next` gives a node's successor address.
+///
+/// # Safety
+///
+/// The caller has exclusive access to the chain (no other thread can reach any of its
+/// nodes), and every node in it came from `Box::leak` with its address exposed and is
+/// freed nowhere else.
+pub(crate) unsafe fn free_chain<T>(first: usize, next: impl Fn(&T) -> usize) {
+    let mut addr = first;
+    while addr != 0 {
+        let ptr = std::ptr::with_exposed_provenance_mut::<T>(addr);
+        // SAFETY: by the contract, the node came from `Box::leak`, nobody else can reach
+        // it, and it is freed only here.
+        let boxed = unsafe { Box::from_raw(ptr) };
+        addr = next(&boxed);
     }
 }
 

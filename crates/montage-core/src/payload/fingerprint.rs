@@ -22,10 +22,7 @@ impl Fingerprint {
         Fingerprint((self.0 ^ byte as u64).wrapping_mul(PRIME))
     }
 
-    /// Mixes in `value` (eight little-endian bytes).
-    #[must_use]
-    pub const fn u64(self, value: u64) -> Fingerprint {
-        let bytes = value.to_le_bytes();
+    const fn bytes(self, bytes: &[u8]) -> Fingerprint {
         let mut hash = self;
         let mut i = 0;
         while i < bytes.len() {
@@ -35,17 +32,16 @@ impl Fingerprint {
         hash
     }
 
+    /// Mixes in `value` (eight little-endian bytes).
+    #[must_use]
+    pub const fn u64(self, value: u64) -> Fingerprint {
+        self.bytes(&value.to_le_bytes())
+    }
+
     /// Mixes in `s`, preceded by its length.
     #[must_use]
     pub const fn str(self, s: &str) -> Fingerprint {
-        let bytes = s.as_bytes();
-        let mut hash = self.u64(bytes.len() as u64);
-        let mut i = 0;
-        while i < bytes.len() {
-            hash = hash.byte(bytes[i]);
-            i += 1;
-        }
-        hash
+        self.u64(s.len() as u64).bytes(s.as_bytes())
     }
 
     /// The hash value.

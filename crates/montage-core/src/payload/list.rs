@@ -27,7 +27,9 @@ use std::ptr::NonNull;
 
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
-use crate::payload::cas::{CasErrorKind, Clock, VerifiedAtomic, load_raw, publish_node, reclaim};
+use crate::payload::cas::{
+    CasErrorKind, Clock, VerifiedAtomic, free_chain, load_raw, publish_node, reclaim,
+};
 use crate::primitive::{AtomicUsize, Ordering};
 
 /// Value-word states above any live value (live values are below 2^61).
@@ -162,7 +164,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                     curr_raw = enc(next_addr, false);
                     continue;
                 }
-                Self::retire_if_stale(op, curr);
+                Self::retire_if_stale(op, curr, clock, guard);
                 if curr.key >= *key {
                     return Position {
                         pred,
@@ -178,15 +180,15 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
 
     /// Turns a node removed two or more epochs before the clock dead and marks its link, so
     /// that the next traversal unlinks it.
-    fn retire_if_stale(op: &OpGuard<'_>, curr: &Node<K>) {
-        let value = curr.value.load(op);
+    fn retire_if_stale(op: &OpGuard<'_>, curr: &Node<K>, clock: Clock<'_>, guard: &reclaim::Guard) {
+        let value = curr.value.load_in(clock, guard);
         let stale =
             value & REMOVED != 0 && value & DEAD == 0 && (value & !REMOVED) + 2 <= op.epoch();
         if stale && curr.value.compare_exchange(op, value, DEAD).is_err() {
             return;
         }
         if stale || value == DEAD {
-            mark(&curr.next, op);
+            mark(&curr.next, clock, guard);
         }
     }
 
@@ -199,7 +201,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         let guard = reclaim::pin();
         let position = self.find(op, key, &guard);
         match position.curr.filter(|c| c.key == *key) {
-            Some(curr) => live(op, curr.value.load(op)),
+            Some(curr) => live(op, curr.value.load_in(Clock::of(op), &guard)),
             None => Ok(None),
         }
     }
@@ -220,7 +222,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         loop {
             let position = self.find(op, key, &guard);
             if let Some(curr) = position.curr.filter(|c| c.key == *key) {
-                let found = curr.value.load(op);
+                let found = curr.value.load_in(Clock::of(op), &guard);
                 if let Some(v) = live(op, found)? {
                     return Ok(Err(v));
                 }
@@ -228,13 +230,10 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                     // Being unlinked: a new node goes in once it is gone.
                     continue;
                 }
-                match curr.value.compare_exchange(op, found, value) {
-                    Ok(_) => return Ok(Ok(())),
-                    Err(err) if err.kind == CasErrorKind::EpochAdvanced => {
-                        return Err(Error::Aborted);
-                    }
-                    Err(_) => continue,
+                if swap_word(&curr.value, op, found, value)?.is_ok() {
+                    return Ok(Ok(()));
                 }
+                continue;
             }
             let new = NonNull::from(Box::leak(Box::new(Node {
                 key: key.clone(),
@@ -309,10 +308,9 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         let Some(curr) = position.curr.filter(|c| c.key == *key) else {
             return Ok(Err(None));
         };
-        match curr.value.compare_exchange(op, current, new) {
-            Ok(_) => Ok(Ok(())),
-            Err(err) if err.kind == CasErrorKind::EpochAdvanced => Err(Error::Aborted),
-            Err(err) => Ok(Err(live(op, err.current)?)),
+        match swap_word(&curr.value, op, current, new)? {
+            Ok(()) => Ok(Ok(())),
+            Err(found) => Ok(Err(live(op, found)?)),
         }
     }
 
@@ -329,7 +327,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         while addr != 0 {
             // SAFETY: `addr` was just read from a link of the list while pinned by `guard`.
             let curr: &Node<K> = unsafe { node(addr, &guard) };
-            if let Some(v) = live(op, curr.value.load(op))? {
+            if let Some(v) = live(op, curr.value.load_in(clock, &guard))? {
                 out.push((curr.key.clone(), v));
             }
             addr = dec(load_raw(&curr.next, clock, &guard)).0;
@@ -340,10 +338,9 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
 
 /// Marks `link` (a node's `next`), so that no node is linked after it and traversals
 /// unlink its node.
-fn mark(link: &AtomicUsize, op: &OpGuard<'_>) {
-    let guard = reclaim::pin();
+fn mark(link: &AtomicUsize, clock: Clock<'_>, guard: &reclaim::Guard) {
     loop {
-        let raw = load_raw(link, Clock::of(op), &guard);
+        let raw = load_raw(link, clock, guard);
         let (addr, marked) = dec(raw);
         // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
         if marked
@@ -353,6 +350,20 @@ fn mark(link: &AtomicUsize, op: &OpGuard<'_>) {
         {
             return;
         }
+    }
+}
+
+/// A verified swap of a value word: `Ok(Err(found))` if it did not hold `current`.
+fn swap_word(
+    word: &VerifiedAtomic<u64>,
+    op: &OpGuard<'_>,
+    current: u64,
+    new: u64,
+) -> Result<Result<(), u64>> {
+    match word.compare_exchange(op, current, new) {
+        Ok(_) => Ok(Ok(())),
+        Err(err) if err.kind == CasErrorKind::EpochAdvanced => Err(Error::Aborted),
+        Err(err) => Ok(Err(err.current)),
     }
 }
 
@@ -370,15 +381,13 @@ fn live(op: &OpGuard<'_>, value: u64) -> Result<Option<u64>> {
 impl<K> Drop for VerifiedList<K> {
     fn drop(&mut self) {
         // ORDERING: exclusive access (`&mut self`): no other thread can see the list.
-        let (mut addr, _) = dec(self.head.load(Ordering::Relaxed));
-        while addr != 0 {
-            let ptr = std::ptr::with_exposed_provenance_mut::<Node<K>>(addr);
-            // SAFETY: with `&mut self` no other thread uses the list; every node still
-            // linked came from `Box::leak` in `insert`, is linked once, and is freed once
-            // here (unlinked nodes were handed to crossbeam-epoch instead).
-            let boxed = unsafe { Box::from_raw(ptr) };
+        let first = dec(self.head.load(Ordering::Relaxed)).0;
+        // SAFETY: with `&mut self` no other thread uses the list; every node still linked
+        // came from `Box::leak` in `insert` (address exposed), is linked once, and is freed
+        // only here (unlinked nodes were handed to crossbeam-epoch instead).
+        unsafe {
             // ORDERING: exclusive access, as above.
-            addr = dec(boxed.next.load(Ordering::Relaxed)).0;
+            free_chain(first, |n: &Node<K>| dec(n.next.load(Ordering::Relaxed)).0);
         }
     }
 }

@@ -17,7 +17,7 @@ use std::ptr::NonNull;
 
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
-use crate::payload::cas::{Clock, dcss, load_raw, publish_node, reclaim};
+use crate::payload::cas::{Clock, dcss, free_chain, load_raw, publish_node, reclaim};
 use crate::primitive::{AtomicU64, AtomicUsize, Ordering};
 
 /// Node words are DCSS words holding `address << 1` (bit 0 tags descriptors).
@@ -248,15 +248,13 @@ impl VerifiedQueue {
 impl Drop for VerifiedQueue {
     fn drop(&mut self) {
         // ORDERING: exclusive access (`&mut self`).
-        let mut addr = dec(self.head.load(Ordering::Relaxed));
-        while addr != 0 {
-            let ptr = std::ptr::with_exposed_provenance_mut::<Node>(addr);
-            // SAFETY: with `&mut self` no other thread uses the queue; the dummy and every
-            // node after it came from `Box::leak`, are linked once, and are freed once here
-            // (nodes before the dummy were handed to crossbeam-epoch instead).
-            let boxed = unsafe { Box::from_raw(ptr) };
+        let first = dec(self.head.load(Ordering::Relaxed));
+        // SAFETY: with `&mut self` no other thread uses the queue; the dummy and every node
+        // after it came from `Box::leak` in `new_node` (address exposed), are linked once,
+        // and are freed only here (nodes before the dummy went to crossbeam-epoch instead).
+        unsafe {
             // ORDERING: exclusive access, as above.
-            addr = dec(boxed.next.load(Ordering::Relaxed));
+            free_chain(first, |n: &Node| dec(n.next.load(Ordering::Relaxed)));
         }
     }
 }
