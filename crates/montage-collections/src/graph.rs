@@ -23,7 +23,7 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use montage_core::{Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result};
 
-use crate::structure;
+use crate::structure::{self, lock};
 
 /// One vertex in the index.
 #[derive(Debug, Default)]
@@ -140,17 +140,11 @@ impl<'h, V: Codec, E: Codec> Graph<'h, V, E> {
                 if type_id == self.vertex_type {
                     let id = word(bytes, 0, offset)?;
                     value::<V>(bytes, 8, offset)?;
-                    vertices
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push((id, block));
+                    lock(&vertices).push((id, block));
                 } else {
                     let (src, dst) = (word(bytes, 0, offset)?, word(bytes, 8, offset)?);
                     value::<E>(bytes, 16, offset)?;
-                    edges
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push((src, dst, block));
+                    lock(&edges).push((src, dst, block));
                 }
                 Ok(())
             },

@@ -20,13 +20,14 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::CachePadded;
 use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
-use crate::{entry, structure};
+use crate::entry;
+use crate::structure::{self, lock};
 
 /// Stripes in a new map's index (a power of two).
 const STRIPES: usize = 1024;
@@ -61,10 +62,6 @@ impl<K, V> std::fmt::Debug for HashMap<'_, K, V> {
             .field("len", &self.len.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl<'h, K, V> HashMap<'h, K, V>

@@ -26,7 +26,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, VerifiedList};
 
-use crate::{entry, structure};
+use crate::entry;
+use crate::structure::{self, contended};
 
 /// The default number of buckets.
 pub const DEFAULT_BUCKETS: usize = 1 << 16;
@@ -300,13 +301,5 @@ where
     /// The heap the map lives in.
     pub fn heap(&self) -> &'h Heap {
         self.heap
-    }
-}
-
-/// Errors that mean another operation changed the entry first: retry the operation.
-fn contended(err: Error) -> Error {
-    match err {
-        Error::Retired { .. } | Error::InvalidBlock { .. } => Error::Aborted,
-        other => other,
     }
 }

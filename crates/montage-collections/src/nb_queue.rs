@@ -18,11 +18,11 @@
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 
-use montage_core::{Codec, Error, Heap, OwnerId, PBlock, Result, VerifiedQueue};
+use montage_core::{Codec, Heap, OwnerId, PBlock, Result, VerifiedQueue};
 
-use crate::{queue, structure};
+use crate::queue;
+use crate::structure::contended;
 
 /// A nonblocking concurrent FIFO queue whose elements survive crashes (module docs).
 pub struct NbQueue<'h, T> {
@@ -42,14 +42,6 @@ impl<T> std::fmt::Debug for NbQueue<'_, T> {
     }
 }
 
-/// Errors that mean another operation took the element first: retry the operation.
-fn contended(err: Error) -> Error {
-    match err {
-        Error::Retired { .. } | Error::InvalidBlock { .. } => Error::Aborted,
-        other => other,
-    }
-}
-
 impl<'h, T: Codec> NbQueue<'h, T> {
     /// Opens the queue named `name` in `heap`, creating it if the heap has no structure of
     /// that name, and rebuilding it from its payloads (in sequence order) if it has.
@@ -59,22 +51,8 @@ impl<'h, T: Codec> NbQueue<'h, T> {
     /// As [`Queue::open`](crate::Queue::open).
     pub fn open(heap: &'h Heap, name: &str) -> Result<NbQueue<'h, T>> {
         let type_id = queue::type_id::<T>();
-        let (owner, existed) = structure::owner(heap, name)?;
-        let mut elements = Vec::new();
-        if existed {
-            let found = Mutex::new(Vec::new());
-            let name = "montage_collections::NbQueue element";
-            structure::scan_payloads(heap, owner, &[type_id], name, |_, block, bytes| {
-                let (seq, _) = queue::decode::<T>(bytes, block.offset())?;
-                found
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push((seq, block));
-                Ok(())
-            })?;
-            elements = found.into_inner().unwrap_or_else(PoisonError::into_inner);
-            queue::sort_checked(&mut elements)?;
-        }
+        let (owner, elements) =
+            queue::open_elements::<T>(heap, name, "montage_collections::NbQueue element")?;
         let mut index = VerifiedQueue::new(elements.first().map_or(0, |&(seq, _)| seq));
         for &(seq, block) in &elements {
             index.push_recovered(block.offset(), seq);
@@ -93,7 +71,7 @@ impl<'h, T: Codec> NbQueue<'h, T> {
     ///
     /// # Errors
     ///
-    /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
+    /// [`Error::OutOfSpace`](montage_core::Error::OutOfSpace) when the heap is full (nothing changed); a heap error.
     #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
     pub fn push_back(&self, value: T) -> Result<()> {
         let mut bytes = vec![0u8; 8];
@@ -113,7 +91,7 @@ impl<'h, T: Codec> NbQueue<'h, T> {
     ///
     /// # Errors
     ///
-    /// A heap error ([`Error::Corrupted`] for an element that does not decode, ...).
+    /// A heap error ([`Error::Corrupted`](montage_core::Error::Corrupted) for an element that does not decode, ...).
     pub fn pop_front(&self) -> Result<Option<T>> {
         self.heap.run_op(|op| {
             let mut value = None;

@@ -16,11 +16,11 @@
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use montage_core::{Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result};
 
-use crate::structure;
+use crate::structure::{self, lock};
 
 /// The DRAM side of the queue.
 #[derive(Debug)]
@@ -79,8 +79,36 @@ pub(crate) fn type_id<T: Codec>() -> u64 {
         .finish()
 }
 
+/// Finds or creates the queue `name` (of either kind; `type_name` names it in errors) and
+/// returns its owner and its recovered elements as (sequence number, block), in order.
+pub(crate) fn open_elements<T: Codec>(
+    heap: &Heap,
+    name: &str,
+    type_name: &'static str,
+) -> Result<(OwnerId, Vec<(u64, PBlock)>)> {
+    let (owner, existed) = structure::owner(heap, name)?;
+    if !existed {
+        return Ok((owner, Vec::new()));
+    }
+    let found = Mutex::new(Vec::new());
+    structure::scan_payloads(
+        heap,
+        owner,
+        &[type_id::<T>()],
+        type_name,
+        |_, block, bytes| {
+            let (seq, _) = decode::<T>(bytes, block.offset())?;
+            lock(&found).push((seq, block));
+            Ok(())
+        },
+    )?;
+    let mut elements = found.into_inner().unwrap_or_else(PoisonError::into_inner);
+    sort_checked(&mut elements)?;
+    Ok((owner, elements))
+}
+
 /// Sorts recovered (sequence number, block) pairs, rejecting a repeated number.
-pub(crate) fn sort_checked(elements: &mut [(u64, PBlock)]) -> Result<()> {
+fn sort_checked(elements: &mut [(u64, PBlock)]) -> Result<()> {
     elements.sort_unstable_by_key(|&(seq, _)| seq);
     match elements.windows(2).find(|w| w[0].0 == w[1].0) {
         Some(pair) => Err(Error::Corrupted {
@@ -102,19 +130,8 @@ impl<'h, T: Codec> Queue<'h, T> {
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &'h Heap, name: &str) -> Result<Queue<'h, T>> {
         let type_id = type_id::<T>();
-        let (owner, existed) = structure::owner(heap, name)?;
-        let mut elements = Vec::new();
-        if existed {
-            let found = Mutex::new(Vec::new());
-            let name = "montage_collections::Queue element";
-            structure::scan_payloads(heap, owner, &[type_id], name, |_, block, bytes| {
-                let (seq, _) = decode::<T>(bytes, block.offset())?;
-                lock(&found).push((seq, block));
-                Ok(())
-            })?;
-            elements = found.into_inner().unwrap_or_else(PoisonError::into_inner);
-            sort_checked(&mut elements)?;
-        }
+        let (owner, elements) =
+            open_elements::<T>(heap, name, "montage_collections::Queue element")?;
         let next_seq = elements.last().map_or(0, |&(seq, _)| seq + 1);
         Ok(Queue {
             heap,
@@ -222,10 +239,6 @@ impl<'h, T: Codec> Queue<'h, T> {
     pub fn heap(&self) -> &'h Heap {
         self.heap
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

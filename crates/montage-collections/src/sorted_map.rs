@@ -24,13 +24,14 @@
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_skiplist::SkipMap;
 use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
-use crate::{entry, structure};
+use crate::entry;
+use crate::structure::{self, lock};
 
 /// One key's state in the index.
 #[derive(Debug)]
@@ -62,10 +63,6 @@ impl<K, V> std::fmt::Debug for SortedMap<'_, K, V> {
             .field("len", &self.len.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl<'h, K, V> SortedMap<'h, K, V>

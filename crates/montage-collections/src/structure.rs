@@ -1,7 +1,26 @@
 //! What every structure does the same way: find or create its name in the heap directory,
 //! and rebuild from its payloads (checked to be of its payload type) in a parallel scan.
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use montage_core::{BlockKind, Error, Heap, OwnerId, PBlock, Result, ScanFilter};
+
+/// Locks `mutex`. A poisoned lock only means a thread panicked while holding it; the
+/// structures keep their DRAM state consistent at every step (payload work first, index
+/// updates last), so the state is used as is.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Maps the errors that mean another operation changed or claimed the payload first
+/// (`Retired`, or `InvalidBlock` for a version invalidated after its offset was read) to
+/// [`Error::Aborted`], so the operation is rolled back and run again.
+pub(crate) fn contended(err: Error) -> Error {
+    match err {
+        Error::Retired { .. } | Error::InvalidBlock { .. } => Error::Aborted,
+        other => other,
+    }
+}
 
 /// The owner id of structure `name`, registering it if the heap has none; and whether it
 /// existed (so has payloads to rebuild from).
