@@ -257,17 +257,22 @@ where
     }
 
     /// Drops the slots of keys removed at least two epochs ago and not written since.
+    ///
+    /// Called after every removal: the due keys are taken under one acquisition of the
+    /// removal list; if another thread holds it, this one skips (a later removal purges).
     fn purge(&self) {
         let now = self.heap.epoch();
-        loop {
-            let next = {
-                let mut removed = lock(&self.removed);
-                match removed.front() {
-                    Some((_, stamp)) if stamp + 2 <= now => removed.pop_front(),
-                    _ => None,
-                }
-            };
-            let Some((key, stamp)) = next else { return };
+        let due: Vec<(K, u64)> = match self.removed.try_lock() {
+            Ok(mut removed) => {
+                let count = removed
+                    .iter()
+                    .take_while(|(_, stamp)| stamp + 2 <= now)
+                    .count();
+                removed.drain(..count).collect()
+            }
+            Err(_) => return,
+        };
+        for (key, stamp) in due {
             if let Some(found) = self.index.get(&key) {
                 let slot = lock(found.value());
                 if slot.block.is_none() && slot.stamp == stamp {

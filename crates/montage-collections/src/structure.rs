@@ -31,6 +31,10 @@ pub(crate) fn owner(heap: &Heap, name: &str) -> Result<(OwnerId, bool)> {
     }
 }
 
+thread_local! {
+    static SCAN_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Calls `visit` with every live payload of `owner` (its type id, block and bytes), on as
 /// many threads as the machine has. A payload of a type not in `type_ids` (the structure
 /// was written with other key, value or element types) is [`Error::LayoutMismatch`]
@@ -55,9 +59,12 @@ pub(crate) fn scan_payloads(
                 compiled: type_ids.first().copied().unwrap_or(0),
             });
         }
-        let mut bytes = vec![0u8; info.len as usize];
-        view.read(0, &mut bytes)?;
-        visit(info.spec.type_id, info.block, &bytes)
+        // One buffer per scanning thread rather than an allocation per payload.
+        SCAN_BUFFER.with_borrow_mut(|bytes| {
+            bytes.resize(info.len as usize, 0);
+            view.read(0, bytes)?;
+            visit(info.spec.type_id, info.block, bytes)
+        })
     })
     .map(|_| ())
 }
