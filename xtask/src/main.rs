@@ -6,7 +6,9 @@
 //!   suites) with many seeds, in release mode, ending with `N passed, M failed`;
 //! * `loom`: the loom tests of the epoch handshake and the verified CAS;
 //! * `ui [--bless]`: the derive's compile-fail tests (`--bless` rewrites the expected text);
-//! * `bench`: the criterion benchmarks.
+//! * `bench [ARGS]`: the throughput harness with every contender (the embedded stores
+//!   included), passing `ARGS` on (`--quick` for a short run; `--help` lists them);
+//!   `bench --criterion`: the criterion micro-benchmarks.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -24,11 +26,11 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("tidy") => tidy::run(&project_root()),
         Some("crash") => crash(&args[1..]),
-        Some("bench") => cargo(&["bench", "--workspace"], &[]),
+        Some("bench") => bench(&args[1..]),
         Some("loom") => loom(),
         Some("ui") => ui(&args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | ui [--bless] | bench>"
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | ui [--bless] | bench [--criterion | ARGS]>"
                 .to_owned(),
         ),
     };
@@ -132,9 +134,60 @@ fn ci() -> Result {
     loom()?;
     cargo(&["doc", "--workspace", "--no-deps"], &deny)?;
     cargo(&["bench", "--workspace", "--no-run"], &deny)?;
+    // The throughput harness and the memory measurement end to end, tiny and without the
+    // embedded stores (their builds are long; `cargo xtask bench` measures them).
+    let harness = |bin: &str, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--release",
+            "--package",
+            "montage-bench",
+            "--bin",
+            bin,
+            "--",
+        ];
+        args.extend_from_slice(extra);
+        cargo(&args, &[deny[0]])
+    };
+    harness(
+        "montage-bench",
+        &[
+            "--quick",
+            "--key-range",
+            "2000",
+            "--duration-ms",
+            "20",
+            "--out",
+            "target/bench-ci",
+        ],
+    )?;
+    harness("montage-memory", &["20000"])?;
     tidy::run(&project_root())?;
     println!("xtask ci: all steps passed");
     Ok(())
+}
+
+/// Runs the throughput harness, optimised and with the embedded stores, passing `args` on; or,
+/// with `--criterion`, the criterion micro-benchmarks.
+fn bench(args: &[String]) -> Result {
+    if let [flag] = args
+        && flag == "--criterion"
+    {
+        return cargo(&["bench", "--workspace"], &[]);
+    }
+    let mut command = vec![
+        "run",
+        "--release",
+        "--package",
+        "montage-bench",
+        "--features",
+        "peers",
+        "--bin",
+        "montage-bench",
+        "--",
+    ];
+    command.extend(args.iter().map(String::as_str));
+    cargo(&command, &[])
 }
 
 /// Runs the derive's UI tests; with `--bless`, records the compiler's current output as the

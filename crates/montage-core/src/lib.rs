@@ -66,7 +66,7 @@ mod slot;
 
 pub use alloc::AllocStats;
 pub use alloc::block::{BlockInfo, BlockKind, BlockSpec, OwnerId, PBlock};
-pub use config::{BackendKind, DEFAULT_HEAP_SIZE, HeapConfig};
+pub use config::{BackendKind, DEFAULT_HEAP_SIZE, HeapConfig, WriteBack};
 pub use epoch::EpochLength;
 pub use epoch::op::OpGuard;
 pub use error::{Error, Result};

@@ -7,6 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, OwnerId, PBlock};
+use crate::config::WriteBack;
 use crate::error::{Error, Result};
 use crate::heap::Heap;
 use crate::heap::layout::HEADER_LEN;
@@ -441,6 +442,19 @@ impl<'h> OpGuard<'h> {
                 log.persist.push((block.offset(), 8));
             }
             log.victims.push(block);
+        }
+        if shared.write_back == WriteBack::EachOp {
+            // PERSIST: durable before the operation returns (WriteBack::EachOp). The ranges
+            // still go to the advancer: they are how `sync` knows an epoch has writes to cover
+            // (the advance finds the lines clean). A failure poisons the heap, and every later
+            // write reports it.
+            let _ = log
+                .persist
+                .iter()
+                // PERSIST: as above.
+                .try_for_each(|&(offset, len)| shared.media.flush(offset, len))
+                // PERSIST: as above.
+                .and_then(|()| shared.media.fence());
         }
         shared.epochs.retire_op(
             self.slot,

@@ -19,7 +19,7 @@ use zerocopy::IntoBytes;
 
 use crate::alloc::block::{BlockInfo, BlockSpec, OwnerId, PBlock};
 use crate::alloc::{AllocStats, Allocator, FreeState};
-use crate::config::{BackendKind, HeapConfig, Location};
+use crate::config::{BackendKind, HeapConfig, Location, WriteBack};
 use crate::epoch::{EpochLength, Epochs};
 use crate::error::{Error, Result};
 use crate::persist::sim::{CrashImage, Simulator};
@@ -127,6 +127,8 @@ pub(crate) struct Shared {
     pub(crate) types: Registry,
     report: RecoveryReport,
     backend: BackendKind,
+    /// When operations' writes are written back.
+    pub(crate) write_back: WriteBack,
     /// Holds the `flock`; dropped after `media`, so the file is unmapped before it unlocks.
     file: Option<(File, PathBuf)>,
 }
@@ -206,6 +208,7 @@ impl Heap {
                 ..RecoveryReport::default()
             },
             backend: config.backend,
+            write_back: config.write_back,
             file,
         };
         Heap::start(shared)
@@ -373,6 +376,7 @@ impl Heap {
             types,
             report,
             backend: config.backend,
+            write_back: config.write_back,
             file,
         };
         let heap = Heap::start(shared)?;

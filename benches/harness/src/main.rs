@@ -1,0 +1,370 @@
+//! The throughput harness: montage's hash maps and queues side by side with the transient
+//! upper bounds, a strictly durable variant of the same runtime and the embedded stores a
+//! Rust user would pick instead, on the same workloads in one run.
+//!
+//! `cargo xtask bench` runs it with every contender; see `docs/PERFORMANCE.md` for the
+//! workloads, the contenders' modes and what one run on the project's machine measured.
+//! Results go to `<out>/results.json` (one record per point), `<out>/results.md` (the tables,
+//! also printed) and `<out>/plots/<workload>.svg`.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+// Rates and ratios: counts become floating point, far inside f64's exact range.
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
+mod report;
+mod run;
+mod stores;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use report::Record;
+use run::Timing;
+use stores::{Backend, Contender, Dirs, Result, Sizing};
+use workload::{KeyDist, Workload};
+
+/// Measures montage's structures against transient and embedded stores.
+#[derive(Debug, Parser)]
+#[command(name = "montage-bench")]
+struct Args {
+    /// A short run for a first look (under 3 minutes on 2 cores): 100,000 keys, 256-byte
+    /// values, 200 ms per point, one repeat. Explicit flags still override it.
+    #[arg(long)]
+    quick: bool,
+    /// Key range (the stores are prefilled with half of it).
+    #[arg(long)]
+    key_range: Option<u64>,
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',')]
+    value_sizes: Option<Vec<usize>>,
+    /// Thread counts (default: 1, 2 and powers of two up to the cores available).
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// How long each repeat of a point runs, in milliseconds.
+    #[arg(long)]
+    duration_ms: Option<u64>,
+    /// Repeats per point (the median is reported).
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Only these contenders (names as in the results).
+    #[arg(long, value_delimiter = ',')]
+    contenders: Option<Vec<String>>,
+    /// Only these workloads (names as in the results).
+    #[arg(long, value_delimiter = ',')]
+    workloads: Option<Vec<String>>,
+    /// Where results, tables and plots go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Directory for `pmem`-backend heaps: a memory file system (tmpfs or DAX).
+    #[arg(long, env = "MONTAGE_BENCH_PMEM_DIR", default_value = "/dev/shm")]
+    pmem_dir: PathBuf,
+    /// Directory on a disk for `msync`-backend heaps and the embedded stores (default
+    /// `<out>/data`).
+    #[arg(long, env = "MONTAGE_BENCH_DIR")]
+    disk_dir: Option<PathBuf>,
+    /// Only rebuild the tables and plots from `<out>/results.json`.
+    #[arg(long)]
+    report_only: bool,
+}
+
+/// The settings of one run, defaults filled in.
+struct Plan {
+    key_range: u64,
+    value_sizes: Vec<usize>,
+    threads: Vec<usize>,
+    timing: Timing,
+    maps: Vec<(Contender, Backend)>,
+    queues: Vec<(Contender, Backend)>,
+    workloads: Vec<Workload>,
+    dirs: Dirs,
+}
+
+/// Every map contender with the backends it runs on, in the order they are measured.
+fn map_contenders() -> Vec<(Contender, Backend)> {
+    let mut all = vec![
+        (Contender::MontageHashMap, Backend::Volatile),
+        (Contender::MontageHashMap, Backend::Pmem),
+        (Contender::MontageHashMap, Backend::Msync),
+        (Contender::MontageNbHashMap, Backend::Pmem),
+        (Contender::StrictDurableHashMap, Backend::Pmem),
+        (Contender::TransientHashMap, Backend::None),
+        (Contender::DashMap, Backend::None),
+    ];
+    if cfg!(feature = "peers") {
+        all.extend(
+            [
+                Contender::Redb,
+                Contender::Sled,
+                Contender::Fjall,
+                Contender::Heed,
+                Contender::Rocksdb,
+            ]
+            .map(|c| (c, Backend::None)),
+        );
+    }
+    all
+}
+
+fn queue_contenders() -> Vec<(Contender, Backend)> {
+    vec![
+        (Contender::MontageQueue, Backend::Pmem),
+        (Contender::MontageNbQueue, Backend::Pmem),
+        (Contender::TransientQueue, Backend::None),
+    ]
+}
+
+impl Plan {
+    fn from_args(args: &Args) -> Result<Plan> {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let default_threads: Vec<usize> = std::iter::successors(Some(1), |t| Some(t * 2))
+            .take_while(|&t| t <= cores.max(2))
+            .collect();
+        let quick = args.quick;
+        let wanted = |name: &str, list: &Option<Vec<String>>| {
+            list.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
+        };
+        if let Some(names) = &args.contenders {
+            let known: Vec<_> = map_contenders()
+                .into_iter()
+                .chain(queue_contenders())
+                .map(|(c, _)| c.name())
+                .collect();
+            if let Some(bad) = names.iter().find(|n| !known.contains(&n.as_str())) {
+                return Err(format!(
+                    "unknown contender `{bad}` (this build has: {})",
+                    known.join(", ")
+                )
+                .into());
+            }
+        }
+        if let Some(names) = &args.workloads
+            && let Some(bad) = names
+                .iter()
+                .find(|n| !Workload::ALL.iter().any(|w| w.name() == n.as_str()))
+        {
+            return Err(format!("unknown workload `{bad}`").into());
+        }
+        let disk = args
+            .disk_dir
+            .clone()
+            .unwrap_or_else(|| args.out.join("data"));
+        Ok(Plan {
+            key_range: args
+                .key_range
+                .unwrap_or(if quick { 100_000 } else { 1_000_000 }),
+            value_sizes: args
+                .value_sizes
+                .clone()
+                .unwrap_or_else(|| if quick { vec![256] } else { vec![8, 256, 1024] }),
+            threads: args.threads.clone().unwrap_or(default_threads),
+            timing: Timing {
+                duration: Duration::from_millis(args.duration_ms.unwrap_or(if quick {
+                    200
+                } else {
+                    1000
+                })),
+                repeats: args.repeats.unwrap_or(if quick { 1 } else { 3 }).max(1),
+            },
+            maps: map_contenders()
+                .into_iter()
+                .filter(|(c, _)| wanted(c.name(), &args.contenders))
+                .collect(),
+            queues: queue_contenders()
+                .into_iter()
+                .filter(|(c, _)| wanted(c.name(), &args.contenders))
+                .collect(),
+            workloads: Workload::ALL
+                .into_iter()
+                .filter(|w| wanted(w.name(), &args.workloads))
+                .collect(),
+            dirs: Dirs {
+                pmem: args.pmem_dir.clone(),
+                disk,
+            },
+        })
+    }
+}
+
+/// Runs the plan, appending a record per point to `records` and saving them after each.
+fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> Result {
+    std::fs::create_dir_all(&plan.dirs.disk)?;
+    let save = |record: Record, records: &mut Vec<Record>| -> Result {
+        eprintln!(
+            "  {:<36} {:<10} {:<8} {:>5} B {} thr: {:>12.0} ops/s",
+            record.series(),
+            record.workload,
+            record.key_dist,
+            record.value_size,
+            record.threads,
+            record.ops_per_sec
+        );
+        records.push(record);
+        report::write_json(json, records)
+    };
+    let map_workloads: Vec<Workload> = Workload::MAP
+        .into_iter()
+        .filter(|w| plan.workloads.contains(w))
+        .collect();
+    let sync_workloads: Vec<Workload> = Workload::SYNC
+        .into_iter()
+        .filter(|w| plan.workloads.contains(w))
+        .collect();
+    for &value_size in &plan.value_sizes {
+        let sizing = Sizing {
+            key_range: plan.key_range,
+            value_size,
+        };
+        for &(contender, backend) in &plan.maps {
+            let durable = contender.is_durable(backend);
+            if map_workloads.is_empty() && (sync_workloads.is_empty() || !durable) {
+                continue;
+            }
+            let started = Instant::now();
+            stores::with_map(contender, backend, &plan.dirs, sizing, &mut |store| {
+                let filled = Instant::now();
+                run::prefill(store, plan.key_range, value_size, 2)?;
+                eprintln!(
+                    "{} ({}), {value_size}-byte values: prefilled {} keys in {:.1} s",
+                    contender.name(),
+                    backend.name(),
+                    plan.key_range / 2,
+                    filled.elapsed().as_secs_f64()
+                );
+                let mut points: Vec<(Workload, KeyDist)> = Vec::new();
+                for &w in &map_workloads {
+                    points.push((w, KeyDist::Uniform));
+                    points.push((w, KeyDist::Zipf));
+                }
+                if durable {
+                    // Bound by write-back latency, not by key choice: uniform keys only.
+                    points.extend(sync_workloads.iter().map(|&w| (w, KeyDist::Uniform)));
+                }
+                for (workload, dist) in points {
+                    for &threads in &plan.threads {
+                        let repeats = run::map_workload(
+                            store,
+                            workload,
+                            dist,
+                            threads,
+                            plan.key_range,
+                            value_size,
+                            plan.timing,
+                        )?;
+                        save(
+                            record(contender, backend, workload, dist, threads, sizing, repeats),
+                            records,
+                        )?;
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|e| format!("{} ({}): {e}", contender.name(), backend.name()))?;
+            eprintln!("  ({:.1} s)", started.elapsed().as_secs_f64());
+        }
+        if plan.workloads.contains(&Workload::QueuePairs) {
+            run_queues(plan, value_size, &mut |r| save(r, records))?;
+        }
+    }
+    Ok(())
+}
+
+/// The queue workload at one value size, on every queue contender.
+fn run_queues(plan: &Plan, value_size: usize, save: &mut dyn FnMut(Record) -> Result) -> Result {
+    let sizing = Sizing {
+        key_range: 0,
+        value_size,
+    };
+    for &(contender, backend) in &plan.queues {
+        for &threads in &plan.threads {
+            stores::with_queue(contender, backend, &plan.dirs, sizing, &mut |store| {
+                let repeats = run::queue_pairs(store, threads, value_size, plan.timing)?;
+                save(record(
+                    contender,
+                    backend,
+                    Workload::QueuePairs,
+                    KeyDist::Uniform,
+                    threads,
+                    sizing,
+                    repeats,
+                ))
+            })
+            .map_err(|e| format!("{} ({}): {e}", contender.name(), backend.name()))?;
+        }
+    }
+    Ok(())
+}
+
+fn record(
+    contender: Contender,
+    backend: Backend,
+    workload: Workload,
+    dist: KeyDist,
+    threads: usize,
+    sizing: Sizing,
+    repeats: Vec<f64>,
+) -> Record {
+    Record {
+        contender: contender.name().to_owned(),
+        backend: backend.name().to_owned(),
+        workload: workload.name().to_owned(),
+        key_dist: dist.name().to_owned(),
+        threads,
+        key_range: sizing.key_range,
+        value_size: sizing.value_size,
+        ops_per_sec: run::median(&repeats),
+        repeats,
+    }
+}
+
+/// Writes the tables, the targets and the plots for `records`, and prints the tables.
+fn write_reports(out: &std::path::Path, records: &[Record]) -> Result {
+    let tables = report::markdown(records);
+    let targets = report::targets(records);
+    let text = format!("## Throughput\n{tables}\n## Targets\n\n{targets}");
+    std::fs::write(out.join("results.md"), &text)?;
+    report::plots(&out.join("plots"), records)?;
+    println!("{text}");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = (|| -> Result {
+        std::fs::create_dir_all(&args.out)?;
+        let json = args.out.join("results.json");
+        if args.report_only {
+            return write_reports(&args.out, &report::read_json(&json)?);
+        }
+        let plan = Plan::from_args(&args)?;
+        if !cfg!(feature = "peers") {
+            eprintln!(
+                "note: built without the `peers` feature: the embedded stores are not measured"
+            );
+        }
+        let started = Instant::now();
+        let mut records = Vec::new();
+        run_plan(&plan, &json, &mut records)?;
+        eprintln!(
+            "{} points in {:.0} s; results in {}",
+            records.len(),
+            started.elapsed().as_secs_f64(),
+            json.display()
+        );
+        write_reports(&args.out, &records)
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("montage-bench: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! What a run produces: `results.json` (one record per measured point), markdown tables, the
+//! targets of the performance issue read off the records, and one SVG plot per workload.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::stores::Result;
+
+/// One measured point.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub(crate) contender: String,
+    pub(crate) backend: String,
+    pub(crate) workload: String,
+    /// `uniform` or `zipf` (`uniform` for the queue, which has no keys).
+    pub(crate) key_dist: String,
+    pub(crate) threads: usize,
+    pub(crate) key_range: u64,
+    pub(crate) value_size: usize,
+    /// The median of `repeats`.
+    pub(crate) ops_per_sec: f64,
+    /// Every repeat's throughput, in the order measured.
+    pub(crate) repeats: Vec<f64>,
+}
+
+impl Record {
+    /// `contender` with its backend when it has one: how tables and plots name a line.
+    pub(crate) fn series(&self) -> String {
+        if self.backend == "none" {
+            self.contender.clone()
+        } else {
+            format!("{} ({})", self.contender, self.backend)
+        }
+    }
+}
+
+/// Writes `records` as a JSON array.
+pub(crate) fn write_json(path: &Path, records: &[Record]) -> Result {
+    std::fs::write(path, serde_json::to_string_pretty(records)? + "\n")?;
+    Ok(())
+}
+
+/// Reads a JSON array of records.
+pub(crate) fn read_json(path: &Path) -> Result<Vec<Record>> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
+}
+
+/// `ops` as a short human figure: `12.3M`, `456k`, `789`.
+fn short(ops: f64) -> String {
+    if ops >= 1e6 {
+        format!("{:.2}M", ops / 1e6)
+    } else if ops >= 1e3 {
+        format!("{:.1}k", ops / 1e3)
+    } else {
+        format!("{ops:.0}")
+    }
+}
+
+fn distinct<T: Ord + Clone>(records: &[Record], f: impl Fn(&Record) -> T) -> Vec<T> {
+    records
+        .iter()
+        .map(f)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// Markdown tables: per workload and key distribution, a row per contender and a column per
+/// (value size, threads), in operations per second.
+pub(crate) fn markdown(records: &[Record]) -> String {
+    let mut out = String::new();
+    for workload in crate::workload::Workload::ALL.map(crate::workload::Workload::name) {
+        let of_workload: Vec<&Record> = records.iter().filter(|r| r.workload == workload).collect();
+        if of_workload.is_empty() {
+            continue;
+        }
+        let owned: Vec<Record> = of_workload.iter().map(|r| (*r).clone()).collect();
+        for dist in distinct(&owned, |r| r.key_dist.clone()) {
+            let rows: Vec<&Record> = of_workload
+                .iter()
+                .copied()
+                .filter(|r| r.key_dist == dist)
+                .collect();
+            let owned: Vec<Record> = rows.iter().map(|r| (*r).clone()).collect();
+            let columns = distinct(&owned, |r| (r.value_size, r.threads));
+            let _ = writeln!(
+                out,
+                "\n#### `{workload}`, {dist} keys, key range {} (operations per second)\n",
+                owned[0].key_range
+            );
+            out.push_str("| contender |");
+            for (size, threads) in &columns {
+                let _ = write!(out, " {size} B, {threads} thr |");
+            }
+            out.push_str("\n|---|");
+            out.push_str(&"---:|".repeat(columns.len()));
+            out.push('\n');
+            for series in series_in_order(&owned) {
+                let _ = write!(out, "| {series} |");
+                for (size, threads) in &columns {
+                    let cell = rows
+                        .iter()
+                        .find(|r| {
+                            r.series() == series && r.value_size == *size && r.threads == *threads
+                        })
+                        .map_or_else(|| "-".to_owned(), |r| short(r.ops_per_sec));
+                    let _ = write!(out, " {cell} |");
+                }
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// The series of `records` in the order the run measured them.
+fn series_in_order(records: &[Record]) -> Vec<String> {
+    let mut seen = Vec::new();
+    for record in records {
+        let series = record.series();
+        if !seen.contains(&series) {
+            seen.push(series);
+        }
+    }
+    seen
+}
+
+/// The median throughput of the point that matches, if measured.
+fn find(
+    records: &[Record],
+    contender: &str,
+    backend: &str,
+    workload: &str,
+    dist: &str,
+    value_size: usize,
+    threads: usize,
+) -> Option<f64> {
+    records
+        .iter()
+        .find(|r| {
+            r.contender == contender
+                && r.backend == backend
+                && r.workload == workload
+                && r.key_dist == dist
+                && r.value_size == value_size
+                && r.threads == threads
+        })
+        .map(|r| r.ops_per_sec)
+}
+
+/// One comparison of the targets: `ours / theirs` against `goal`.
+struct Ratio {
+    what: String,
+    value: f64,
+    goal: f64,
+}
+
+/// Every point where montage-hashmap (pmem) and `(contender, backend)` were both measured in
+/// `workloads`, as ratios ours/theirs.
+fn ratios_against(
+    records: &[Record],
+    workloads: &[&str],
+    contender: &str,
+    backend: &str,
+    goal: f64,
+    filter: impl Fn(&Record) -> bool,
+) -> Vec<Ratio> {
+    records
+        .iter()
+        .filter(|r| {
+            r.contender == "montage-hashmap"
+                && r.backend == "pmem"
+                && workloads.contains(&r.workload.as_str())
+                && filter(r)
+        })
+        .filter_map(|ours| {
+            let theirs = find(
+                records,
+                contender,
+                backend,
+                &ours.workload,
+                &ours.key_dist,
+                ours.value_size,
+                ours.threads,
+            )?;
+            Some(Ratio {
+                what: format!(
+                    "{} {} {} B {} thr",
+                    ours.workload, ours.key_dist, ours.value_size, ours.threads
+                ),
+                value: ours.ops_per_sec / theirs,
+                goal,
+            })
+        })
+        .collect()
+}
+
+/// One line of the targets summary: how many points met the goal, and the worst and best.
+fn summarize(out: &mut String, title: &str, ratios: &[Ratio]) {
+    if ratios.is_empty() {
+        let _ = writeln!(out, "| {title} | not measured in this run | | |");
+        return;
+    }
+    let goal = ratios[0].goal;
+    let met = ratios.iter().filter(|r| r.value >= r.goal).count();
+    let worst = ratios
+        .iter()
+        .min_by(|a, b| a.value.total_cmp(&b.value))
+        .map_or(String::new(), |r| format!("{:.2}x ({})", r.value, r.what));
+    let best = ratios
+        .iter()
+        .max_by(|a, b| a.value.total_cmp(&b.value))
+        .map_or(String::new(), |r| format!("{:.2}x ({})", r.value, r.what));
+    let verdict = if met == ratios.len() { "met" } else { "missed" };
+    let _ = writeln!(
+        out,
+        "| {title} (goal {goal}x) | {verdict}: {met} of {} points | {worst} | {best} |",
+        ratios.len()
+    );
+}
+
+/// The issue's targets, each read off `records`.
+pub(crate) fn targets(records: &[Record]) -> String {
+    let mut out =
+        String::from("| target | result | worst point | best point |\n|---|---|---|---|\n");
+    let small = |r: &Record| r.threads == 2 && (r.value_size == 8 || r.value_size == 256);
+    summarize(
+        &mut out,
+        "`90-5-5` vs transient-hashmap, 8/256 B, 2 threads",
+        &ratios_against(
+            records,
+            &["90-5-5"],
+            "transient-hashmap",
+            "none",
+            0.8,
+            small,
+        ),
+    );
+    summarize(
+        &mut out,
+        "`50-25-25` vs strict-durable-hashmap (pmem)",
+        &ratios_against(
+            records,
+            &["50-25-25"],
+            "strict-durable-hashmap",
+            "pmem",
+            5.0,
+            |_| true,
+        ),
+    );
+    let maps = crate::workload::Workload::MAP.map(crate::workload::Workload::name);
+    for (peer, goal) in [
+        ("redb", 10.0),
+        ("sled", 10.0),
+        ("fjall", 10.0),
+        ("rocksdb", 10.0),
+        ("heed", 3.0),
+    ] {
+        summarize(
+            &mut out,
+            &format!("every map workload vs {peer}"),
+            &ratios_against(records, &maps, peer, "none", goal, |_| true),
+        );
+    }
+    // sync-each on a disk file, 2 threads: ours on msync against the best embedded store.
+    let peers = ["redb", "sled", "fjall", "heed", "rocksdb"];
+    let sync_ratios: Vec<Ratio> = records
+        .iter()
+        .filter(|r| {
+            r.contender == "montage-hashmap"
+                && r.backend == "msync"
+                && r.workload == "sync-each"
+                && r.threads == 2
+        })
+        .filter_map(|ours| {
+            let (best, name) = peers
+                .iter()
+                .filter_map(|p| {
+                    find(
+                        records,
+                        p,
+                        "none",
+                        "sync-each",
+                        &ours.key_dist,
+                        ours.value_size,
+                        2,
+                    )
+                    .map(|v| (v, *p))
+                })
+                .max_by(|a, b| a.0.total_cmp(&b.0))?;
+            Some(Ratio {
+                what: format!("{} B vs {name}", ours.value_size),
+                value: ours.ops_per_sec / best,
+                goal: 2.0,
+            })
+        })
+        .collect();
+    summarize(
+        &mut out,
+        "`sync-each` on msync, 2 threads, vs the best embedded store",
+        &sync_ratios,
+    );
+    out
+}
+
+/// One SVG per workload under `dir`: throughput (log scale) against threads, a panel per
+/// (value size, key distribution), a line per contender.
+pub(crate) fn plots(dir: &Path, records: &[Record]) -> Result {
+    std::fs::create_dir_all(dir)?;
+    for workload in crate::workload::Workload::ALL.map(crate::workload::Workload::name) {
+        let ours: Vec<Record> = records
+            .iter()
+            .filter(|r| r.workload == workload)
+            .cloned()
+            .collect();
+        if ours.is_empty() {
+            continue;
+        }
+        let path = dir.join(format!("{workload}.svg"));
+        plot_workload(&path, workload, &ours)?;
+    }
+    Ok(())
+}
+
+fn plot_workload(path: &Path, workload: &str, records: &[Record]) -> Result {
+    let sizes = distinct(records, |r| r.value_size);
+    let dists = distinct(records, |r| r.key_dist.clone());
+    let threads = distinct(records, |r| r.threads);
+    let series = series_in_order(records);
+    let (width, height) = (520 * dists.len() as u32, 380 * sizes.len() as u32 + 40);
+    let root = SVGBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(40);
+    title.titled(
+        &format!("{workload}: operations per second against threads"),
+        ("sans-serif", 22),
+    )?;
+    let panels = body.split_evenly((sizes.len(), dists.len()));
+    let max_threads = threads.iter().copied().max().unwrap_or(1) as f64;
+    let ymax = records.iter().map(|r| r.ops_per_sec).fold(1.0, f64::max) * 2.0;
+    let ymin = records
+        .iter()
+        .map(|r| r.ops_per_sec)
+        .filter(|v| *v > 0.0)
+        .fold(ymax, f64::min)
+        / 2.0;
+    for (i, panel) in panels.iter().enumerate() {
+        let (size, dist) = (sizes[i / dists.len()], &dists[i % dists.len()]);
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("{size}-byte values, {dist} keys"),
+                ("sans-serif", 16),
+            )
+            .margin(8)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            // Room on the right, past the last thread count, for the legend.
+            .build_cartesian_2d(0.8..max_threads * 1.8, (ymin..ymax).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("threads")
+            .y_desc("ops/s")
+            .light_line_style(TRANSPARENT)
+            .x_labels(20)
+            .x_label_formatter(&|x| {
+                let t = x.round();
+                let measured = (x - t).abs() < 1e-6 && threads.contains(&(t as usize));
+                if measured {
+                    format!("{t:.0}")
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|y| short(*y))
+            .draw()?;
+        for (n, name) in series.iter().enumerate() {
+            let color = Palette99::pick(n).to_rgba();
+            let mut points: Vec<(f64, f64)> = records
+                .iter()
+                .filter(|r| &r.series() == name && r.value_size == size && &r.key_dist == dist)
+                .map(|r| (r.threads as f64, r.ops_per_sec))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::MiddleRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 11))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}

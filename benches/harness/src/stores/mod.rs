@@ -1,0 +1,192 @@
+//! The contenders: one [`MapStore`] (or [`QueueStore`]) interface over montage's structures,
+//! the transient baselines and the embedded stores a user would pick instead.
+
+pub(crate) mod baseline;
+pub(crate) mod montage;
+#[cfg(feature = "peers")]
+pub(crate) mod peers;
+
+use std::path::PathBuf;
+
+/// An error from any store.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The harness's result type.
+pub(crate) type Result<T = ()> = std::result::Result<T, BoxError>;
+
+/// A key-value store as the workloads use it: `u64` keys, byte-string values.
+pub(crate) trait MapStore: Sync {
+    /// Reads `key`, copying its value out; returns the value's length.
+    fn get(&self, key: u64) -> Result<Option<usize>>;
+    /// Inserts or replaces `key`, in the store's fastest crash-consistent mode.
+    fn insert(&self, key: u64, value: &[u8]) -> Result;
+    /// Removes `key` if present.
+    fn remove(&self, key: u64) -> Result;
+    /// Makes every write this thread made so far durable.
+    fn sync(&self) -> Result;
+    /// Inserts or replaces `key` and makes the write durable before returning: the store's
+    /// synchronous mode (by default an insert then a sync; a store with a cheaper durable
+    /// commit overrides it).
+    fn insert_durable(&self, key: u64, value: &[u8]) -> Result {
+        self.insert(key, value)?;
+        self.sync()
+    }
+    /// Inserts many keys at once, each with a `value_size`-byte value, for prefilling (stores
+    /// with transactions override it to use one per batch).
+    fn insert_batch(&self, keys: &[u64], value_size: usize) -> Result {
+        let mut value = vec![0; value_size];
+        for &key in keys {
+            crate::workload::fill_value(&mut value, key);
+            self.insert(key, &value)?;
+        }
+        Ok(())
+    }
+}
+
+/// A FIFO queue of byte strings.
+pub(crate) trait QueueStore: Sync {
+    /// Appends `value`.
+    fn push(&self, value: &[u8]) -> Result;
+    /// Takes the oldest value, returning its length.
+    fn pop(&self) -> Result<Option<usize>>;
+}
+
+/// What is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Contender {
+    MontageHashMap,
+    MontageNbHashMap,
+    TransientHashMap,
+    DashMap,
+    StrictDurableHashMap,
+    Redb,
+    Sled,
+    Fjall,
+    Heed,
+    Rocksdb,
+    MontageQueue,
+    MontageNbQueue,
+    TransientQueue,
+}
+
+impl Contender {
+    /// The name used in results and reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Contender::MontageHashMap => "montage-hashmap",
+            Contender::MontageNbHashMap => "montage-nb-hashmap",
+            Contender::TransientHashMap => "transient-hashmap",
+            Contender::DashMap => "dashmap",
+            Contender::StrictDurableHashMap => "strict-durable-hashmap",
+            Contender::Redb => "redb",
+            Contender::Sled => "sled",
+            Contender::Fjall => "fjall",
+            Contender::Heed => "heed",
+            Contender::Rocksdb => "rocksdb",
+            Contender::MontageQueue => "montage-queue",
+            Contender::MontageNbQueue => "montage-nb-queue",
+            Contender::TransientQueue => "transient-queue",
+        }
+    }
+
+    /// Whether this is one of the embedded stores (built only with the `peers` feature).
+    pub(crate) fn is_peer(self) -> bool {
+        matches!(
+            self,
+            Contender::Redb
+                | Contender::Sled
+                | Contender::Fjall
+                | Contender::Heed
+                | Contender::Rocksdb
+        )
+    }
+
+    /// Whether `sync` makes anything durable (the sync-heavy workloads run only on these).
+    pub(crate) fn is_durable(self, backend: Backend) -> bool {
+        self.is_peer() || matches!(backend, Backend::Pmem | Backend::Msync)
+    }
+}
+
+/// Where montage's heap lives and how it is written back; `None` for everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Backend {
+    Volatile,
+    Pmem,
+    Msync,
+    None,
+}
+
+impl Backend {
+    /// The name used in results and reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Backend::Volatile => "volatile",
+            Backend::Pmem => "pmem",
+            Backend::Msync => "msync",
+            Backend::None => "none",
+        }
+    }
+}
+
+/// Where stores keep their files.
+#[derive(Debug, Clone)]
+pub(crate) struct Dirs {
+    /// For the `pmem` backend: a memory file system (tmpfs or DAX).
+    pub(crate) pmem: PathBuf,
+    /// For the `msync` backend and the embedded stores: a file system on a disk.
+    pub(crate) disk: PathBuf,
+}
+
+/// How big a store is asked to get.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizing {
+    pub(crate) key_range: u64,
+    pub(crate) value_size: usize,
+}
+
+impl Sizing {
+    /// A heap that holds every key of the range at once, three times over (old versions wait
+    /// two epochs to be reclaimed), with room for the allocator's rounding.
+    pub(crate) fn heap_bytes(self) -> u64 {
+        let entry = (self.value_size as u64 + 8 + 64).next_power_of_two();
+        (self.key_range * entry * 3).max(256 << 20)
+    }
+}
+
+/// Opens a fresh `contender` map on `backend` and runs `f` on it; the files go when it
+/// returns.
+pub(crate) fn with_map(
+    contender: Contender,
+    backend: Backend,
+    dirs: &Dirs,
+    sizing: Sizing,
+    f: &mut dyn FnMut(&dyn MapStore) -> Result,
+) -> Result {
+    match contender {
+        Contender::MontageHashMap
+        | Contender::MontageNbHashMap
+        | Contender::StrictDurableHashMap => montage::with_map(contender, backend, dirs, sizing, f),
+        Contender::TransientHashMap => f(&baseline::TransientMap::new()),
+        Contender::DashMap => f(&baseline::Dash::default()),
+        #[cfg(feature = "peers")]
+        _ if contender.is_peer() => peers::with_map(contender, dirs, sizing, f),
+        _ => Err(format!(
+            "{} is not available in this build (build with `--features peers`)",
+            contender.name()
+        )
+        .into()),
+    }
+}
+
+/// Opens a fresh `contender` queue on `backend` and runs `f` on it.
+pub(crate) fn with_queue(
+    contender: Contender,
+    backend: Backend,
+    dirs: &Dirs,
+    sizing: Sizing,
+    f: &mut dyn FnMut(&dyn QueueStore) -> Result,
+) -> Result {
+    match contender {
+        Contender::TransientQueue => f(&baseline::TransientQueue::default()),
+        _ => montage::with_queue(contender, backend, dirs, sizing, f),
+    }
+}

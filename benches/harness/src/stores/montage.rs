@@ -1,0 +1,117 @@
+//! montage's structures on a fresh heap of the chosen backend.
+
+use montage_collections::{HashMap, NbHashMap, NbQueue, Queue};
+use montage_core::{BackendKind, Heap, HeapConfig, WriteBack};
+
+use super::{Backend, Contender, Dirs, MapStore, QueueStore, Result, Sizing};
+
+/// A fresh heap for `contender` on `backend`, sized by `sizing`, in a temporary directory
+/// that `f` outlives; `f` runs on it and the heap is closed (and its file removed) after.
+fn with_heap<R>(
+    contender: Contender,
+    backend: Backend,
+    dirs: &Dirs,
+    sizing: Sizing,
+    f: impl FnOnce(&Heap) -> Result<R>,
+) -> Result<R> {
+    let size = sizing.heap_bytes();
+    let (config, dir) = match backend {
+        Backend::Volatile => (HeapConfig::in_memory(size), None),
+        Backend::Pmem | Backend::Msync => {
+            let (parent, kind) = if backend == Backend::Pmem {
+                (&dirs.pmem, BackendKind::Pmem)
+            } else {
+                (&dirs.disk, BackendKind::Msync)
+            };
+            let dir = tempfile::Builder::new()
+                .prefix("montage-bench-")
+                .tempdir_in(parent)?;
+            let config = HeapConfig::new(dir.path().join("bench.heap"))
+                .size(size)
+                .backend(kind);
+            (config, Some(dir))
+        }
+        Backend::None => return Err(format!("{} needs a montage backend", contender.name()).into()),
+    };
+    let write_back = if contender == Contender::StrictDurableHashMap {
+        WriteBack::EachOp
+    } else {
+        WriteBack::Epoch
+    };
+    let heap = Heap::create(&config.write_back(write_back))?;
+    let result = f(&heap);
+    heap.close()?;
+    drop(dir);
+    result
+}
+
+pub(crate) fn with_map(
+    contender: Contender,
+    backend: Backend,
+    dirs: &Dirs,
+    sizing: Sizing,
+    f: &mut dyn FnMut(&dyn MapStore) -> Result,
+) -> Result {
+    with_heap(contender, backend, dirs, sizing, |heap| match contender {
+        Contender::MontageNbHashMap => f(&NbHashMap::<u64, Vec<u8>>::open(heap, "bench")?),
+        _ => f(&HashMap::<u64, Vec<u8>>::open(heap, "bench")?),
+    })
+}
+
+pub(crate) fn with_queue(
+    contender: Contender,
+    backend: Backend,
+    dirs: &Dirs,
+    sizing: Sizing,
+    f: &mut dyn FnMut(&dyn QueueStore) -> Result,
+) -> Result {
+    with_heap(contender, backend, dirs, sizing, |heap| match contender {
+        Contender::MontageNbQueue => f(&NbQueue::<Vec<u8>>::open(heap, "bench")?),
+        _ => f(&Queue::<Vec<u8>>::open(heap, "bench")?),
+    })
+}
+
+/// One impl for both maps: they share their API.
+macro_rules! map_store {
+    ($map:ident) => {
+        impl MapStore for $map<'_, u64, Vec<u8>> {
+            fn get(&self, key: u64) -> Result<Option<usize>> {
+                Ok($map::get(self, &key)?.map(|v| v.len()))
+            }
+
+            fn insert(&self, key: u64, value: &[u8]) -> Result {
+                $map::insert(self, key, value.to_vec())?;
+                Ok(())
+            }
+
+            fn remove(&self, key: u64) -> Result {
+                $map::remove(self, &key)?;
+                Ok(())
+            }
+
+            fn sync(&self) -> Result {
+                Ok(self.heap().sync()?)
+            }
+        }
+    };
+}
+
+map_store!(HashMap);
+map_store!(NbHashMap);
+
+macro_rules! queue_store {
+    ($queue:ident) => {
+        impl QueueStore for $queue<'_, Vec<u8>> {
+            fn push(&self, value: &[u8]) -> Result {
+                Ok(self.push_back(value.to_vec())?)
+            }
+
+            fn pop(&self) -> Result<Option<usize>> {
+                Ok(self.pop_front()?.map(|v| v.len()))
+            }
+        }
+    };
+}
+
+queue_store!(Queue);
+queue_store!(NbQueue);
