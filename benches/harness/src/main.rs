@@ -328,7 +328,10 @@ fn record(
 fn write_reports(out: &std::path::Path, records: &[Record]) -> Result {
     let tables = report::markdown(records);
     let targets = report::targets(records);
-    let text = format!("## Throughput\n{tables}\n## Targets\n\n{targets}");
+    let text = format!(
+        "Machine: {}\n\n## Throughput\n{tables}\n## Targets\n\n{targets}",
+        report::machine()
+    );
     std::fs::write(out.join("results.md"), &text)?;
     report::plots(&out.join("plots"), records)?;
     println!("{text}");

@@ -218,9 +218,37 @@ fn summarize(out: &mut String, title: &str, ratios: &[Ratio]) {
     let verdict = if met == ratios.len() { "met" } else { "missed" };
     let _ = writeln!(
         out,
-        "| {title} (goal {goal}x) | {verdict}: {met} of {} points | {worst} | {best} |",
+        "| {title} (goal {goal}x) | {verdict} (reached at {met} of {} points) | {worst} | {best} |",
         ratios.len()
     );
+}
+
+/// What the run ran on: CPU, cores, memory, kernel, and the commit measured.
+pub(crate) fn machine() -> String {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    let memory = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:").map(|m| m.trim().to_owned()))
+        .unwrap_or_else(|| "unknown".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_owned();
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "unknown".to_owned(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        );
+    format!("{cpu}, {cores} cores, {memory} memory, Linux {kernel}; commit {commit}")
 }
 
 /// The targets, each read off `records`.

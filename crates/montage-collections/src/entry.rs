@@ -6,7 +6,7 @@
 //! ...   value bytes (Codec encoding of the value), to the end of the payload
 //! ```
 
-use montage_core::{Codec, Error, Fingerprint, Result};
+use montage_core::{Codec, Error, Fingerprint, OpGuard, PBlock, Result};
 
 /// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
 pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> u64 {
@@ -55,6 +55,14 @@ pub(crate) fn decode<K: Codec, V: Codec>(bytes: &[u8]) -> Result<(K, V)> {
 pub(crate) fn decode_value<V: Codec>(bytes: &[u8]) -> Result<V> {
     let (_, value) = split(bytes).ok_or_else(corrupted)?;
     V::decode(value).ok_or_else(corrupted)
+}
+
+/// The value of the entry in `block`, read in `op` through this thread's buffer.
+pub(crate) fn read_value<V: Codec>(op: &OpGuard<'_>, block: PBlock) -> Result<V> {
+    crate::structure::with_buffer(|bytes| {
+        op.read_into(block, bytes)?;
+        decode_value(bytes)
+    })
 }
 
 #[cfg(test)]

@@ -168,7 +168,7 @@ where
 
     fn get_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
         self.with_slot(op, key, false, |slot| match slot.and_then(|s| s.block) {
-            Some(block) => Ok(Some(entry::decode_value(&op.read(block)?)?)),
+            Some(block) => Ok(Some(entry::read_value(op, block)?)),
             None => Ok(None),
         })
     }
@@ -211,7 +211,7 @@ where
                 unreachable!("with_slot creates the slot")
             };
             let old = if let Some(block) = slot.block {
-                let old = entry::decode_value(&op.read(block)?)?;
+                let old = entry::read_value(op, block)?;
                 slot.block = Some(op.update(block, bytes)?);
                 Some(old)
             } else {
@@ -246,7 +246,7 @@ where
             let Some(block) = slot.block else {
                 return Ok(None);
             };
-            let old = entry::decode_value(&op.read(block)?)?;
+            let old = entry::read_value(op, block)?;
             op.delete(block)?;
             slot.block = None;
             slot.stamp = op.epoch();
@@ -299,7 +299,7 @@ where
                 let Some(block) = slot.block else {
                     return Ok(None);
                 };
-                let new = f(&entry::decode_value(&op.read(block)?)?);
+                let new = f(&entry::read_value(op, block)?);
                 slot.block = Some(op.update(block, &entry::encode(key, &new))?);
                 slot.stamp = op.epoch();
                 Ok(Some(new))
@@ -358,7 +358,7 @@ where
             let slot = lock(slot);
             op.check_epoch(slot.stamp)?;
             match slot.block {
-                Some(block) => Ok(Some((key.clone(), entry::decode_value(&op.read(block)?)?))),
+                Some(block) => Ok(Some((key.clone(), entry::read_value(op, block)?))),
                 None => Ok(None),
             }
         })

@@ -32,7 +32,13 @@ pub(crate) fn owner(heap: &Heap, name: &str) -> Result<(OwnerId, bool)> {
 }
 
 thread_local! {
-    static SCAN_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with this thread's payload buffer: one buffer per thread, rather than an
+/// allocation per payload read. `f` must not call `with_buffer` itself.
+pub(crate) fn with_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    BUFFER.with_borrow_mut(f)
 }
 
 /// Calls `visit` with every live payload of `owner` (its type id, block and bytes), on as
@@ -59,8 +65,7 @@ pub(crate) fn scan_payloads(
                 compiled: type_ids.first().copied().unwrap_or(0),
             });
         }
-        // One buffer per scanning thread rather than an allocation per payload.
-        SCAN_BUFFER.with_borrow_mut(|bytes| {
+        with_buffer(|bytes| {
             bytes.resize(info.len as usize, 0);
             view.read(0, bytes)?;
             visit(info.spec.type_id, info.block, bytes)

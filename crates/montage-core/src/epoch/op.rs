@@ -199,14 +199,22 @@ impl<'h> OpGuard<'h> {
     ///
     /// As [`info`](Self::info).
     pub fn read(&self, block: PBlock) -> Result<Vec<u8>> {
-        let info = self.info(block)?;
-        let mut buf = vec![0u8; info.len as usize];
-        // `info` validated the block and its length against its capacity.
-        self.heap
-            .shared()
-            .media
-            .read(block.payload_offset(), &mut buf)?;
+        let mut buf = Vec::new();
+        self.read_into(block, &mut buf)?;
         Ok(buf)
+    }
+
+    /// [`read`](Self::read) into `buf` (resized to the payload's length), so that a caller
+    /// with a buffer of its own allocates nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`info`](Self::info).
+    pub fn read_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
+        let info = self.info(block)?;
+        buf.resize(info.len as usize, 0);
+        // `info` validated the block and its length against its capacity.
+        self.heap.shared().media.read(block.payload_offset(), buf)
     }
 
     /// Replaces `block`'s payload with `bytes` and returns the handle to use from now on: the

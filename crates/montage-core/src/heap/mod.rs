@@ -582,10 +582,26 @@ impl Heap {
     ///
     /// [`Error::InvalidBlock`] if `block` is not a live block.
     pub fn read_payload(&self, block: PBlock) -> Result<Vec<u8>> {
-        let info = self.info(block)?;
-        let mut buf = vec![0u8; info.len as usize];
-        self.shared.media.read(block.payload_offset(), &mut buf)?;
+        let mut buf = Vec::new();
+        self.read_payload_into(block, &mut buf)?;
         Ok(buf)
+    }
+
+    /// [`read_payload`](Self::read_payload) into `buf` (resized to the payload's length), so
+    /// that a caller with a buffer of its own allocates nothing.
+    ///
+    /// A structure may read this way, outside any operation, when the block cannot change
+    /// or be retired while it reads: when every write to the block and the block's removal
+    /// from the structure's index happen under a lock the reader holds (see "Reads outside
+    /// operations" in `docs/design.md`).
+    ///
+    /// # Errors
+    ///
+    /// As [`read_payload`](Self::read_payload).
+    pub fn read_payload_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
+        let info = self.info(block)?;
+        buf.resize(info.len as usize, 0);
+        self.shared.media.read(block.payload_offset(), buf)
     }
 
     fn payload_range(&self, block: PBlock, at: u64, len: u64) -> Result<u64> {
