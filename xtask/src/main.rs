@@ -6,8 +6,9 @@
 //!   suites) with many seeds, in release mode, ending with `N passed, M failed`;
 //! * `loom`: the loom tests of the epoch handshake and the verified CAS;
 //! * `ui [--bless]`: the derive's compile-fail tests (`--bless` rewrites the expected text);
-//! * `bench [ARGS]`: the throughput harness with every contender (the embedded stores
-//!   included), passing `ARGS` on (`--quick` for a short run; `--help` lists them);
+//! * `bench [--no-peers] [ARGS]`: the throughput harness with every contender (the embedded
+//!   stores too, unless `--no-peers`), passing `ARGS` on (`--quick` for a short run;
+//!   `--help` lists them);
 //!   `bench --criterion`: the criterion micro-benchmarks.
 
 #![forbid(unsafe_code)]
@@ -30,7 +31,7 @@ fn main() -> ExitCode {
         Some("loom") => loom(),
         Some("ui") => ui(&args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | ui [--bless] | bench [--criterion | ARGS]>"
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | ui [--bless] | bench [--criterion | --no-peers ARGS]>"
                 .to_owned(),
         ),
     };
@@ -167,27 +168,46 @@ fn ci() -> Result {
     Ok(())
 }
 
-/// Runs the throughput harness, optimised and with the embedded stores, passing `args` on; or,
-/// with `--criterion`, the criterion micro-benchmarks.
+/// Runs the throughput harness, optimised and with the embedded stores (unless
+/// `--no-peers`), passing the other `args` on; or, with `--criterion`, the criterion
+/// micro-benchmarks.
 fn bench(args: &[String]) -> Result {
     if let [flag] = args
         && flag == "--criterion"
     {
         return cargo(&["bench", "--workspace"], &[]);
     }
-    let mut command = vec![
-        "run",
-        "--release",
-        "--package",
-        "montage-bench",
-        "--features",
-        "peers",
-        "--bin",
-        "montage-bench",
-        "--",
-    ];
-    command.extend(args.iter().map(String::as_str));
+    let peers = !args.iter().any(|a| a == "--no-peers");
+    if peers && !has_libclang() {
+        return Err(
+            "the embedded stores need rocksdb, whose build needs libclang \
+                    (`apt-get install libclang-dev`); or pass --no-peers"
+                .to_owned(),
+        );
+    }
+    let mut command = vec!["run", "--release", "--package", "montage-bench"];
+    if peers {
+        command.extend(["--features", "peers"]);
+    }
+    command.extend(["--bin", "montage-bench", "--"]);
+    command.extend(
+        args.iter()
+            .map(String::as_str)
+            .filter(|a| *a != "--no-peers"),
+    );
     cargo(&command, &[])
+}
+
+/// Whether the dynamic linker knows a libclang (bindgen, for rocksdb's build, loads it).
+fn has_libclang() -> bool {
+    Command::new("ldconfig").arg("-p").output().is_ok_and(|o| {
+        String::from_utf8_lossy(&o.stdout).lines().any(|line| {
+            let name = line.trim_start();
+            name.starts_with("libclang.so")
+                || (name.starts_with("libclang-")
+                    && name[9..].starts_with(|c: char| c.is_ascii_digit()))
+        })
+    }) || std::env::var_os("LIBCLANG_PATH").is_some()
 }
 
 /// Runs the derive's UI tests; with `--bless`, records the compiler's current output as the

@@ -73,6 +73,9 @@ struct Args {
     /// Only rebuild the tables and plots from `<out>/results.json`.
     #[arg(long)]
     report_only: bool,
+    /// Keep the points already in `<out>/results.json`, replacing those measured again.
+    #[arg(long)]
+    append: bool,
 }
 
 /// The settings of one run, defaults filled in.
@@ -193,9 +196,16 @@ impl Plan {
     }
 }
 
-/// Runs the plan, appending a record per point to `records` and saving them after each.
-fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> Result {
+/// Runs the plan, adding a record per point to `records` (replacing an earlier record of the
+/// same point) and saving them after each. A contender that fails is reported and skipped;
+/// the failures are returned.
+fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> Result<Vec<String>> {
     std::fs::create_dir_all(&plan.dirs.disk)?;
+    let mut failures = Vec::new();
+    let mut failed = |what: String| {
+        eprintln!("FAILED: {what}");
+        failures.push(what);
+    };
     let save = |record: Record, records: &mut Vec<Record>| -> Result {
         eprintln!(
             "  {:<36} {:<10} {:<8} {:>5} B {} thr: {:>12.0} ops/s",
@@ -206,6 +216,7 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
             record.threads,
             record.ops_per_sec
         );
+        records.retain(|r| !r.same_point(&record));
         records.push(record);
         report::write_json(json, records)
     };
@@ -228,7 +239,7 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
                 continue;
             }
             let started = Instant::now();
-            stores::with_map(contender, backend, &plan.dirs, sizing, &mut |store| {
+            let result = stores::with_map(contender, backend, &plan.dirs, sizing, &mut |store| {
                 let filled = Instant::now();
                 run::prefill(store, plan.key_range, value_size, 2)?;
                 eprintln!(
@@ -265,26 +276,43 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
                     }
                 }
                 Ok(())
-            })
-            .map_err(|e| format!("{} ({}): {e}", contender.name(), backend.name()))?;
+            });
+            if let Err(e) = result {
+                failed(format!(
+                    "{} ({}), {value_size}-byte values: {e}",
+                    contender.name(),
+                    backend.name()
+                ));
+            }
             eprintln!("  ({:.1} s)", started.elapsed().as_secs_f64());
         }
         if plan.workloads.contains(&Workload::QueuePairs) {
-            run_queues(plan, value_size, &mut |r| save(r, records))?;
+            run_queues(plan, value_size, &mut |r| save(r, records), &mut failed);
         }
     }
-    Ok(())
+    Ok(failures)
 }
 
-/// The queue workload at one value size, on every queue contender.
-fn run_queues(plan: &Plan, value_size: usize, save: &mut dyn FnMut(Record) -> Result) -> Result {
-    let sizing = Sizing {
+/// The queue workload at one value size, on every queue contender. The heap is sized for a
+/// map of the plan's key range: enough for the garbage a fast queue makes in the epochs
+/// before it is reclaimed.
+fn run_queues(
+    plan: &Plan,
+    value_size: usize,
+    save: &mut dyn FnMut(Record) -> Result,
+    failed: &mut dyn FnMut(String),
+) {
+    let heap = Sizing {
+        key_range: plan.key_range.max(run::QUEUE_PREFILL as u64),
+        value_size,
+    };
+    let point = Sizing {
         key_range: 0,
         value_size,
     };
     for &(contender, backend) in &plan.queues {
         for &threads in &plan.threads {
-            stores::with_queue(contender, backend, &plan.dirs, sizing, &mut |store| {
+            let result = stores::with_queue(contender, backend, &plan.dirs, heap, &mut |store| {
                 let repeats = run::queue_pairs(store, threads, value_size, plan.timing)?;
                 save(record(
                     contender,
@@ -292,14 +320,19 @@ fn run_queues(plan: &Plan, value_size: usize, save: &mut dyn FnMut(Record) -> Re
                     Workload::QueuePairs,
                     KeyDist::Uniform,
                     threads,
-                    sizing,
+                    point,
                     repeats,
                 ))
-            })
-            .map_err(|e| format!("{} ({}): {e}", contender.name(), backend.name()))?;
+            });
+            if let Err(e) = result {
+                failed(format!(
+                    "{} ({}), {value_size}-byte values, {threads} threads: {e}",
+                    contender.name(),
+                    backend.name()
+                ));
+            }
         }
     }
-    Ok(())
 }
 
 fn record(
@@ -324,10 +357,19 @@ fn record(
     }
 }
 
-/// Writes the tables, the targets and the plots for `records`, and prints the tables.
-fn write_reports(out: &std::path::Path, records: &[Record]) -> Result {
+/// Writes the tables, the targets, the failures and the plots for `records`, and prints the
+/// tables.
+fn write_reports(out: &std::path::Path, records: &[Record], failures: &[String]) -> Result {
     let tables = report::markdown(records);
-    let targets = report::targets(records);
+    let mut targets = report::targets(records);
+    if !failures.is_empty() {
+        targets.push_str("\n## Failures\n\n");
+        for failure in failures {
+            targets.push_str("* ");
+            targets.push_str(failure);
+            targets.push('\n');
+        }
+    }
     let text = format!(
         "Machine: {}\n\n## Throughput\n{tables}\n## Targets\n\n{targets}",
         report::machine()
@@ -344,7 +386,7 @@ fn main() -> ExitCode {
         std::fs::create_dir_all(&args.out)?;
         let json = args.out.join("results.json");
         if args.report_only {
-            return write_reports(&args.out, &report::read_json(&json)?);
+            return write_reports(&args.out, &report::read_json(&json)?, &[]);
         }
         let plan = Plan::from_args(&args)?;
         if !cfg!(feature = "peers") {
@@ -353,15 +395,24 @@ fn main() -> ExitCode {
             );
         }
         let started = Instant::now();
-        let mut records = Vec::new();
-        run_plan(&plan, &json, &mut records)?;
+        let mut records = if args.append && json.exists() {
+            report::read_json(&json)?
+        } else {
+            Vec::new()
+        };
+        let failures = run_plan(&plan, &json, &mut records)?;
         eprintln!(
             "{} points in {:.0} s; results in {}",
             records.len(),
             started.elapsed().as_secs_f64(),
             json.display()
         );
-        write_reports(&args.out, &records)
+        write_reports(&args.out, &records, &failures)?;
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} contender(s) failed (listed above)", failures.len()).into())
+        }
     })();
     match result {
         Ok(()) => ExitCode::SUCCESS,

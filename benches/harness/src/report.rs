@@ -28,6 +28,18 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// Whether `other` measured the same point (contender, backend, workload, keys, threads,
+    /// sizes).
+    pub(crate) fn same_point(&self, other: &Record) -> bool {
+        self.contender == other.contender
+            && self.backend == other.backend
+            && self.workload == other.workload
+            && self.key_dist == other.key_dist
+            && self.threads == other.threads
+            && self.key_range == other.key_range
+            && self.value_size == other.value_size
+    }
+
     /// `contender` with its backend when it has one: how tables and plots name a line.
     pub(crate) fn series(&self) -> String {
         if self.backend == "none" {
