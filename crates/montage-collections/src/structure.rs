@@ -36,9 +36,13 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's payload buffer: one buffer per thread, rather than an
-/// allocation per payload read. `f` must not call `with_buffer` itself.
+/// allocation per payload read. A nested call (a value's `Codec::decode` that reads a
+/// structure) gets a buffer of its own.
 pub(crate) fn with_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
-    BUFFER.with_borrow_mut(f)
+    BUFFER.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut bytes) => f(&mut bytes),
+        Err(_) => f(&mut Vec::new()),
+    })
 }
 
 /// Calls `visit` with every live payload of `owner` (its type id, block and bytes), on as
@@ -137,4 +141,21 @@ pub(crate) fn with_older_operation(
     });
     check(&old);
     old.abort().expect("abort");
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_nested_read_gets_a_buffer_of_its_own() {
+        let lens = super::with_buffer(|outer| {
+            outer.clear();
+            outer.extend_from_slice(b"outer");
+            let inner = super::with_buffer(|inner| {
+                inner.extend_from_slice(b"in");
+                inner.len()
+            });
+            (outer.len(), inner, outer.clone())
+        });
+        assert_eq!(lens, (5, 2, b"outer".to_vec()));
+    }
 }
