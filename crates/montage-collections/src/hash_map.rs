@@ -39,6 +39,17 @@ use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 use crate::entry;
 use crate::structure::{self, lock};
 
+/// What [`HashMap::compute`] does with the entry it looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change<V> {
+    /// Leave the entry as it is (present or absent).
+    Keep,
+    /// Set the entry to this value, inserting it if absent.
+    Set(V),
+    /// Remove the entry (nothing happens if it is absent).
+    Remove,
+}
+
 /// Stripes in a new map's index (a power of two).
 const STRIPES: usize = 1024;
 
@@ -236,19 +247,61 @@ where
     where
         V: Clone,
     {
-        let stripe = self.stripe(key);
-        self.heap.run_op(|op| {
-            let mut stripe = lock(stripe);
-            op.check_epoch(stripe.stamp)?;
-            let Some(&block) = stripe.blocks.get(key) else {
-                return Ok(None);
-            };
-            let new = f(&entry::read_value(op, block)?);
-            let block = op.update(block, &entry::encode(key, &new))?;
-            stripe.blocks.insert(key.clone(), block);
-            stripe.stamp = op.epoch();
-            Ok(Some(new))
+        self.compute(key, |current| match current {
+            Some(value) => {
+                let new = f(&value);
+                (Change::Set(new.clone()), Some(new))
+            }
+            None => (Change::Keep, None),
         })
+    }
+
+    /// Looks at `key`'s value (or its absence) and changes the entry as `f` decides, in one
+    /// atomic step; returns what `f` returned. Conditional writes are built on it: insert
+    /// if absent, replace if present, remove if equal, and so on.
+    ///
+    /// `f` may run more than once (when the operation is retried, each time with a freshly
+    /// read value) and must not touch the map; only the last run's decision takes effect.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert); after an error nothing changed.
+    pub fn compute<R>(&self, key: &K, mut f: impl FnMut(Option<V>) -> (Change<V>, R)) -> Result<R> {
+        self.heap.run_op(|op| self.compute_in(op, key, &mut f))
+    }
+
+    fn compute_in<R>(
+        &self,
+        op: &OpGuard<'_>,
+        key: &K,
+        f: &mut impl FnMut(Option<V>) -> (Change<V>, R),
+    ) -> Result<R> {
+        let mut stripe = lock(self.stripe(key));
+        op.check_epoch(stripe.stamp)?;
+        let block = stripe.blocks.get(key).copied();
+        let current = block.map(|b| entry::read_value(op, b)).transpose()?;
+        let (change, result) = f(current);
+        match (change, block) {
+            (Change::Keep, _) | (Change::Remove, None) => return Ok(result),
+            (Change::Set(new), Some(block)) => {
+                let block = op.update(block, &entry::encode(key, &new))?;
+                stripe.blocks.insert(key.clone(), block);
+            }
+            (Change::Set(new), None) => {
+                let block = op.alloc(self.owner, self.type_id, &entry::encode(key, &new))?;
+                stripe.blocks.insert(key.clone(), block);
+                // ORDERING: a statistic; the stripe lock orders the entry itself.
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+            (Change::Remove, Some(block)) => {
+                op.delete(block)?;
+                stripe.blocks.remove(key);
+                // ORDERING: a statistic; the stripe lock orders the entry itself.
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        stripe.stamp = op.epoch();
+        Ok(result)
     }
 
     /// Sets `key` to `new` if its value equals `current` (an absent key never does);
@@ -342,6 +395,11 @@ mod tests {
                     Err(Error::Aborted)
                 ));
                 assert!(matches!(map.remove_in(old, &1), Err(Error::Aborted)));
+                let mut keep = |_: Option<u64>| (Change::Keep, ());
+                assert!(matches!(
+                    map.compute_in(old, &1, &mut keep),
+                    Err(Error::Aborted)
+                ));
             },
         );
         // A read (in no operation) sees the removal.

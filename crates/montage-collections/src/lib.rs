@@ -26,7 +26,7 @@ pub mod sorted_map;
 mod structure;
 
 pub use graph::Graph;
-pub use hash_map::HashMap;
+pub use hash_map::{Change, HashMap};
 pub use nb_hash_map::NbHashMap;
 pub use nb_queue::NbQueue;
 pub use queue::Queue;

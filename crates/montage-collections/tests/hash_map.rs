@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use montage_collections::HashMap;
+use montage_collections::{Change, HashMap};
 use montage_core::{Error, Heap, HeapConfig, SimMode};
 use proptest::prelude::*;
 
@@ -22,6 +22,7 @@ enum Step {
     Get(u8),
     Update(u8),
     CompareAndSet(u8, u16, u16),
+    Compute(u8, u16),
     Advance,
 }
 
@@ -32,6 +33,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => any::<u8>().prop_map(|k| Step::Get(k % 16)),
         1 => any::<u8>().prop_map(|k| Step::Update(k % 16)),
         1 => (any::<u8>(), any::<u16>(), any::<u16>()).prop_map(|(k, a, b)| Step::CompareAndSet(k % 16, a % 4, b)),
+        2 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::Compute(k % 16, v)),
         1 => Just(Step::Advance),
     ]
 }
@@ -71,6 +73,24 @@ proptest! {
                         Some(v) if *v == current => { model.insert(u64::from(k), new); Ok(()) }
                         other => Err(other.cloned()),
                     };
+                    prop_assert_eq!(got, want);
+                }
+                Step::Compute(k, v) => {
+                    // Absent: insert when v is even. Present: remove a long value, else
+                    // append v's low byte. Either way, report what was there.
+                    let decide = |current: Option<&Vec<u8>>| match current {
+                        None if v % 2 == 0 => Change::Set(vec![v as u8]),
+                        None => Change::Keep,
+                        Some(x) if x.len() > 4 => Change::Remove,
+                        Some(x) => Change::Set([&x[..], &[v as u8]].concat()),
+                    };
+                    let got = map.compute(&u64::from(k), |current| (decide(current.as_ref()), current)).unwrap();
+                    let want = model.get(&u64::from(k)).cloned();
+                    match decide(want.as_ref()) {
+                        Change::Set(new) => { model.insert(u64::from(k), new); }
+                        Change::Remove => { model.remove(&u64::from(k)); }
+                        Change::Keep => {}
+                    }
                     prop_assert_eq!(got, want);
                 }
                 Step::Advance => { heap.advance_epoch().unwrap(); }
