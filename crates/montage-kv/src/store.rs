@@ -1,0 +1,541 @@
+//! The item store: memcached's storage semantics on montage's persistent hash map.
+//!
+//! Every item is one entry of a [`HashMap`] from key to [`Item`]; every command that changes
+//! an item is one [`HashMap::compute`], so it is atomic and survives a crash exactly as the
+//! map's operations do (buffered durable: a `sync` makes it durable). Expiry is lazy: an
+//! expired or flushed item is treated as absent by every command and overwritten or
+//! removed by the next write to its key.
+//!
+//! `flush_all` is itself durable: it writes a marker entry under a key no client can send
+//! (it holds a control character), read back when the store opens.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use montage_collections::{Change, HashMap};
+use montage_core::{Codec, Fingerprint, Heap, Result};
+
+use crate::protocol::StoreMode;
+
+/// One cached item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    /// The client's opaque flags.
+    pub flags: u32,
+    /// When the item expires, in Unix seconds (0: never).
+    pub exptime: i64,
+    /// When the item was last stored, in Unix seconds.
+    pub stored: i64,
+    /// The item's cas unique: different for every stored version.
+    pub cas: u64,
+    /// The value.
+    pub data: Vec<u8>,
+}
+
+/// The bytes of an item before its data.
+const ITEM_HEADER: usize = 4 + 8 + 8 + 8;
+
+impl Codec for Item {
+    const CODEC_ID: u64 = Fingerprint::new()
+        .str("montage-kv item, version 1")
+        .finish();
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&self.exptime.to_le_bytes());
+        out.extend_from_slice(&self.stored.to_le_bytes());
+        out.extend_from_slice(&self.cas.to_le_bytes());
+        out.extend_from_slice(&self.data);
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let header = bytes.get(..ITEM_HEADER)?;
+        let word = |at: usize| -> Option<[u8; 8]> { header.get(at..at + 8)?.try_into().ok() };
+        Some(Item {
+            flags: u32::from_le_bytes(header.get(..4)?.try_into().ok()?),
+            exptime: i64::from_le_bytes(word(4)?),
+            stored: i64::from_le_bytes(word(12)?),
+            cas: u64::from_le_bytes(word(20)?),
+            data: bytes[ITEM_HEADER..].to_vec(),
+        })
+    }
+}
+
+/// What a command did, as the protocol reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// `STORED`.
+    Stored,
+    /// `NOT_STORED`: the condition of `add`, `replace`, `append` or `prepend` failed.
+    NotStored,
+    /// `EXISTS`: the item changed since the client read its cas unique.
+    Exists,
+    /// `NOT_FOUND`.
+    NotFound,
+    /// `DELETED`.
+    Deleted,
+    /// `TOUCHED`.
+    Touched,
+    /// The new value of an `incr` or `decr`.
+    Value(u64),
+    /// `incr`/`decr` of a value that is not a decimal number.
+    NonNumeric,
+}
+
+/// The current time in Unix seconds.
+pub trait Clock: Send + Sync {
+    /// Seconds since the Unix epoch.
+    fn now(&self) -> i64;
+}
+
+/// The system's clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    }
+}
+
+/// Expiry times up to this many seconds are relative to now; larger ones are Unix times.
+const RELATIVE_LIMIT: i64 = 60 * 60 * 24 * 30;
+
+/// The key of the `flush_all` marker: a control character keeps it out of clients' reach.
+const FLUSH_KEY: &[u8] = b"\x00flush_all";
+
+/// The items of one cache, on one heap.
+pub struct Store<'h, C = SystemClock> {
+    map: HashMap<'h, Vec<u8>, Item>,
+    next_cas: AtomicU64,
+    /// A delayed `flush_all`: from this time on, items stored before it are gone (0: none).
+    flush_at: AtomicI64,
+    /// Immediate `flush_all`s: items with a cas unique up to this are gone (0: none).
+    flush_cas: AtomicU64,
+    /// Serializes `flush_all`s, so the marker and the two fields above agree.
+    flushing: Mutex<()>,
+    clock: C,
+}
+
+impl<C> std::fmt::Debug for Store<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("map", &self.map)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'h, C: Clock> Store<'h, C> {
+    /// Opens (or creates) the cache named `name` in `heap`, recovering its items.
+    ///
+    /// # Errors
+    ///
+    /// As [`HashMap::open`], and a heap error while reading the items back.
+    pub fn open(heap: &'h Heap, name: &str, clock: C) -> Result<Self> {
+        let map: HashMap<'h, Vec<u8>, Item> = HashMap::open(heap, name)?;
+        let mut max_cas = 0;
+        let mut flush = (0, 0);
+        for entry in map.iter() {
+            let (key, item) = entry?;
+            if key == FLUSH_KEY {
+                flush = (item.exptime, item.cas);
+            }
+            // New items must get uniques above every stored one and above an immediate
+            // flush's threshold, or the flush would hide them.
+            max_cas = max_cas.max(item.cas);
+        }
+        Ok(Store {
+            map,
+            next_cas: AtomicU64::new(max_cas.saturating_add(1)),
+            flush_at: AtomicI64::new(flush.0),
+            flush_cas: AtomicU64::new(flush.1),
+            flushing: Mutex::new(()),
+            clock,
+        })
+    }
+
+    /// The heap the items live in (to `sync` it).
+    pub fn heap(&self) -> &'h Heap {
+        self.map.heap()
+    }
+
+    /// How many items the map holds, expired ones included (until a write removes them).
+    pub fn len(&self) -> usize {
+        // ORDERING: a statistic.
+        let marker = self.flush_at.load(Ordering::Relaxed) != 0
+            || self.flush_cas.load(Ordering::Relaxed) != 0;
+        let marker = usize::from(marker);
+        self.map.len().saturating_sub(marker)
+    }
+
+    /// Whether the store holds no items (as [`len`](Self::len)).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn cas(&self) -> u64 {
+        // ORDERING: only uniqueness matters; the map orders the items themselves.
+        self.next_cas.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// `exptime` as memcached reads it, made absolute (0 stays "never").
+    fn absolute(exptime: i64, now: i64) -> i64 {
+        match exptime {
+            0 => 0,
+            e if e < 0 => now.saturating_sub(1).max(1),
+            e if e <= RELATIVE_LIMIT => now.saturating_add(e),
+            e => e,
+        }
+    }
+
+    /// Whether `item` is visible at `now`: not expired and not flushed.
+    fn live(&self, item: &Item, now: i64) -> bool {
+        if item.exptime != 0 && item.exptime <= now {
+            return false;
+        }
+        // ORDERING: the flush fields are set before the marker's operation returns.
+        let at = self.flush_at.load(Ordering::Acquire);
+        let cas = self.flush_cas.load(Ordering::Acquire);
+        let flushed = item.cas <= cas || (at != 0 && at <= now && item.stored < at);
+        !flushed
+    }
+
+    /// The item stored under `key`, if it is live.
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Item>> {
+        let now = self.clock.now();
+        Ok(self
+            .map
+            .get(&key.to_vec())?
+            .filter(|item| self.live(item, now)))
+    }
+
+    /// A storage command (`set`, `add`, `replace`, `append`, `prepend`, `cas`).
+    ///
+    /// # Errors
+    ///
+    /// A heap error (`OutOfSpace` when the heap is full; nothing changed).
+    pub fn store(
+        &self,
+        mode: StoreMode,
+        key: &[u8],
+        flags: u32,
+        exptime: i64,
+        data: &[u8],
+        cas_unique: Option<u64>,
+    ) -> Result<Outcome> {
+        let now = self.clock.now();
+        let fresh = |data: Vec<u8>, flags, exptime| Item {
+            flags,
+            exptime,
+            stored: now,
+            cas: self.cas(),
+            data,
+        };
+        let exptime = Self::absolute(exptime, now);
+        self.map.compute(&key.to_vec(), |current| {
+            let live = current.filter(|item| self.live(item, now));
+            let set = || Change::Set(fresh(data.to_vec(), flags, exptime));
+            match (mode, live) {
+                (StoreMode::Set, _) | (StoreMode::Add, None) | (StoreMode::Replace, Some(_)) => {
+                    (set(), Outcome::Stored)
+                }
+                (StoreMode::Add, Some(_))
+                | (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
+                    (Change::Keep, Outcome::NotStored)
+                }
+                (StoreMode::Append | StoreMode::Prepend, Some(old)) => {
+                    // The item keeps its flags and expiry, as in memcached.
+                    let joined = if mode == StoreMode::Append {
+                        [&old.data[..], data].concat()
+                    } else {
+                        [data, &old.data[..]].concat()
+                    };
+                    (
+                        Change::Set(fresh(joined, old.flags, old.exptime)),
+                        Outcome::Stored,
+                    )
+                }
+                (StoreMode::Cas, None) => (Change::Keep, Outcome::NotFound),
+                (StoreMode::Cas, Some(old)) if Some(old.cas) != cas_unique => {
+                    (Change::Keep, Outcome::Exists)
+                }
+                (StoreMode::Cas, Some(_)) => (set(), Outcome::Stored),
+            }
+        })
+    }
+
+    /// `delete`.
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub fn delete(&self, key: &[u8]) -> Result<Outcome> {
+        let now = self.clock.now();
+        self.map.compute(&key.to_vec(), |current| match current {
+            Some(item) if self.live(&item, now) => (Change::Remove, Outcome::Deleted),
+            // An expired item goes too, but the client hears it was not there.
+            Some(_) => (Change::Remove, Outcome::NotFound),
+            None => (Change::Keep, Outcome::NotFound),
+        })
+    }
+
+    /// `incr` (wrapping at 2^64, as memcached) or `decr` (stopping at 0).
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub fn arith(&self, key: &[u8], incr: bool, delta: u64) -> Result<Outcome> {
+        let now = self.clock.now();
+        self.map.compute(&key.to_vec(), |current| {
+            let Some(item) = current.filter(|item| self.live(item, now)) else {
+                return (Change::Keep, Outcome::NotFound);
+            };
+            let Some(value) = std::str::from_utf8(&item.data)
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+            else {
+                return (Change::Keep, Outcome::NonNumeric);
+            };
+            let new = if incr {
+                value.wrapping_add(delta)
+            } else {
+                value.saturating_sub(delta)
+            };
+            let item = Item {
+                stored: now,
+                cas: self.cas(),
+                data: new.to_string().into_bytes(),
+                ..item
+            };
+            (Change::Set(item), Outcome::Value(new))
+        })
+    }
+
+    /// `touch`: a new expiry for a live item.
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub fn touch(&self, key: &[u8], exptime: i64) -> Result<Outcome> {
+        let now = self.clock.now();
+        let exptime = Self::absolute(exptime, now);
+        self.map.compute(&key.to_vec(), |current| {
+            match current.filter(|item| self.live(item, now)) {
+                Some(item) => (Change::Set(Item { exptime, ..item }), Outcome::Touched),
+                None => (Change::Keep, Outcome::NotFound),
+            }
+        })
+    }
+
+    /// `flush_all`: every item stored before the flush takes effect (now, or after `delay`)
+    /// becomes invisible. As in memcached, an immediate flush also cancels a pending
+    /// delayed one, and a delayed flush leaves earlier immediate ones in force. The marker
+    /// is an entry of the map, so the flush is as durable as any write.
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub fn flush_all(&self, delay: Option<i64>) -> Result<()> {
+        let _serial = self
+            .flushing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = self.clock.now();
+        // ORDERING: the fields change only under `flushing`, held here.
+        let (at, cas) = match delay {
+            None | Some(0) => (0, self.cas()),
+            Some(d) => (
+                Self::absolute(d, now),
+                self.flush_cas.load(Ordering::Acquire),
+            ),
+        };
+        let marker = Item {
+            flags: 0,
+            exptime: at,
+            stored: now,
+            cas,
+            data: Vec::new(),
+        };
+        self.map.insert(FLUSH_KEY.to_vec(), marker)?;
+        // ORDERING: pairs with the Acquire loads in `live`.
+        self.flush_cas.store(cas, Ordering::Release);
+        self.flush_at.store(at, Ordering::Release);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use montage_core::{HeapConfig, SimMode};
+    use std::sync::Arc;
+
+    /// A clock the test moves by hand.
+    #[derive(Clone, Default)]
+    struct TestClock(Arc<AtomicI64>);
+
+    impl Clock for TestClock {
+        fn now(&self) -> i64 {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    fn heap() -> Heap {
+        Heap::create(&HeapConfig::simulated(4 << 20, SimMode::Prefix)).unwrap()
+    }
+
+    fn clock_at(now: i64) -> TestClock {
+        TestClock(Arc::new(AtomicI64::new(now)))
+    }
+
+    fn set(store: &Store<'_, TestClock>, mode: StoreMode, key: &[u8], data: &[u8]) -> Outcome {
+        store.store(mode, key, 7, 0, data, None).unwrap()
+    }
+
+    #[test]
+    fn storage_commands_follow_memcached() {
+        let heap = heap();
+        let store = Store::open(&heap, "cache", clock_at(1000)).unwrap();
+        assert_eq!(
+            set(&store, StoreMode::Replace, b"k", b"x"),
+            Outcome::NotStored
+        );
+        assert_eq!(
+            set(&store, StoreMode::Append, b"k", b"x"),
+            Outcome::NotStored
+        );
+        assert_eq!(set(&store, StoreMode::Add, b"k", b"b"), Outcome::Stored);
+        assert_eq!(set(&store, StoreMode::Add, b"k", b"z"), Outcome::NotStored);
+        assert_eq!(set(&store, StoreMode::Append, b"k", b"c"), Outcome::Stored);
+        assert_eq!(set(&store, StoreMode::Prepend, b"k", b"a"), Outcome::Stored);
+        let item = store.get(b"k").unwrap().unwrap();
+        assert_eq!((item.data.as_slice(), item.flags), (&b"abc"[..], 7));
+        let stale = Some(item.cas.wrapping_sub(1));
+        assert_eq!(
+            store
+                .store(StoreMode::Cas, b"k", 1, 0, b"new", stale)
+                .unwrap(),
+            Outcome::Exists
+        );
+        assert_eq!(
+            store
+                .store(StoreMode::Cas, b"k", 1, 0, b"new", Some(item.cas))
+                .unwrap(),
+            Outcome::Stored
+        );
+        assert_eq!(
+            store
+                .store(StoreMode::Cas, b"gone", 1, 0, b"new", Some(1))
+                .unwrap(),
+            Outcome::NotFound
+        );
+        assert_eq!(store.get(b"k").unwrap().unwrap().data, b"new");
+        assert_eq!(store.delete(b"k").unwrap(), Outcome::Deleted);
+        assert_eq!(store.delete(b"k").unwrap(), Outcome::NotFound);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn incr_wraps_and_decr_stops_at_zero() {
+        let heap = heap();
+        let store = Store::open(&heap, "cache", clock_at(1000)).unwrap();
+        assert_eq!(store.arith(b"n", true, 1).unwrap(), Outcome::NotFound);
+        set(&store, StoreMode::Set, b"n", b"18446744073709551615");
+        assert_eq!(store.arith(b"n", true, 2).unwrap(), Outcome::Value(1));
+        assert_eq!(store.arith(b"n", false, 5).unwrap(), Outcome::Value(0));
+        assert_eq!(store.get(b"n").unwrap().unwrap().data, b"0");
+        set(&store, StoreMode::Set, b"s", b"12a");
+        assert_eq!(store.arith(b"s", true, 1).unwrap(), Outcome::NonNumeric);
+    }
+
+    #[test]
+    fn items_expire_and_touch_extends_them() {
+        let heap = heap();
+        // Past 30 days of seconds, so that a Unix time reads as one.
+        let start = 10_000_000;
+        let clock = clock_at(start);
+        let store = Store::open(&heap, "cache", clock.clone()).unwrap();
+        store
+            .store(StoreMode::Set, b"short", 0, 10, b"v", None)
+            .unwrap();
+        store
+            .store(StoreMode::Set, b"unix", 0, start + 500, b"v", None)
+            .unwrap();
+        store
+            .store(StoreMode::Set, b"dead", 0, -1, b"v", None)
+            .unwrap();
+        assert!(store.get(b"dead").unwrap().is_none());
+        assert_eq!(store.touch(b"short", 100).unwrap(), Outcome::Touched);
+        clock.0.store(start + 50, Ordering::Relaxed);
+        assert!(store.get(b"short").unwrap().is_some());
+        assert!(store.get(b"unix").unwrap().is_some());
+        clock.0.store(start + 500, Ordering::Relaxed);
+        assert!(store.get(b"unix").unwrap().is_none());
+        assert!(store.get(b"short").unwrap().is_none());
+        assert_eq!(store.touch(b"short", 100).unwrap(), Outcome::NotFound);
+        // An expired item does not block `add`.
+        assert_eq!(
+            set(&store, StoreMode::Add, b"short", b"again"),
+            Outcome::Stored
+        );
+    }
+
+    #[test]
+    fn flush_all_now_and_later_survives_a_reopen() {
+        let heap = heap();
+        let clock = clock_at(1000);
+        let store = Store::open(&heap, "cache", clock.clone()).unwrap();
+        set(&store, StoreMode::Set, b"old", b"1");
+        store.flush_all(None).unwrap();
+        assert!(store.get(b"old").unwrap().is_none());
+        // Stored after the flush, in the same second: still there.
+        set(&store, StoreMode::Set, b"new", b"2");
+        assert!(store.get(b"new").unwrap().is_some());
+        store.flush_all(Some(10)).unwrap();
+        // The earlier immediate flush stays in force.
+        assert!(store.get(b"old").unwrap().is_none());
+        set(&store, StoreMode::Set, b"newer", b"3");
+        assert!(store.get(b"newer").unwrap().is_some());
+        drop(store);
+        heap.sync().unwrap();
+        let image = heap.simulator().unwrap().crash(3);
+        drop(heap);
+        let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
+        let heap = Heap::open_image(image, &config).unwrap();
+        let store = Store::open(&heap, "cache", clock.clone()).unwrap();
+        assert!(store.get(b"new").unwrap().is_some());
+        assert!(store.get(b"old").unwrap().is_none());
+        clock.0.store(1010, Ordering::Relaxed);
+        assert!(store.get(b"new").unwrap().is_none());
+        assert!(store.get(b"newer").unwrap().is_none());
+        set(&store, StoreMode::Set, b"k", b"v");
+        assert!(store.get(b"k").unwrap().is_some());
+        // Reopened cas uniques continue past every stored one.
+        let cas = store.get(b"k").unwrap().unwrap().cas;
+        assert!(cas > 3, "cas {cas}");
+    }
+
+    #[test]
+    fn items_round_trip_and_short_bytes_do_not_decode() {
+        let item = Item {
+            flags: 9,
+            exptime: -5,
+            stored: 77,
+            cas: u64::MAX,
+            data: b"data".to_vec(),
+        };
+        let mut bytes = Vec::new();
+        item.encode(&mut bytes);
+        assert_eq!(Item::decode(&bytes), Some(item));
+        assert_eq!(Item::decode(&bytes[..ITEM_HEADER - 1]), None);
+    }
+}
