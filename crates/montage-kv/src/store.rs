@@ -525,6 +525,19 @@ mod tests {
     }
 
     #[test]
+    fn an_immediate_flush_cancels_a_pending_delayed_one() {
+        let heap = heap();
+        let clock = clock_at(1000);
+        let store = Store::open(&heap, "cache", clock.clone()).unwrap();
+        store.flush_all(Some(100)).unwrap();
+        store.flush_all(None).unwrap();
+        set(&store, StoreMode::Set, b"k", b"v");
+        clock.0.store(1200, Ordering::Relaxed);
+        assert!(store.get(b"k").unwrap().is_some());
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
     fn items_round_trip_and_short_bytes_do_not_decode() {
         let item = Item {
             flags: 9,
