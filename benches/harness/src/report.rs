@@ -72,10 +72,10 @@ fn short(ops: f64) -> String {
     }
 }
 
-fn distinct<T: Ord + Clone>(records: &[Record], f: impl Fn(&Record) -> T) -> Vec<T> {
+fn distinct<T: Ord>(records: &[&Record], f: impl Fn(&Record) -> T) -> Vec<T> {
     records
         .iter()
-        .map(f)
+        .map(|r| f(r))
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect()
@@ -90,19 +90,17 @@ pub(crate) fn markdown(records: &[Record]) -> String {
         if of_workload.is_empty() {
             continue;
         }
-        let owned: Vec<Record> = of_workload.iter().map(|r| (*r).clone()).collect();
-        for dist in distinct(&owned, |r| r.key_dist.clone()) {
+        for dist in distinct(&of_workload, |r| r.key_dist.clone()) {
             let rows: Vec<&Record> = of_workload
                 .iter()
                 .copied()
                 .filter(|r| r.key_dist == dist)
                 .collect();
-            let owned: Vec<Record> = rows.iter().map(|r| (*r).clone()).collect();
-            let columns = distinct(&owned, |r| (r.value_size, r.threads));
+            let columns = distinct(&rows, |r| (r.value_size, r.threads));
             let _ = writeln!(
                 out,
                 "\n#### `{workload}`, {dist} keys, key range {} (operations per second)\n",
-                owned[0].key_range
+                rows[0].key_range
             );
             out.push_str("| contender |");
             for (size, threads) in &columns {
@@ -111,7 +109,7 @@ pub(crate) fn markdown(records: &[Record]) -> String {
             out.push_str("\n|---|");
             out.push_str(&"---:|".repeat(columns.len()));
             out.push('\n');
-            for series in series_in_order(&owned) {
+            for series in series_in_order(&rows) {
                 let _ = write!(out, "| {series} |");
                 for (size, threads) in &columns {
                     let cell = rows
@@ -130,7 +128,7 @@ pub(crate) fn markdown(records: &[Record]) -> String {
 }
 
 /// The series of `records` in the order the run measured them.
-fn series_in_order(records: &[Record]) -> Vec<String> {
+fn series_in_order(records: &[&Record]) -> Vec<String> {
     let mut seen = Vec::new();
     for record in records {
         let series = record.series();
@@ -352,11 +350,7 @@ pub(crate) fn targets(records: &[Record]) -> String {
 pub(crate) fn plots(dir: &Path, records: &[Record]) -> Result {
     std::fs::create_dir_all(dir)?;
     for workload in crate::workload::Workload::ALL.map(crate::workload::Workload::name) {
-        let ours: Vec<Record> = records
-            .iter()
-            .filter(|r| r.workload == workload)
-            .cloned()
-            .collect();
+        let ours: Vec<&Record> = records.iter().filter(|r| r.workload == workload).collect();
         if ours.is_empty() {
             continue;
         }
@@ -366,7 +360,7 @@ pub(crate) fn plots(dir: &Path, records: &[Record]) -> Result {
     Ok(())
 }
 
-fn plot_workload(path: &Path, workload: &str, records: &[Record]) -> Result {
+fn plot_workload(path: &Path, workload: &str, records: &[&Record]) -> Result {
     let sizes = distinct(records, |r| r.value_size);
     let dists = distinct(records, |r| r.key_dist.clone());
     let threads = distinct(records, |r| r.threads);

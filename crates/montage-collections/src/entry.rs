@@ -6,7 +6,9 @@
 //! ...   value bytes (Codec encoding of the value), to the end of the payload
 //! ```
 
-use montage_core::{Codec, Error, Fingerprint, OpGuard, PBlock, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use montage_core::{Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result};
 
 /// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
 pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> u64 {
@@ -62,6 +64,33 @@ pub(crate) fn read_value<V: Codec>(op: &OpGuard<'_>, block: PBlock) -> Result<V>
     crate::structure::with_buffer(|bytes| {
         op.read_into(block, bytes)?;
         decode_value(bytes)
+    })
+}
+
+/// Rebuilds a map's index from its entries (scanned on every core): decodes each entry and
+/// hands its key and block to `add`, which returns whether the key was new; counts the
+/// entries into `len`. A key met twice is [`Error::Corrupted`] with `duplicate` as its text.
+pub(crate) fn rebuild_index<K: Codec, V: Codec>(
+    heap: &Heap,
+    owner: OwnerId,
+    type_id: u64,
+    type_name: &'static str,
+    duplicate: &'static str,
+    len: &AtomicUsize,
+    add: impl Fn(K, PBlock) -> Result<bool> + Sync,
+) -> Result<()> {
+    crate::structure::scan_payloads(heap, owner, &[type_id], type_name, |_, block, bytes| {
+        let (key, _) = decode::<K, V>(bytes)?;
+        if !add(key, block)? {
+            return Err(Error::Corrupted {
+                offset: block.offset(),
+                what: duplicate,
+            });
+        }
+        // ORDERING: counted during the scan; the structure's `open` returns after the
+        // scan's joins.
+        len.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     })
 }
 

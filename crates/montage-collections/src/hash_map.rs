@@ -34,7 +34,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::{Codec, Heap, OpGuard, OwnerId, PBlock, Result};
 
 use crate::entry;
 use crate::structure::{self, lock};
@@ -125,25 +125,14 @@ where
 
     /// Fills the index from the payloads recovery kept.
     fn rebuild(&self) -> Result<()> {
-        let name = "montage_collections::HashMap entry";
-        structure::scan_payloads(
+        entry::rebuild_index::<K, V>(
             self.heap,
             self.owner,
-            &[self.type_id],
-            name,
-            |_, block, bytes| {
-                let (key, _) = entry::decode::<K, V>(bytes)?;
-                let mut stripe = lock(self.stripe(&key));
-                if stripe.blocks.insert(key, block).is_some() {
-                    return Err(Error::Corrupted {
-                        offset: block.offset(),
-                        what: "two live entries of a hash map have the same key",
-                    });
-                }
-                // ORDERING: counted during the scan; `open` returns after the scan's joins.
-                self.len.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            },
+            self.type_id,
+            "montage_collections::HashMap entry",
+            "two live entries of a hash map have the same key",
+            &self.len,
+            |key, block| Ok(lock(self.stripe(&key)).blocks.insert(key, block).is_none()),
         )
     }
 
@@ -375,7 +364,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use montage_core::{HeapConfig, SimMode};
+    use montage_core::{Error, HeapConfig, SimMode};
 
     /// An operation of epoch `e` that finds a key absent because an operation of `e + 1`
     /// removed it must abort: otherwise recovery to the end of `e` could keep both its

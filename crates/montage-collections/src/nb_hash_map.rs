@@ -96,21 +96,19 @@ where
             _value: PhantomData,
         };
         if existed {
-            let name = "montage_collections::NbHashMap entry";
-            structure::scan_payloads(heap, owner, &[map.type_id], name, |_, block, bytes| {
-                let (key, _) = entry::decode::<K, V>(bytes)?;
-                let bucket = map.bucket(&key);
-                let inserted = heap.run_op(|op| bucket.insert(op, &key, block.offset()))?;
-                if inserted.is_err() {
-                    return Err(Error::Corrupted {
-                        offset: block.offset(),
-                        what: "two live entries of a hash map have the same key",
-                    });
-                }
-                // ORDERING: counted during the scan; `open` returns after the scan's joins.
-                map.len.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            })?;
+            entry::rebuild_index::<K, V>(
+                heap,
+                owner,
+                map.type_id,
+                "montage_collections::NbHashMap entry",
+                "two live entries of a hash map have the same key",
+                &map.len,
+                |key, block| {
+                    let bucket = map.bucket(&key);
+                    let inserted = heap.run_op(|op| bucket.insert(op, &key, block.offset()))?;
+                    Ok(inserted.is_ok())
+                },
+            )?;
         }
         Ok(map)
     }
@@ -131,13 +129,8 @@ where
                 return Ok(None);
             };
             let block = PBlock::from_offset(offset);
-            match op.read(block) {
-                Ok(bytes) => {
-                    return Ok(Some(Found {
-                        block,
-                        value: entry::decode_value(&bytes)?,
-                    }));
-                }
+            match entry::read_value(op, block) {
+                Ok(value) => return Ok(Some(Found { block, value })),
                 // The same offset twice: not a concurrent replacement but a broken index.
                 Err(Error::InvalidBlock { .. }) if last != Some(offset) => last = Some(offset),
                 Err(err) => return Err(err),
@@ -291,8 +284,8 @@ where
                 .entries(op)?
                 .into_iter()
                 .map(|(key, offset)| {
-                    let bytes = op.read(PBlock::from_offset(offset)).map_err(contended)?;
-                    Ok((key, entry::decode_value(&bytes)?))
+                    let value = entry::read_value(op, PBlock::from_offset(offset));
+                    Ok((key, value.map_err(contended)?))
                 })
                 .collect()
         })

@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_skiplist::SkipMap;
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::{Codec, Heap, OpGuard, OwnerId, PBlock, Result};
 
 use crate::entry;
 use crate::structure::{self, lock};
@@ -97,29 +97,21 @@ where
     }
 
     fn rebuild(&self) -> Result<()> {
-        let name = "montage_collections::SortedMap entry";
-        structure::scan_payloads(
+        entry::rebuild_index::<K, V>(
             self.heap,
             self.owner,
-            &[self.type_id],
-            name,
-            |_, block, bytes| {
-                let (key, _) = entry::decode::<K, V>(bytes)?;
+            self.type_id,
+            "montage_collections::SortedMap entry",
+            "two live entries of a sorted map have the same key",
+            &self.len,
+            |key, block| {
                 let slot = self.index.get_or_insert_with(key, || {
                     Mutex::new(Slot {
                         block: Some(block),
                         stamp: 0,
                     })
                 });
-                if lock(slot.value()).block != Some(block) {
-                    return Err(Error::Corrupted {
-                        offset: block.offset(),
-                        what: "two live entries of a sorted map have the same key",
-                    });
-                }
-                // ORDERING: counted during the scan; `open` returns after the scan's joins.
-                self.len.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                Ok(lock(slot.value()).block == Some(block))
             },
         )
     }
@@ -454,7 +446,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use montage_core::{HeapConfig, SimMode};
+    use montage_core::{Error, HeapConfig, SimMode};
 
     /// An operation of epoch `e` that finds a key absent because an operation of `e + 1`
     /// removed it must abort (module docs), and the removed key's slot is purged once the

@@ -88,6 +88,15 @@ impl VerifiedQueue {
         }
     }
 
+    /// Moves the tail from `from` to `to` if it is still `from`; a failure means another
+    /// thread moved it already.
+    fn swing_tail(&self, from: usize, to: usize) {
+        // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
+        let _ = self
+            .tail
+            .compare_exchange(from, to, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
     /// Appends `value` with sequence number `seq` (recovery's bulk load: no verification,
     /// no concurrent access, sequence numbers increasing).
     pub fn push_recovered(&mut self, value: u64, seq: u64) {
@@ -127,13 +136,7 @@ impl VerifiedQueue {
             }
             if dec(next_raw) != 0 {
                 // The tail lags: help it along (not a linearization point, so not verified).
-                // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
-                let _ = self.tail.compare_exchange(
-                    tail_raw,
-                    next_raw,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                );
+                self.swing_tail(tail_raw, next_raw);
                 continue;
             }
             let number = tail.seq.wrapping_add(1);
@@ -145,13 +148,7 @@ impl VerifiedQueue {
             let linked =
                 unsafe { publish_node(&tail.next, clock, op.epoch(), next_raw, new_raw, new) };
             if linked? {
-                // ORDERING: as above; a failure means someone helped already.
-                let _ = self.tail.compare_exchange(
-                    tail_raw,
-                    new_raw,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                );
+                self.swing_tail(tail_raw, new_raw);
                 return Ok(number);
             }
         }
@@ -190,13 +187,7 @@ impl VerifiedQueue {
                 return Ok(None);
             }
             if head_raw == tail_raw {
-                // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
-                let _ = self.tail.compare_exchange(
-                    tail_raw,
-                    next_raw,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                );
+                self.swing_tail(tail_raw, next_raw);
                 continue;
             }
             // SAFETY: read from `head.next` while pinned.
