@@ -35,6 +35,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 use montage_core::{Codec, Heap, OpGuard, OwnerId, PBlock, Result};
+// The error variants the docs name.
+#[cfg(doc)]
+use montage_core::Error;
 
 use crate::entry;
 use crate::structure::{self, lock};
