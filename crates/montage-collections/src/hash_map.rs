@@ -27,6 +27,7 @@
 //! [`iter`](HashMap::iter) and [`len`](HashMap::len) are not linearizable as a whole while
 //! other threads write: `iter` visits the stripes one at a time, each in one operation.
 
+use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
@@ -139,18 +140,23 @@ where
         )
     }
 
-    fn stripe(&self, key: &K) -> &Mutex<Stripe<K>> {
+    fn stripe<Q: Hash + ?Sized>(&self, key: &Q) -> &Mutex<Stripe<K>> {
         let hash = self.hasher.hash_one(key);
         // The high bits: the stripe's own table uses the low ones.
         &self.stripes[(hash >> 32) as usize & (self.stripes.len() - 1)]
     }
 
-    /// The value of `key`.
+    /// The value of `key`. As with `std`'s map, the key may be any borrowed form of `K`
+    /// (a `&[u8]` for `Vec<u8>` keys, a `&str` for `String` keys).
     ///
     /// # Errors
     ///
     /// A heap error ([`Error::Corrupted`] for an entry that does not decode, [`Error::Poisoned`]...).
-    pub fn get(&self, key: &K) -> Result<Option<V>> {
+    pub fn get<Q>(&self, key: &Q) -> Result<Option<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         // No operation: the stripe lock keeps the block live and its bytes still while it is
         // read (module docs).
         let stripe = lock(self.stripe(key));
@@ -168,7 +174,11 @@ where
     /// # Errors
     ///
     /// None today; the signature leaves room for a heap error, as [`get`](Self::get)'s.
-    pub fn contains_key(&self, key: &K) -> Result<bool> {
+    pub fn contains_key<Q>(&self, key: &Q) -> Result<bool>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         Ok(lock(self.stripe(key)).blocks.contains_key(key))
     }
 
@@ -204,16 +214,24 @@ where
         Ok(old)
     }
 
-    /// Removes `key`; returns its value.
+    /// Removes `key` (any borrowed form of `K`, as in [`get`](Self::get)); returns its value.
     ///
     /// # Errors
     ///
     /// As [`insert`](Self::insert).
-    pub fn remove(&self, key: &K) -> Result<Option<V>> {
+    pub fn remove<Q>(&self, key: &Q) -> Result<Option<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.heap.run_op(|op| self.remove_in(op, key))
     }
 
-    fn remove_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
+    fn remove_in<Q>(&self, op: &OpGuard<'_>, key: &Q) -> Result<Option<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let mut stripe = lock(self.stripe(key));
         op.check_epoch(stripe.stamp)?;
         let Some(&block) = stripe.blocks.get(key) else {

@@ -141,7 +141,12 @@ fn typed_values_and_string_keys() {
         })
         .unwrap();
     assert_eq!(richer.map(|a| a.balance), Some(15));
-    assert_eq!(map.get(&"bob".to_owned()).unwrap(), None);
+    // Lookups take a borrowed key, as std's map does.
+    assert_eq!(map.get("alice").unwrap().map(|a| a.balance), Some(15));
+    assert!(map.contains_key("alice").unwrap());
+    assert_eq!(map.get("bob").unwrap(), None);
+    assert_eq!(map.remove("alice").unwrap().map(|a| a.balance), Some(15));
+    assert!(!map.contains_key("alice").unwrap());
 }
 
 #[test]

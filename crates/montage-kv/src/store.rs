@@ -209,10 +209,7 @@ impl<'h, C: Clock> Store<'h, C> {
     /// A heap error.
     pub fn get(&self, key: &[u8]) -> Result<Option<Item>> {
         let now = self.clock.now();
-        Ok(self
-            .map
-            .get(&key.to_vec())?
-            .filter(|item| self.live(item, now)))
+        Ok(self.map.get(key)?.filter(|item| self.live(item, now)))
     }
 
     /// A storage command (`set`, `add`, `replace`, `append`, `prepend`, `cas`).
