@@ -1,9 +1,19 @@
 //! `montage-kv`: a memcached-compatible cache server whose items live in montage's
 //! buffered-durable hash map and survive crashes.
 //!
-//! This crate is being built in steps (issue 7). What exists: [`protocol`], the memcached
-//! text protocol's request parser, independent of storage and I/O; and [`store`], the
-//! items and memcached's storage semantics on the persistent hash map.
+//! * [`protocol`]: the memcached text protocol's request parser, independent of storage and
+//!   I/O.
+//! * [`store`]: the items and memcached's storage semantics on the persistent hash map.
+//! * [`cache`]: the heap and the store in it, opened and recovered as one value.
+//! * [`commit`]: group commit, so that replies wait for durability without each connection
+//!   paying its own `sync`.
+//! * [`server`]: connections, replies, statistics and shutdown.
+//!
+//! The binary (`src/main.rs`) parses the command line, opens a [`cache::Cache`] and runs
+//! [`server::serve`].
 
+pub mod cache;
+pub mod commit;
 pub mod protocol;
+pub mod server;
 pub mod store;

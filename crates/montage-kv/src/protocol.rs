@@ -9,7 +9,9 @@
 //! checks both), so a bad client can cost only its own connection.
 //!
 //! What is accepted follows memcached's own parser: tokens separated by spaces, lines ended
-//! by `\r\n` (or a bare `\n`), keys of at most 250 bytes with no control characters,
+//! by `\r\n` (or a bare `\n`), keys of 1 to 250 bytes (any bytes but the space and line
+//! end that delimit them: the protocol asks clients not to send control characters, but
+//! memcached accepts them and load generators such as memcaslap send them),
 //! 32-bit flags, signed expiry times, and a data block of exactly the announced length
 //! followed by `\r\n`.
 
@@ -229,6 +231,8 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         b"incr" | b"decr" => arith(args, name == b"incr"),
         b"touch" => touch(args),
         b"flush_all" => flush_all(args),
+        // Arguments are refused, as memcached did before 1.6 (clients such as memccapable
+        // expect this of a server whose version is below 1.6).
         b"version" if args.is_empty() => Ok(Request::Version),
         b"quit" if args.is_empty() => Ok(Request::Quit),
         b"stats" => match args {
@@ -240,6 +244,10 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
             ([level], noreply) if number::<u32>(level).is_some() => {
                 Ok(Request::Verbosity { noreply })
             }
+            // As memcached: without a level, `noreply` alone is accepted and a bare
+            // `verbosity` is not a known command form.
+            ([], true) => Ok(Request::Verbosity { noreply: true }),
+            ([], false) => Err(ProtocolError::UnknownCommand),
             _ => Err(ProtocolError::BadFormat),
         },
         b"version" | b"quit" => Err(ProtocolError::BadFormat),
@@ -255,9 +263,12 @@ fn invalid<'a>(error: ProtocolError, skip: Skip) -> Parsed<'a> {
     Parsed::Invalid { error, skip }
 }
 
-/// Whether `key` is a key the protocol allows.
+/// Whether `key` is a key this server accepts (module docs): a token of 1 to
+/// [`MAX_KEY_LEN`] bytes, none of them a space or a line end.
 pub fn valid_key(key: &[u8]) -> bool {
-    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
+    !key.is_empty()
+        && key.len() <= MAX_KEY_LEN
+        && !key.iter().any(|&b| matches!(b, b' ' | b'\r' | b'\n'))
 }
 
 fn key(token: &[u8]) -> Result<&[u8], ProtocolError> {
@@ -286,7 +297,8 @@ fn split_noreply<'t, 'a>(args: &'t [&'a [u8]]) -> (&'t [&'a [u8]], bool) {
 
 fn get<'a>(args: &[&'a [u8]], with_cas: bool) -> Result<Request<'a>, ProtocolError> {
     if args.is_empty() {
-        return Err(ProtocolError::BadFormat);
+        // memcached answers a keyless get as an unknown command.
+        return Err(ProtocolError::UnknownCommand);
     }
     let keys = args.iter().map(|t| key(t)).collect::<Result<_, _>>()?;
     Ok(Request::Get { keys, with_cas })
@@ -557,14 +569,31 @@ mod tests {
             Skip::Bytes(12),
         );
         bad(b"\r\n", ProtocolError::UnknownCommand, Skip::Bytes(2));
-        bad(b"get\r\n", ProtocolError::BadFormat, Skip::Bytes(5));
+        bad(b"get\r\n", ProtocolError::UnknownCommand, Skip::Bytes(5));
+        bad(
+            b"verbosity\r\n",
+            ProtocolError::UnknownCommand,
+            Skip::Bytes(11),
+        );
         let long_key = [b'k'; MAX_KEY_LEN + 1];
         bad(
             &[b"get ", &long_key[..], b"\r\n"].concat(),
             ProtocolError::BadFormat,
             Skip::Bytes(257),
         );
-        bad(b"get a\x01b\r\n", ProtocolError::BadFormat, Skip::Bytes(9));
+        // A carriage return inside the line is not a key byte.
+        bad(b"get a\rb\r\n", ProtocolError::BadFormat, Skip::Bytes(9));
+        // Control characters are, as memcached has it.
+        assert_eq!(
+            one(b"get \x10\x00a\r\n"),
+            Parsed::Request(
+                Request::Get {
+                    keys: vec![b"\x10\x00a"],
+                    with_cas: false
+                },
+                9
+            )
+        );
         bad(b"set k 0 0\r\n", ProtocolError::BadFormat, Skip::Bytes(11));
         bad(
             b"set k x 0 1\r\n",
@@ -598,6 +627,10 @@ mod tests {
             Skip::Bytes(29),
         );
         bad(b"version 2\r\n", ProtocolError::BadFormat, Skip::Bytes(11));
+        assert_eq!(
+            one(b"verbosity noreply\r\n"),
+            Parsed::Request(Request::Verbosity { noreply: true }, 19)
+        );
         let limits = Limits {
             max_value: 4,
             max_line: 16,

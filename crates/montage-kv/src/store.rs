@@ -7,7 +7,7 @@
 //! removed by the next write to its key.
 //!
 //! `flush_all` is itself durable: it writes a marker entry under a key no client can send
-//! (it holds a control character), read back when the store opens.
+//! (it holds spaces, which end a key in the protocol), read back when the store opens.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -61,6 +61,11 @@ impl Codec for Item {
     }
 }
 
+/// The bytes an item counts for in [`Store::bytes`].
+fn size(key: &[u8], item: &Item) -> i64 {
+    i64::try_from(key.len() + item.data.len()).unwrap_or(i64::MAX)
+}
+
 /// What a command did, as the protocol reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -103,12 +108,14 @@ impl Clock for SystemClock {
 /// Expiry times up to this many seconds are relative to now; larger ones are Unix times.
 const RELATIVE_LIMIT: i64 = 60 * 60 * 24 * 30;
 
-/// The key of the `flush_all` marker: a control character keeps it out of clients' reach.
-const FLUSH_KEY: &[u8] = b"\x00flush_all";
+/// The key of the `flush_all` marker: spaces keep it out of clients' reach.
+const FLUSH_KEY: &[u8] = b"montage-kv flush_all marker";
 
 /// The items of one cache, on one heap.
 pub struct Store<'h, C = SystemClock> {
     map: HashMap<'h, Vec<u8>, Item>,
+    /// Key and data bytes of the items the map holds (expired ones until they are removed).
+    bytes: AtomicI64,
     next_cas: AtomicU64,
     /// A delayed `flush_all`: from this time on, items stored before it are gone (0: none).
     flush_at: AtomicI64,
@@ -137,10 +144,13 @@ impl<'h, C: Clock> Store<'h, C> {
         let map: HashMap<'h, Vec<u8>, Item> = HashMap::open(heap, name)?;
         let mut max_cas = 0;
         let mut flush = (0, 0);
+        let mut bytes = 0;
         for entry in map.iter() {
             let (key, item) = entry?;
             if key == FLUSH_KEY {
                 flush = (item.exptime, item.cas);
+            } else {
+                bytes += size(&key, &item);
             }
             // New items must get uniques above every stored one and above an immediate
             // flush's threshold, or the flush would hide them.
@@ -148,6 +158,7 @@ impl<'h, C: Clock> Store<'h, C> {
         }
         Ok(Store {
             map,
+            bytes: AtomicI64::new(bytes),
             next_cas: AtomicU64::new(max_cas.saturating_add(1)),
             flush_at: AtomicI64::new(flush.0),
             flush_cas: AtomicU64::new(flush.1),
@@ -173,6 +184,34 @@ impl<'h, C: Clock> Store<'h, C> {
     /// Whether the store holds no items (as [`len`](Self::len)).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Key and data bytes of the items held (as [`len`](Self::len), expired ones included).
+    pub fn bytes(&self) -> u64 {
+        // ORDERING: a statistic.
+        u64::try_from(self.bytes.load(Ordering::Relaxed)).unwrap_or(0)
+    }
+
+    /// Runs `f` on `key`'s item (or its absence) in one [`HashMap::compute`], keeping the
+    /// byte count in step with the change that took effect.
+    fn change(
+        &self,
+        key: &[u8],
+        mut f: impl FnMut(Option<Item>) -> (Change<Item>, Outcome),
+    ) -> Result<Outcome> {
+        let (outcome, delta) = self.map.compute(&key.to_vec(), |current| {
+            let old = current.as_ref().map_or(0, |item| size(key, item));
+            let (change, outcome) = f(current);
+            let delta = match &change {
+                Change::Keep => 0,
+                Change::Set(new) => size(key, new) - old,
+                Change::Remove => -old,
+            };
+            (change, (outcome, delta))
+        })?;
+        // ORDERING: a statistic.
+        self.bytes.fetch_add(delta, Ordering::Relaxed);
+        Ok(outcome)
     }
 
     fn cas(&self) -> u64 {
@@ -235,7 +274,7 @@ impl<'h, C: Clock> Store<'h, C> {
             data,
         };
         let exptime = Self::absolute(exptime, now);
-        self.map.compute(&key.to_vec(), |current| {
+        self.change(key, |current| {
             let live = current.filter(|item| self.live(item, now));
             let set = || Change::Set(fresh(data.to_vec(), flags, exptime));
             match (mode, live) {
@@ -274,7 +313,7 @@ impl<'h, C: Clock> Store<'h, C> {
     /// A heap error.
     pub fn delete(&self, key: &[u8]) -> Result<Outcome> {
         let now = self.clock.now();
-        self.map.compute(&key.to_vec(), |current| match current {
+        self.change(key, |current| match current {
             Some(item) if self.live(&item, now) => (Change::Remove, Outcome::Deleted),
             // An expired item goes too, but the client hears it was not there.
             Some(_) => (Change::Remove, Outcome::NotFound),
@@ -289,7 +328,7 @@ impl<'h, C: Clock> Store<'h, C> {
     /// A heap error.
     pub fn arith(&self, key: &[u8], incr: bool, delta: u64) -> Result<Outcome> {
         let now = self.clock.now();
-        self.map.compute(&key.to_vec(), |current| {
+        self.change(key, |current| {
             let Some(item) = current.filter(|item| self.live(item, now)) else {
                 return (Change::Keep, Outcome::NotFound);
             };
@@ -323,7 +362,7 @@ impl<'h, C: Clock> Store<'h, C> {
     pub fn touch(&self, key: &[u8], exptime: i64) -> Result<Outcome> {
         let now = self.clock.now();
         let exptime = Self::absolute(exptime, now);
-        self.map.compute(&key.to_vec(), |current| {
+        self.change(key, |current| {
             match current.filter(|item| self.live(item, now)) {
                 Some(item) => (Change::Set(Item { exptime, ..item }), Outcome::Touched),
                 None => (Change::Keep, Outcome::NotFound),
@@ -436,9 +475,11 @@ mod tests {
             Outcome::NotFound
         );
         assert_eq!(store.get(b"k").unwrap().unwrap().data, b"new");
+        assert_eq!(store.bytes(), 4);
         assert_eq!(store.delete(b"k").unwrap(), Outcome::Deleted);
         assert_eq!(store.delete(b"k").unwrap(), Outcome::NotFound);
         assert!(store.is_empty());
+        assert_eq!(store.bytes(), 0);
     }
 
     #[test]
@@ -502,6 +543,8 @@ mod tests {
         assert!(store.get(b"old").unwrap().is_none());
         set(&store, StoreMode::Set, b"newer", b"3");
         assert!(store.get(b"newer").unwrap().is_some());
+        // Flushed items still take their bytes until a write removes them.
+        assert_eq!(store.bytes(), 4 + 4 + 6);
         drop(store);
         heap.sync().unwrap();
         let image = heap.simulator().unwrap().crash(3);
@@ -509,6 +552,7 @@ mod tests {
         let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
         let heap = Heap::open_image(image, &config).unwrap();
         let store = Store::open(&heap, "cache", clock.clone()).unwrap();
+        assert_eq!(store.bytes(), 4 + 4 + 6);
         assert!(store.get(b"new").unwrap().is_some());
         assert!(store.get(b"old").unwrap().is_none());
         clock.0.store(1010, Ordering::Relaxed);
@@ -519,6 +563,11 @@ mod tests {
         // Reopened cas uniques continue past every stored one.
         let cas = store.get(b"k").unwrap().unwrap().cas;
         assert!(cas > 3, "cas {cas}");
+    }
+
+    #[test]
+    fn no_client_can_name_the_flush_marker() {
+        assert!(!crate::protocol::valid_key(FLUSH_KEY));
     }
 
     #[test]

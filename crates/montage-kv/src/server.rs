@@ -1,0 +1,645 @@
+//! The server: connections, replies, statistics and shutdown.
+//!
+//! # Concurrency
+//!
+//! Connections are tokio tasks on a multi-threaded runtime (`--threads` workers). Each task
+//! reads what its client sent, runs every complete request in it against the [`Store`](crate::store::Store) on
+//! the worker (a map operation takes microseconds and never waits for I/O, so it need not
+//! leave the worker), and writes the replies in one go. Many idle connections therefore
+//! cost a task and two buffers each, not a thread.
+//!
+//! The only blocking step, `sync`, runs on the group-commit thread ([`Committer`]): a
+//! connection whose replies acknowledge writes awaits its round there, and the workers go on
+//! serving other connections meanwhile. Concurrent connections share rounds, so the cost
+//! of durability is paid once per round, not once per write.
+//!
+//! # The durability rule
+//!
+//! A reply to a command that changes the cache (`set` and the other storage commands,
+//! `delete`, `incr`/`decr`, `touch`, `flush_all`) is sent only after a `sync` that began
+//! after the command ran has returned: once the client has read `STORED`, a crash cannot lose
+//! the write. This holds for every reply of such a command, `NOT_STORED` and `EXISTS`
+//! included, since they too report a state the client may act on. Replies in a pipeline
+//! stay in order, so the replies after such a command wait with it.
+//!
+//! Reads do not wait: a `get` may return a value whose writer has not yet heard back, and a
+//! crash may lose that value (the writer was never told it was stored). With
+//! [`Options::ack_before_durable`] no reply waits; writes still become durable within two
+//! epochs of the background clock, but a crash can lose writes the client was told were
+//! stored.
+//!
+//! # Bounded resources
+//!
+//! * At most [`Options::max_connections`] connections; a client beyond that is told
+//!   `SERVER_ERROR too many open connections` and disconnected.
+//! * A connection buffers at most one request's line and value beyond what it has read
+//!   (the [`Limits`]); oversized values are refused and their bytes discarded unread.
+//! * Replies are written once [`OUT_HIGH`] bytes have built up, even inside a multi-get, and
+//!   a connection reads no more input until its replies are written: a client that does not
+//!   read its replies stalls only itself.
+//!
+//! # Shutdown
+//!
+//! When the shutdown future resolves, the listener closes and every connection finishes the
+//! requests it has read, sends their replies (after their sync) and closes. Connections
+//! still busy after [`GRACE`] are dropped without replies. The caller then closes the heap,
+//! which makes everything durable and marks the heap cleanly closed.
+
+use std::future::Future;
+use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use montage_core::Error;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::cache::Cache;
+use crate::commit::{Committer, SyncFailed};
+use crate::protocol::{self, Limits, Parsed, ProtocolError, Request, Skip, StoreMode};
+use crate::store::{Outcome, SystemClock};
+
+/// Replies are written once this many bytes have built up.
+pub const OUT_HIGH: usize = 64 << 10;
+
+/// How long connections get to finish after shutdown begins.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// How much a connection asks the kernel for per read.
+const READ_CHUNK: usize = 16 << 10;
+
+/// How a server behaves.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Request size limits.
+    pub limits: Limits,
+    /// Reply before writes are durable (see the module docs).
+    pub ack_before_durable: bool,
+    /// The most connections served at once.
+    pub max_connections: usize,
+    /// Runtime worker threads (reported by `stats`).
+    pub threads: usize,
+    /// The time recovery took (reported by `stats`).
+    pub recovery: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            limits: Limits::default(),
+            ack_before_durable: false,
+            max_connections: 1024,
+            threads: 1,
+            recovery: Duration::ZERO,
+        }
+    }
+}
+
+/// Serves `cache` on `listener` until `shutdown` resolves, then lets connections finish
+/// (module docs). Returns once every connection task has ended and the group-commit thread
+/// has stopped, so the caller then holds the only reference to `cache` it handed out.
+///
+/// # Errors
+///
+/// The group-commit thread could not be started.
+pub async fn serve(
+    listener: TcpListener,
+    cache: Arc<Cache>,
+    options: Options,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let syncing = Arc::clone(&cache);
+    let committer = Committer::start(move || syncing.heap().sync())?;
+    let port = listener.local_addr().map_or(0, |a| a.port());
+    let permits = Arc::new(Semaphore::new(options.max_connections));
+    let shared = Arc::new(Shared {
+        cache,
+        committer,
+        stats: Stats::default(),
+        options,
+        started: Instant::now(),
+        port,
+    });
+    let (stop, stopping) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => admit(stream, &shared, &permits, &stopping, &mut tasks),
+                Err(e) => {
+                    // Out of file descriptors, most likely: back off instead of spinning.
+                    eprintln!("montage-kv: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+    drop(listener);
+    // A send fails only when no connection is listening, which needs no stop.
+    let _ = stop.send(true);
+    let finished =
+        tokio::time::timeout(GRACE, async { while tasks.join_next().await.is_some() {} }).await;
+    if finished.is_err() {
+        eprintln!(
+            "montage-kv: {} connections still busy after {GRACE:?}; dropping them",
+            tasks.len()
+        );
+        tasks.shutdown().await;
+    }
+    // Every task has ended, so this is the last reference: dropping it stops the committer
+    // (after any owed round) and releases its hold on the cache.
+    drop(shared);
+    Ok(())
+}
+
+fn admit(
+    stream: TcpStream,
+    shared: &Arc<Shared>,
+    permits: &Arc<Semaphore>,
+    stopping: &watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) {
+    let stats = &shared.stats;
+    if let Ok(permit) = Arc::clone(permits).try_acquire_owned() {
+        bump(&stats.total_connections);
+        bump(&stats.curr_connections);
+        tasks.spawn(connection(
+            stream,
+            Arc::clone(shared),
+            stopping.clone(),
+            permit,
+        ));
+    } else {
+        bump(&stats.rejected_connections);
+        // Best effort and without waiting: the client is told why, if its socket has room.
+        let _ = stream.try_write(b"SERVER_ERROR too many open connections\r\n");
+    }
+}
+
+/// What every connection shares.
+struct Shared {
+    cache: Arc<Cache>,
+    committer: Committer,
+    stats: Stats,
+    options: Options,
+    started: Instant,
+    port: u16,
+}
+
+async fn connection(
+    stream: TcpStream,
+    shared: Arc<Shared>,
+    mut stopping: watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+) {
+    // Replies are written whole; Nagle would only delay them.
+    let _ = stream.set_nodelay(true);
+    let mut conn = Connection {
+        out: Output {
+            stream,
+            buf: Vec::new(),
+            owed: false,
+        },
+        input: Vec::with_capacity(READ_CHUNK),
+        skip: 0,
+    };
+    if let Err(End::SyncFailed) = conn.run(&shared, &mut stopping).await {
+        // The replies held back are not sent: their writes may not be durable.
+        let _ = conn
+            .out
+            .stream
+            .write_all(b"SERVER_ERROR writes could not be made durable\r\n")
+            .await;
+    }
+    shared
+        .stats
+        .curr_connections
+        .fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Why a connection ends early.
+enum End {
+    /// The socket failed or the client went away.
+    Io,
+    /// A sync failed: replies that acknowledge writes cannot be sent.
+    SyncFailed,
+}
+
+impl From<std::io::Error> for End {
+    fn from(_: std::io::Error) -> Self {
+        End::Io
+    }
+}
+
+impl From<SyncFailed> for End {
+    fn from(_: SyncFailed) -> Self {
+        End::SyncFailed
+    }
+}
+
+/// Whether to go on after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+struct Connection {
+    out: Output,
+    /// Bytes read and not yet parsed.
+    input: Vec<u8>,
+    /// Bytes still to discard (the rest of a refused value).
+    skip: usize,
+}
+
+/// Replies waiting to be written, and the socket.
+struct Output {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// `buf` acknowledges writes: it waits for a sync round.
+    owed: bool,
+}
+
+impl Output {
+    /// Writes the pending replies, after their sync round if they acknowledge writes.
+    async fn flush(&mut self, shared: &Shared) -> Result<(), End> {
+        if self.owed && !shared.options.ack_before_durable {
+            shared.committer.wait().await?;
+        }
+        self.owed = false;
+        if !self.buf.is_empty() {
+            self.stream.write_all(&self.buf).await?;
+            add(&shared.stats.bytes_written, self.buf.len());
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        self.buf.extend_from_slice(line);
+        self.buf.extend_from_slice(b"\r\n");
+    }
+}
+
+impl Connection {
+    async fn run(
+        &mut self,
+        shared: &Shared,
+        stopping: &mut watch::Receiver<bool>,
+    ) -> Result<(), End> {
+        loop {
+            let flow = self.handle_buffered(shared).await?;
+            self.out.flush(shared).await?;
+            if flow == Flow::Close || *stopping.borrow() {
+                return Ok(());
+            }
+            self.input.reserve(READ_CHUNK);
+            let read = tokio::select! {
+                read = self.out.stream.read_buf(&mut self.input) => read?,
+                // A request half read when the server stops was never answered: dropping it
+                // loses nothing that was acknowledged.
+                _ = stopping.changed() => return Ok(()),
+            };
+            if read == 0 {
+                return Ok(());
+            }
+            add(&shared.stats.bytes_read, read);
+        }
+    }
+
+    /// Runs every complete request in the input.
+    async fn handle_buffered(&mut self, shared: &Shared) -> Result<Flow, End> {
+        let mut at = 0;
+        let mut flow = Flow::Continue;
+        while flow == Flow::Continue {
+            if self.skip > 0 {
+                let n = self.skip.min(self.input.len() - at);
+                at += n;
+                self.skip -= n;
+                if self.skip > 0 {
+                    break;
+                }
+            }
+            match protocol::parse(&self.input[at..], &shared.options.limits) {
+                Parsed::Incomplete => break,
+                Parsed::Request(request, used) => {
+                    flow = execute(shared, &mut self.out, request).await?;
+                    at += used;
+                }
+                Parsed::Invalid { error, skip } => {
+                    if error == ProtocolError::TooLarge {
+                        bump(&shared.stats.store_too_large);
+                    }
+                    self.out.buf.extend_from_slice(error.reply().as_bytes());
+                    match skip {
+                        Skip::Bytes(n) => self.skip = n,
+                        Skip::Close => flow = Flow::Close,
+                    }
+                }
+            }
+            if self.out.buf.len() >= OUT_HIGH {
+                self.out.flush(shared).await?;
+            }
+        }
+        self.input.drain(..at);
+        Ok(flow)
+    }
+}
+
+/// Runs one request, appending its reply to `out`.
+async fn execute(shared: &Shared, out: &mut Output, request: Request<'_>) -> Result<Flow, End> {
+    let store = shared.cache.store();
+    let stats = &shared.stats;
+    match request {
+        Request::Get { keys, with_cas } => return get(shared, out, &keys, with_cas).await,
+        Request::Store {
+            mode,
+            key,
+            flags,
+            exptime,
+            data,
+            cas_unique,
+            noreply,
+        } => {
+            bump(&stats.cmd_set);
+            let result = store.store(mode, key, flags, exptime, data, cas_unique);
+            if mode == StoreMode::Cas {
+                match result {
+                    Ok(Outcome::Stored) => bump(&stats.cas_hits),
+                    Ok(Outcome::Exists) => bump(&stats.cas_badval),
+                    Ok(Outcome::NotFound) => bump(&stats.cas_misses),
+                    _ => {}
+                }
+            }
+            written(out, result, noreply, stats);
+        }
+        Request::Delete { key, noreply } => {
+            let result = store.delete(key);
+            count(result.as_ref(), &stats.delete_hits, &stats.delete_misses);
+            written(out, result, noreply, stats);
+        }
+        Request::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        } => {
+            let result = store.arith(key, incr, delta);
+            let (hits, misses) = if incr {
+                (&stats.incr_hits, &stats.incr_misses)
+            } else {
+                (&stats.decr_hits, &stats.decr_misses)
+            };
+            count(result.as_ref(), hits, misses);
+            written(out, result, noreply, stats);
+        }
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            bump(&stats.cmd_touch);
+            let result = store.touch(key, exptime);
+            count(result.as_ref(), &stats.touch_hits, &stats.touch_misses);
+            written(out, result, noreply, stats);
+        }
+        Request::FlushAll { delay, noreply } => {
+            bump(&stats.cmd_flush);
+            match store.flush_all(delay) {
+                Ok(()) if noreply => {}
+                Ok(()) => {
+                    out.line(b"OK");
+                    out.owed = true;
+                }
+                Err(e) => server_error(out, &e),
+            }
+        }
+        Request::Version => {
+            out.line(format!("VERSION {}", env!("CARGO_PKG_VERSION")).as_bytes());
+        }
+        Request::Stats { group } => stats_reply(shared, out, group),
+        Request::Verbosity { noreply } => {
+            if !noreply {
+                out.line(b"OK");
+            }
+        }
+        Request::Quit => return Ok(Flow::Close),
+    }
+    Ok(Flow::Continue)
+}
+
+/// `get` or `gets`: a reply line and data block per live item, then `END`.
+async fn get(
+    shared: &Shared,
+    out: &mut Output,
+    keys: &[&[u8]],
+    with_cas: bool,
+) -> Result<Flow, End> {
+    let stats = &shared.stats;
+    for &key in keys {
+        bump(&stats.cmd_get);
+        match shared.cache.store().get(key) {
+            Ok(Some(item)) => {
+                bump(&stats.get_hits);
+                out.buf.extend_from_slice(b"VALUE ");
+                out.buf.extend_from_slice(key);
+                let _ = write!(out.buf, " {} {}", item.flags, item.data.len());
+                if with_cas {
+                    let _ = write!(out.buf, " {}", item.cas);
+                }
+                out.buf.extend_from_slice(b"\r\n");
+                out.line(&item.data);
+            }
+            Ok(None) => bump(&stats.get_misses),
+            Err(e) => {
+                server_error(out, &e);
+                return Ok(Flow::Continue);
+            }
+        }
+        if out.buf.len() >= OUT_HIGH {
+            out.flush(shared).await?;
+        }
+    }
+    out.line(b"END");
+    Ok(Flow::Continue)
+}
+
+/// The reply to a command that changes the cache; it waits for a sync round.
+fn written(out: &mut Output, result: montage_core::Result<Outcome>, noreply: bool, stats: &Stats) {
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            if matches!(e, Error::OutOfSpace { .. }) {
+                bump(&stats.store_no_memory);
+            }
+            // Replied even with noreply, as memcached does for errors.
+            server_error(out, &e);
+            return;
+        }
+    };
+    if noreply {
+        return;
+    }
+    match outcome {
+        Outcome::Stored => out.line(b"STORED"),
+        Outcome::NotStored => out.line(b"NOT_STORED"),
+        Outcome::Exists => out.line(b"EXISTS"),
+        Outcome::NotFound => out.line(b"NOT_FOUND"),
+        Outcome::Deleted => out.line(b"DELETED"),
+        Outcome::Touched => out.line(b"TOUCHED"),
+        Outcome::Value(n) => out.line(n.to_string().as_bytes()),
+        Outcome::NonNumeric => {
+            out.line(b"CLIENT_ERROR cannot increment or decrement non-numeric value");
+        }
+    }
+    out.owed = true;
+}
+
+fn server_error(out: &mut Output, e: &Error) {
+    if matches!(e, Error::OutOfSpace { .. }) {
+        out.line(b"SERVER_ERROR out of memory storing object");
+    } else {
+        // One line: an error's text never holds a line break, but make sure.
+        let text = e.to_string().replace(['\r', '\n'], " ");
+        out.line(format!("SERVER_ERROR {text}").as_bytes());
+    }
+}
+
+/// Counts a hit (the command found its item) or a miss.
+fn count(result: Result<&Outcome, &Error>, hits: &AtomicU64, misses: &AtomicU64) {
+    match result {
+        Ok(Outcome::NotFound) => bump(misses),
+        Ok(_) => bump(hits),
+        Err(_) => {}
+    }
+}
+
+/// Defines the server's counters, each reported by `stats` under its field's name.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// The counters `stats` reports, as memcached names them.
+        #[derive(Debug, Default)]
+        struct Stats {
+            $($(#[$doc])* $name: AtomicU64,)*
+        }
+
+        impl Stats {
+            /// Every counter, by name.
+            fn counters(&self) -> Vec<(&'static str, u64)> {
+                // ORDERING: statistics.
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+
+            /// `stats reset`: every counter but the live connections to zero.
+            fn reset(&self) {
+                $(
+                    if stringify!($name) != "curr_connections" {
+                        self.$name.store(0, Ordering::Relaxed);
+                    }
+                )*
+            }
+        }
+    };
+}
+
+counters! {
+    curr_connections,
+    total_connections,
+    rejected_connections,
+    cmd_get,
+    cmd_set,
+    cmd_flush,
+    cmd_touch,
+    get_hits,
+    get_misses,
+    delete_misses,
+    delete_hits,
+    incr_misses,
+    incr_hits,
+    decr_misses,
+    decr_hits,
+    cas_misses,
+    cas_hits,
+    cas_badval,
+    touch_hits,
+    touch_misses,
+    store_too_large,
+    store_no_memory,
+    bytes_read,
+    bytes_written,
+}
+
+fn bump(counter: &AtomicU64) {
+    add(counter, 1);
+}
+
+fn add(counter: &AtomicU64, n: usize) {
+    // ORDERING: a statistic.
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {
+    let mut stat = |name: &str, value: &dyn std::fmt::Display| {
+        let _ = write!(out.buf, "STAT {name} {value}\r\n");
+    };
+    match group {
+        None => {
+            let cache = &shared.cache;
+            let heap = cache.heap();
+            let now = crate::store::Clock::now(&SystemClock);
+            stat("pid", &std::process::id());
+            stat("uptime", &shared.started.elapsed().as_secs());
+            stat("time", &now);
+            stat("version", &env!("CARGO_PKG_VERSION"));
+            stat("pointer_size", &(usize::BITS));
+            stat("max_connections", &shared.options.max_connections);
+            for (name, value) in shared.stats.counters() {
+                stat(name, &value);
+            }
+            stat("limit_maxbytes", &heap.size());
+            stat("threads", &shared.options.threads);
+            stat("curr_items", &cache.store().len());
+            stat("bytes", &cache.store().bytes());
+            // What is ours: the heap, its recovery and its clock.
+            stat(
+                "heap_backend",
+                &format!("{:?}", heap.backend()).to_lowercase(),
+            );
+            stat("recovery_time_us", &shared.options.recovery.as_micros());
+            stat("epoch", &heap.epoch());
+            // Recovery after a crash keeps every epoch up to two before the stored one.
+            stat("durable_epoch", &heap.epoch().saturating_sub(2));
+            stat("sync_rounds", &shared.committer.rounds());
+            stat(
+                "ack_before_durable",
+                &u8::from(shared.options.ack_before_durable),
+            );
+        }
+        Some(b"settings") => {
+            stat("maxconns", &shared.options.max_connections);
+            stat("tcpport", &shared.port);
+            stat("item_size_max", &shared.options.limits.max_value);
+            stat("num_threads", &shared.options.threads);
+            stat("cas_enabled", &"yes");
+            stat("flush_enabled", &"yes");
+        }
+        // We keep no slabs or per-size statistics: these groups are empty.
+        Some(b"items" | b"slabs" | b"sizes" | b"conns") => {}
+        Some(b"reset") => {
+            shared.stats.reset();
+            out.line(b"RESET");
+            return;
+        }
+        Some(_) => {
+            out.line(b"ERROR");
+            return;
+        }
+    }
+    out.line(b"END");
+}
