@@ -9,11 +9,14 @@
 //! * `bench [--no-peers] [ARGS]`: the throughput harness with every contender (the embedded
 //!   stores too, unless `--no-peers`), passing `ARGS` on (`--quick` for a short run;
 //!   `--help` lists them);
-//!   `bench --criterion`: the criterion micro-benchmarks.
+//!   `bench --criterion`: the criterion micro-benchmarks;
+//! * `kv-conformance`: memcached's `memccapable` against the `montage-kv` server;
+//! * `bench-kv [ARGS]`: `memcaslap` against `montage-kv` and a real `memcached`.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod kv;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -30,8 +33,10 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("loom") => loom(),
         Some("ui") => ui(&args[1..]),
+        Some("kv-conformance") => kv::conformance(),
+        Some("bench-kv") => kv::bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | ui [--bless] | bench [--criterion | --no-peers ARGS]>"
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [ARGS]>"
                 .to_owned(),
         ),
     };
@@ -163,6 +168,8 @@ fn ci() -> Result {
         ],
     )?;
     harness("montage-memory", &["20000"])?;
+    // The memcached server against memcached's own conformance tool.
+    kv::conformance()?;
     tidy::run(&project_root())?;
     println!("xtask ci: all steps passed");
     Ok(())

@@ -1,0 +1,193 @@
+//! Crash test: clients write and delete keys and record what the server acknowledged; the
+//! server is killed with SIGKILL at a random moment, restarted on the same heap, and every
+//! acknowledged write must be there with its last acknowledged value.
+//!
+//! A write that was sent but not answered when the server died may or may not have
+//! survived, so each key may read as its last acknowledged state or as the one write in
+//! flight on it. Rounds run on one heap, so each restart also re-checks everything the
+//! earlier rounds left. `MONTAGE_KV_CRASH_ROUNDS` sets the number of rounds (default 10)
+//! and `MONTAGE_KV_CRASH_SEED` the seed.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::Server;
+use montage_core::SplitMix64;
+
+const CLIENTS: u64 = 4;
+const KEYS_PER_CLIENT: u64 = 64;
+
+/// A key's state as a client can observe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Val {
+    Absent,
+    /// The value written by a write numbered so.
+    Written(u64),
+}
+
+/// What one client knows of its keys.
+#[derive(Debug, Clone, Copy)]
+struct KeyState {
+    acked: Val,
+    in_flight: Option<Val>,
+}
+
+type Model = HashMap<String, KeyState>;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).map_or(default, |v| v.parse().unwrap())
+}
+
+#[test]
+fn every_acknowledged_write_survives_sigkill() {
+    let rounds = env_u64("MONTAGE_KV_CRASH_ROUNDS", 10);
+    let seed = env_u64("MONTAGE_KV_CRASH_SEED", 0x6b76_6372_6173_6821);
+    eprintln!("crash test: {rounds} rounds, seed {seed:#x}");
+    let mut rng = SplitMix64::new(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let heap = dir.path().join("kv.heap");
+    let mut models: Vec<Model> = (0..CLIENTS)
+        .map(|c| {
+            (0..KEYS_PER_CLIENT)
+                .map(|k| {
+                    let state = KeyState {
+                        acked: Val::Absent,
+                        in_flight: None,
+                    };
+                    (format!("c{c}-k{k}"), state)
+                })
+                .collect()
+        })
+        .collect();
+    let mut next_write = 1;
+    for round in 0..rounds {
+        let mut server = Server::start(&heap, &[]);
+        if round > 0 {
+            server.wait_for("after a crash");
+            check(&server, &mut models, round);
+        }
+        let clients: Vec<_> = models
+            .drain(..)
+            .enumerate()
+            .map(|(c, model)| {
+                let stream = server.connect();
+                let first = next_write + c as u64 * 1_000_000;
+                let seed = rng.next_u64();
+                std::thread::spawn(move || write_until_killed(stream, model, first, seed))
+            })
+            .collect();
+        next_write += CLIENTS * 1_000_000;
+        std::thread::sleep(Duration::from_millis(50 + rng.below_or_equal(350)));
+        server.kill();
+        let mut acked = 0;
+        for client in clients {
+            let (model, count) = client.join().unwrap();
+            acked += count;
+            models.push(model);
+        }
+        eprintln!("round {round}: {acked} writes acknowledged before SIGKILL");
+        assert!(acked > 0, "round {round}: the clients got no write through");
+    }
+    let server = Server::start(&heap, &[]);
+    check(&server, &mut models, rounds);
+}
+
+/// Every key reads as its last acknowledged state or its write in flight; the state read
+/// becomes the acknowledged one.
+fn check(server: &Server, models: &mut [Model], round: u64) {
+    let mut stream = server.connect();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut survived_in_flight = 0;
+    for model in models.iter_mut() {
+        for (key, state) in model.iter_mut() {
+            let found = get(&mut stream, &mut reader, key);
+            let allowed = found == state.acked || Some(found) == state.in_flight;
+            assert!(
+                allowed,
+                "after crash {round}: {key} reads {found:?}, but its last acknowledged state \
+                 is {:?} and the write in flight was {:?}",
+                state.acked, state.in_flight
+            );
+            if found != state.acked {
+                survived_in_flight += 1;
+            }
+            state.acked = found;
+            state.in_flight = None;
+        }
+    }
+    eprintln!(
+        "after crash {round}: all keys as acknowledged; {survived_in_flight} unanswered writes survived"
+    );
+}
+
+fn get(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, key: &str) -> Val {
+    stream
+        .write_all(format!("get {key}\r\n").as_bytes())
+        .unwrap();
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    if line == "END\r\n" {
+        return Val::Absent;
+    }
+    assert!(line.starts_with(&format!("VALUE {key} ")), "{line:?}");
+    let mut data = String::new();
+    reader.read_line(&mut data).unwrap();
+    let mut end = String::new();
+    reader.read_line(&mut end).unwrap();
+    assert_eq!(end, "END\r\n");
+    let n = data.trim_end().rsplit('-').next().unwrap();
+    Val::Written(n.parse().unwrap())
+}
+
+/// Sets and deletes this client's keys, one request at a time, until the server dies.
+/// Returns the model and how many writes were acknowledged.
+fn write_until_killed(stream: TcpStream, mut model: Model, first: u64, seed: u64) -> (Model, u64) {
+    let mut rng = SplitMix64::new(seed);
+    let mut keys: Vec<String> = model.keys().cloned().collect();
+    keys.sort();
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut acked = 0;
+    for n in first.. {
+        let key = &keys[rng.below_or_equal(keys.len() as u64 - 1) as usize];
+        let delete = rng.below_or_equal(4) == 0;
+        let (request, new) = if delete {
+            (format!("delete {key}\r\n"), Val::Absent)
+        } else {
+            // Values of varied sizes, ending in the write's number.
+            let pad = "x".repeat(rng.below_or_equal(200) as usize);
+            let value = format!("{pad}-{n}");
+            (
+                format!("set {key} 0 0 {}\r\n{value}\r\n", value.len()),
+                Val::Written(n),
+            )
+        };
+        let state = model.get_mut(key).unwrap();
+        state.in_flight = Some(new);
+        if writer.write_all(request.as_bytes()).is_err() {
+            break;
+        }
+        let mut reply = String::new();
+        match reader.read_line(&mut reply) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        match reply.as_str() {
+            "STORED\r\n" | "DELETED\r\n" | "NOT_FOUND\r\n" => {
+                state.acked = new;
+                state.in_flight = None;
+                acked += 1;
+            }
+            // The server died mid-reply; the write is in flight.
+            partial if !partial.ends_with("\r\n") => break,
+            other => panic!("unexpected reply {other:?} to {request:?}"),
+        }
+    }
+    (model, acked)
+}

@@ -1,0 +1,411 @@
+//! The memcached-compatible server against real memcached tools:
+//!
+//! * [`conformance`]: Debian's `memccapable` (libmemcached-tools), text protocol, against a
+//!   `montage-kv` on a fresh heap; part of CI.
+//! * [`bench`]: `memcaslap` against `montage-kv` (durable and not, on both backends) and
+//!   against a real `memcached`, on loopback with the same settings, interleaved and
+//!   repeated; prints each throughput and its ratio to memcached's.
+
+use std::fmt::Write as _;
+use std::io::{BufRead as _, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{Result, cargo, project_root};
+
+/// A server process that is killed if it is still running when dropped.
+struct Running {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    /// Sends SIGTERM and waits (up to a minute) for a successful exit.
+    fn terminate(mut self) -> Result {
+        signal_term(self.child.id())?;
+        let deadline = Instant::now() + Duration::from_mins(1);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => return Err(format!("montage-kv exited with {status}")),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(None) => return Err("montage-kv ignored SIGTERM".to_owned()),
+                Err(e) => return Err(format!("cannot wait for montage-kv: {e}")),
+            }
+        }
+    }
+}
+
+fn signal_term(pid: u32) -> Result {
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .map_err(|e| format!("cannot run kill: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill -TERM {pid} failed"))
+    }
+}
+
+/// Fails with an install hint unless `tool` is on the PATH.
+fn require(tool: &str, package: &str) -> Result {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        Ok(())
+    } else {
+        Err(format!(
+            "{tool} is not installed: `apt-get install {package}` (.ci/run does this)"
+        ))
+    }
+}
+
+/// Starts `binary` on `heap` with `extra` arguments on a free port; returns once it listens.
+fn start_montage_kv(binary: &Path, heap: &Path, extra: &[&str]) -> Result<Running> {
+    let mut child = Command::new(binary)
+        .arg("--heap")
+        .arg(heap)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let mut said = Vec::new();
+    let port = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            return Err(format!("montage-kv stopped before listening: {said:?}"));
+        };
+        if let Some(port) = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|addr| addr.rsplit(':').next())
+            .and_then(|port| port.parse().ok())
+        {
+            break port;
+        }
+        said.push(line);
+    };
+    // Keep draining the log so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Ok(Running { child, port })
+}
+
+/// Runs `memccapable -a` (its text-protocol tests) against a fresh `montage-kv`, then stops
+/// the server with SIGTERM, which must close the heap cleanly.
+pub(crate) fn conformance() -> Result {
+    require("memccapable", "libmemcached-tools")?;
+    cargo(
+        &["build", "--package", "montage-kv"],
+        &[("RUSTFLAGS", "-D warnings")],
+    )?;
+    let binary = project_root().join("target/debug/montage-kv");
+    let dir = scratch("kv-conformance")?;
+    let server = start_montage_kv(&binary, &dir.join("kv.heap"), &["--size", "64MiB"])?;
+    println!("$ memccapable -h 127.0.0.1 -p {} -a", server.port);
+    let output = Command::new("memccapable")
+        .args(["-h", "127.0.0.1", "-p", &server.port.to_string(), "-a"])
+        .output()
+        .map_err(|e| format!("cannot run memccapable: {e}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    print!("{text}");
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() || !text.contains("All tests passed") {
+        return Err("memccapable failed against montage-kv".to_owned());
+    }
+    server.terminate()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// A fresh directory under `target/`.
+fn scratch(name: &str) -> Result<PathBuf> {
+    let dir = project_root().join("target").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Settings of a `bench-kv` run.
+struct BenchArgs {
+    seconds: u64,
+    repeats: usize,
+    concurrency: u32,
+    client_threads: u32,
+    server_threads: u32,
+    value: u32,
+    /// Proportions of sets to run (memcaslap's default mix is 0.1).
+    set_ratios: Vec<f64>,
+}
+
+impl BenchArgs {
+    fn parse(args: &[String]) -> Result<BenchArgs> {
+        let usage = || {
+            "usage: cargo xtask bench-kv [--seconds S] [--repeats R] [--concurrency C] \
+             [--client-threads T] [--server-threads T] [--value BYTES] [--set-ratios 0.1,0.5]"
+                .to_owned()
+        };
+        let mut parsed = BenchArgs {
+            seconds: 10,
+            repeats: 3,
+            concurrency: 64,
+            client_threads: 2,
+            server_threads: 2,
+            value: 256,
+            set_ratios: vec![0.1, 0.5],
+        };
+        let mut rest = args.iter();
+        while let Some(flag) = rest.next() {
+            let value = rest.next().ok_or_else(usage)?;
+            let bad = |_| usage();
+            match flag.as_str() {
+                "--seconds" => parsed.seconds = value.parse().map_err(bad)?,
+                "--repeats" => parsed.repeats = value.parse().map_err(bad)?,
+                "--concurrency" => parsed.concurrency = value.parse().map_err(bad)?,
+                "--client-threads" => parsed.client_threads = value.parse().map_err(bad)?,
+                "--server-threads" => parsed.server_threads = value.parse().map_err(bad)?,
+                "--value" => parsed.value = value.parse().map_err(bad)?,
+                "--set-ratios" => {
+                    parsed.set_ratios = value
+                        .split(',')
+                        .map(|r| r.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r)))
+                        .collect::<Option<_>>()
+                        .ok_or_else(usage)?;
+                }
+                _ => return Err(usage()),
+            }
+        }
+        if parsed.repeats == 0 || parsed.seconds == 0 || parsed.set_ratios.is_empty() {
+            return Err(usage());
+        }
+        Ok(parsed)
+    }
+}
+
+/// One server configuration measured.
+struct Contender {
+    name: &'static str,
+    /// `None`: memcached; else montage-kv's backend, heap directory and whether it
+    /// acknowledges before durability.
+    montage: Option<(&'static str, PathBuf, bool)>,
+}
+
+/// `cargo xtask bench-kv`: memcaslap against memcached and montage-kv (module docs).
+pub(crate) fn bench(args: &[String]) -> Result {
+    let args = BenchArgs::parse(args)?;
+    require("memcaslap", "libmemcached-tools")?;
+    require("memcached", "memcached")?;
+    cargo(&["build", "--release", "--package", "montage-kv"], &[])?;
+    let binary = project_root().join("target/release/montage-kv");
+    let disk = scratch("bench-kv")?;
+    // tmpfs: the pmem backend's intended medium when there is no DAX device.
+    let shm = Path::new("/dev/shm").join(format!("montage-bench-kv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&shm);
+    std::fs::create_dir_all(&shm).map_err(|e| format!("cannot create {}: {e}", shm.display()))?;
+    let contenders = [
+        Contender {
+            name: "memcached",
+            montage: None,
+        },
+        Contender {
+            name: "montage-kv msync, durable replies",
+            montage: Some(("msync", disk.clone(), false)),
+        },
+        Contender {
+            name: "montage-kv pmem (tmpfs), durable replies",
+            montage: Some(("pmem", shm.clone(), false)),
+        },
+        Contender {
+            name: "montage-kv pmem (tmpfs), --ack-before-durable",
+            montage: Some(("pmem", shm.clone(), true)),
+        },
+    ];
+    let mut table = Vec::new();
+    for &ratio in &args.set_ratios {
+        let config = disk.join(format!("memcaslap-{ratio}.cfg"));
+        write_memcaslap_config(&config, args.value, ratio)?;
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
+        // Interleaved: each repeat measures every contender once, so drift on this shared
+        // machine spreads over all of them.
+        for repeat in 0..args.repeats {
+            for (contender, runs) in contenders.iter().zip(&mut runs) {
+                let tps = measure(&binary, contender, &args, &config)?;
+                println!(
+                    "sets {ratio:.2}, repeat {}: {:<48} {tps:>10.0} ops/s",
+                    repeat + 1,
+                    contender.name
+                );
+                runs.push(tps);
+            }
+        }
+        let medians: Vec<f64> = runs.iter_mut().map(|r| median(r)).collect();
+        table.push((ratio, medians));
+    }
+    let _ = std::fs::remove_dir_all(&shm);
+    let report = report(&args, &contenders, &table);
+    println!("\n{report}");
+    let out = project_root().join("target/bench-kv/results.md");
+    std::fs::write(&out, &report).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    println!("written to {}", out.display());
+    Ok(())
+}
+
+fn median(runs: &mut [f64]) -> f64 {
+    runs.sort_by(f64::total_cmp);
+    runs[runs.len() / 2]
+}
+
+/// A memcaslap configuration: 64-byte keys, `value`-byte values, `sets` of the requests
+/// sets and the rest gets.
+fn write_memcaslap_config(path: &Path, value: u32, sets: f64) -> Result {
+    let text = format!(
+        "key\n64 64 1\nvalue\n{value} {value} 1\ncmd\n0 {sets}\n1 {}\n",
+        1.0 - sets
+    );
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// One memcaslap run against a freshly started server; returns its TPS.
+fn measure(binary: &Path, contender: &Contender, args: &BenchArgs, config: &Path) -> Result<f64> {
+    let threads = args.server_threads.to_string();
+    let server = match &contender.montage {
+        None => start_memcached(&threads)?,
+        Some((backend, dir, ack_early)) => {
+            let heap = dir.join("bench.heap");
+            let _ = std::fs::remove_file(&heap);
+            let mut extra = vec![
+                "--backend",
+                backend,
+                "--threads",
+                &threads,
+                "--size",
+                "2GiB",
+            ];
+            if *ack_early {
+                extra.push("--ack-before-durable");
+            }
+            start_montage_kv(binary, &heap, &extra)?
+        }
+    };
+    let output = Command::new("memcaslap")
+        .arg(format!("--servers=127.0.0.1:{}", server.port))
+        .arg(format!("--time={}s", args.seconds))
+        .arg(format!("--threads={}", args.client_threads))
+        .arg(format!("--concurrency={}", args.concurrency))
+        .arg(format!("--cfg_cmd={}", config.display()))
+        .output()
+        .map_err(|e| format!("cannot run memcaslap: {e}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let tps = text
+        .lines()
+        .rev()
+        .find_map(|line| {
+            let after = line.split("TPS: ").nth(1)?;
+            after.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .ok_or_else(|| format!("no TPS in memcaslap's output:\n{text}"))?;
+    // Error replies would make the throughput meaningless.
+    if text.contains("SERVER_ERROR") || text.contains("CLIENT_ERROR") {
+        return Err(format!("{} replied with errors:\n{text}", contender.name));
+    }
+    match contender.montage {
+        None => drop(server),
+        Some(_) => server.terminate()?,
+    }
+    Ok(tps)
+}
+
+fn start_memcached(threads: &str) -> Result<Running> {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free port: {e}"))?
+        .port();
+    let mut command = Command::new("memcached");
+    command.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"]);
+    command.args(["-t", threads, "-m", "2048", "-c", "4096"]);
+    // memcached refuses to run as root unless told which user to be.
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    if root {
+        command.args(["-u", "root"]);
+    }
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start memcached: {e}"))?;
+    let running = Running { child, port };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return Err("memcached did not start listening".to_owned());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(running)
+}
+
+fn report(args: &BenchArgs, contenders: &[Contender], table: &[(f64, Vec<f64>)]) -> String {
+    let machine = Command::new("sh")
+        .args([
+            "-c",
+            "lscpu | sed -n 's/^Model name: *//p' | head -1; nproc",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).replace('\n', " / "))
+        .unwrap_or_default();
+    let mut out = format!(
+        "# montage-kv against memcached (memcaslap)\n\nMachine: {machine}\n\
+         memcaslap: {} s per run, {} client threads, concurrency {}, 64-byte keys, {}-byte \
+         values; servers with {} threads; median of {} interleaved runs, each on a fresh \
+         server (montage-kv on a new heap).\n\n",
+        args.seconds,
+        args.client_threads,
+        args.concurrency,
+        args.value,
+        args.server_threads,
+        args.repeats
+    );
+    out.push_str("| server | ");
+    for (ratio, _) in table {
+        let _ = write!(out, "{:.0}% sets: ops/s | vs memcached | ", ratio * 100.0);
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---:|---:|".repeat(table.len()));
+    out.push('\n');
+    for (i, contender) in contenders.iter().enumerate() {
+        let _ = write!(out, "| {} | ", contender.name);
+        for (_, medians) in table {
+            let _ = write!(
+                out,
+                "{:.0} | {:.2}x | ",
+                medians[i],
+                medians[i] / medians[0]
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
