@@ -258,11 +258,10 @@ pub(crate) fn bench(args: &[String]) -> Result {
                 runs.push(tps);
             }
         }
-        let medians: Vec<f64> = runs.iter_mut().map(|r| median(r)).collect();
-        table.push((ratio, medians));
+        table.push((ratio, runs));
     }
     let _ = std::fs::remove_dir_all(&shm);
-    let report = report(&args, &contenders, &table);
+    let report = report(&args, &contenders, &mut table);
     println!("\n{report}");
     let out = project_root().join("target/bench-kv/results.md");
     std::fs::write(&out, &report).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
@@ -367,17 +366,24 @@ fn start_memcached(threads: &str) -> Result<Running> {
     Ok(running)
 }
 
-fn report(args: &BenchArgs, contenders: &[Contender], table: &[(f64, Vec<f64>)]) -> String {
+/// The report: medians and ratios, then every run. `table` holds, per set ratio, each
+/// contender's runs.
+fn report(
+    args: &BenchArgs,
+    contenders: &[Contender],
+    table: &mut [(f64, Vec<Vec<f64>>)],
+) -> String {
     let machine = Command::new("sh")
         .args([
             "-c",
-            "lscpu | sed -n 's/^Model name: *//p' | head -1; nproc",
+            "echo \"$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, \
+             Linux $(uname -r)\"",
         ])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).replace('\n', " / "))
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
     let mut out = format!(
-        "# montage-kv against memcached (memcaslap)\n\nMachine: {machine}\n\
+        "# montage-kv against memcached (memcaslap)\n\nMachine: {machine}.\n\
          memcaslap: {} s per run, {} client threads, concurrency {}, 64-byte keys, {}-byte \
          values; servers with {} threads; median of {} interleaved runs, each on a fresh \
          server (montage-kv on a new heap).\n\n",
@@ -389,15 +395,19 @@ fn report(args: &BenchArgs, contenders: &[Contender], table: &[(f64, Vec<f64>)])
         args.repeats
     );
     out.push_str("| server | ");
-    for (ratio, _) in table {
+    for (ratio, _) in table.iter() {
         let _ = write!(out, "{:.0}% sets: ops/s | vs memcached | ", ratio * 100.0);
     }
     out.push_str("\n|---|");
     out.push_str(&"---:|---:|".repeat(table.len()));
     out.push('\n');
+    let medians: Vec<Vec<f64>> = table
+        .iter_mut()
+        .map(|(_, runs)| runs.iter_mut().map(|r| median(r)).collect())
+        .collect();
     for (i, contender) in contenders.iter().enumerate() {
         let _ = write!(out, "| {} | ", contender.name);
-        for (_, medians) in table {
+        for medians in &medians {
             let _ = write!(
                 out,
                 "{:.0} | {:.2}x | ",
@@ -406,6 +416,19 @@ fn report(args: &BenchArgs, contenders: &[Contender], table: &[(f64, Vec<f64>)])
             );
         }
         out.push('\n');
+    }
+    out.push_str("\nEvery run (ops/s, sorted):\n\n");
+    for (ratio, runs) in table.iter() {
+        for (contender, runs) in contenders.iter().zip(runs) {
+            let runs: Vec<String> = runs.iter().map(|r| format!("{r:.0}")).collect();
+            let _ = writeln!(
+                out,
+                "* {:.0}% sets, {}: {}",
+                ratio * 100.0,
+                contender.name,
+                runs.join(", ")
+            );
+        }
     }
     out
 }

@@ -118,6 +118,9 @@ fn items_survive_a_clean_restart() {
     client.delete("key7").unwrap();
     client.set("expires", "soon", 1).unwrap();
     drop(client);
+    // A client still connected, idle, does not hold the shutdown up.
+    let mut idle = server.connect();
+    assert_eq!(exchange(&mut idle, b"version\r\n", b"\r\n").len(), 15);
     let (status, log) = server.terminate();
     assert!(status.success(), "{status:?}: {log:?}");
     assert!(
@@ -223,4 +226,90 @@ fn connections_beyond_the_limit_are_told_and_closed() {
         false
     });
     assert!(admitted);
+}
+
+#[test]
+fn large_multi_gets_and_long_pipelines_are_served_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("kv.heap"), &[]);
+    let mut stream = server.connect();
+    // Twelve values of 400 KB: one multi-get answers with 4.8 MB, written in pieces.
+    let value = |i: u8| vec![b'a' + i; 400_000];
+    for i in 0..12 {
+        let mut request = format!("set big{i} {i} 0 400000\r\n").into_bytes();
+        request.extend(value(i));
+        request.extend_from_slice(b"\r\n");
+        assert_eq!(exchange(&mut stream, &request, b"\r\n"), b"STORED\r\n");
+    }
+    let keys: Vec<String> = (0..12).map(|i| format!("big{i}")).collect();
+    let request = format!("get {}\r\n", keys.join(" "));
+    let reply = exchange(&mut stream, request.as_bytes(), b"END\r\n");
+    let mut expected = Vec::new();
+    for i in 0..12 {
+        expected.extend(format!("VALUE big{i} {i} 400000\r\n").into_bytes());
+        expected.extend(value(i));
+        expected.extend_from_slice(b"\r\n");
+    }
+    expected.extend_from_slice(b"END\r\n");
+    assert!(reply == expected, "the multi-get reply differs");
+
+    // Five thousand sets in one write: five thousand replies, in order, then the values.
+    let mut pipeline = Vec::new();
+    for i in 0..5000 {
+        pipeline.extend(format!("set p{i} 0 0 {}\r\n{i}\r\n", i.to_string().len()).into_bytes());
+    }
+    pipeline.extend_from_slice(b"get p0 p4999\r\n");
+    let reply = exchange(&mut stream, &pipeline, b"END\r\n");
+    let text = String::from_utf8(reply).unwrap();
+    assert_eq!(text.matches("STORED\r\n").count(), 5000);
+    assert!(text.ends_with("VALUE p0 0 1\r\n0\r\nVALUE p4999 0 4\r\n4999\r\nEND\r\n"));
+}
+
+#[test]
+fn a_full_heap_refuses_writes_and_keeps_its_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("kv.heap"), &["--size", "2MiB"]);
+    let mut stream = server.connect();
+    let set = |stream: &mut std::net::TcpStream, key: &str| {
+        let mut request = format!("set {key} 0 0 100000\r\n").into_bytes();
+        request.extend(std::iter::repeat_n(b'v', 100_000));
+        request.extend_from_slice(b"\r\n");
+        exchange(stream, &request, b"\r\n")
+    };
+    let mut stored = 0;
+    loop {
+        let reply = set(&mut stream, &format!("k{stored}"));
+        if reply == b"SERVER_ERROR out of memory storing object\r\n" {
+            break;
+        }
+        assert_eq!(reply, b"STORED\r\n");
+        stored += 1;
+        assert!(stored < 100, "a 2 MiB heap took {stored} values of 100 KB");
+    }
+    assert!(stored >= 5, "only {stored} values fit");
+    // Everything stored before the heap filled is still there, and the connection works.
+    for i in 0..stored {
+        let reply = exchange(&mut stream, format!("get k{i}\r\n").as_bytes(), b"END\r\n");
+        assert_eq!(
+            reply.len(),
+            format!("VALUE k{i} 0 100000\r\n").len() + 100_002 + 5
+        );
+    }
+    // Deleting makes room again once the clock has reclaimed the blocks.
+    assert_eq!(
+        exchange(&mut stream, b"delete k0\r\n", b"\r\n"),
+        b"DELETED\r\n"
+    );
+    assert_eq!(
+        exchange(&mut stream, b"delete k1\r\n", b"\r\n"),
+        b"DELETED\r\n"
+    );
+    let room = (0..500).any(|_| {
+        if set(&mut stream, "again") == b"STORED\r\n" {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        false
+    });
+    assert!(room, "no room after deletes");
 }

@@ -26,10 +26,15 @@ impl Server {
     /// Starts the server on `heap` on a free port, with `extra` arguments, and waits until
     /// it listens.
     pub(crate) fn start(heap: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_montage-kv"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_montage-kv"));
+        command
             .arg("--heap")
             .arg(heap)
-            .args(["--listen", "127.0.0.1:0", "--size", "64MiB"])
+            .args(["--listen", "127.0.0.1:0"]);
+        if !extra.contains(&"--size") {
+            command.args(["--size", "64MiB"]);
+        }
+        let mut child = command
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
