@@ -1,17 +1,26 @@
 //! Group commit: connections that must not reply before their writes are durable wait here,
-//! and one thread runs [`Heap::sync`] for all of them at once.
+//! and a commit thread runs [`Heap::sync`] for all of them at once.
 //!
 //! A waiter takes a ticket, the number of the next round to start. A round starts by
 //! taking every ticket issued so far, then runs one `sync`; a `sync` covers every operation
 //! that ended before it was called, so it covers the writes of every waiter whose ticket
 //! was issued before the round began (each waiter's writes ended before it asked). Waiters
-//! that arrive while a round runs get the next round's ticket. However many connections are
-//! waiting, at most one `sync` is running and at most one more is owed.
+//! that arrive while a round runs get the next round's ticket. A later round covers
+//! everything an earlier one does, so a waiter is released by the first round numbered at
+//! least its ticket to finish.
 //!
-//! The thread is a plain thread, not an async task: `sync` blocks (it writes back and
+//! Rounds overlap: with two commit threads, a round can start while the previous one is
+//! still advancing the clock. A `sync` needs the clock two epochs past its call; called
+//! during the previous round's second advance, it needs only one advance more, so under
+//! steady load a round costs about one advance instead of two (each advance is a data
+//! write-back and an epoch-word write-back: on the `msync` backend, two device flushes).
+//!
+//! The threads are plain threads, not async tasks: `sync` blocks (it writes back and
 //! fences), and it must not hold up the runtime's workers, which keep serving reads and
 //! other connections' writes meanwhile.
 
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -19,7 +28,7 @@ use std::thread::JoinHandle;
 use montage_core::Heap;
 use tokio::sync::watch;
 
-/// What the waiters see: the last round that finished, and whether any round failed.
+/// What the waiters see: the highest round that finished, and whether any round failed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Done {
     round: u64,
@@ -42,28 +51,34 @@ struct Inner {
     queue: Mutex<Queue>,
     wake: Condvar,
     done: watch::Sender<Done>,
+    /// Rounds finished (a statistic).
+    rounds: AtomicU64,
 }
+
+/// Commit threads: two, so that a round can start while the previous one finishes.
+pub const COMMIT_THREADS: usize = 2;
 
 /// The write-back of a `sync` failed: the writes were not made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the heap could not be synced; writes since the last sync are not durable")]
 pub struct SyncFailed;
 
-/// The group-commit thread and its queue (module docs).
+/// The group-commit threads and their queue (module docs).
 #[derive(Debug)]
 pub struct Committer {
     inner: Arc<Inner>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Committer {
-    /// Starts the thread; each round calls `sync` (the heap's [`Heap::sync`]).
+    /// Starts [`COMMIT_THREADS`] threads; each round calls `sync` (the heap's
+    /// [`Heap::sync`], which may run on several threads at once).
     ///
     /// # Errors
     ///
-    /// The thread could not be spawned.
+    /// A thread could not be spawned.
     pub fn start(
-        sync: impl Fn() -> montage_core::Result<()> + Send + 'static,
+        sync: impl Fn() -> montage_core::Result<()> + Send + Sync + 'static,
     ) -> std::io::Result<Committer> {
         let inner = Arc::new(Inner {
             queue: Mutex::new(Queue {
@@ -72,15 +87,22 @@ impl Committer {
             }),
             wake: Condvar::new(),
             done: watch::channel(Done::default()).0,
+            rounds: AtomicU64::new(0),
         });
-        let for_thread = Arc::clone(&inner);
-        let thread = std::thread::Builder::new()
-            .name("montage-kv-commit".to_owned())
-            .spawn(move || run(&for_thread, &sync))?;
-        Ok(Committer {
+        let sync = Arc::new(sync);
+        let mut committer = Committer {
             inner,
-            thread: Some(thread),
-        })
+            threads: Vec::with_capacity(COMMIT_THREADS),
+        };
+        for i in 0..COMMIT_THREADS {
+            let inner = Arc::clone(&committer.inner);
+            let sync = Arc::clone(&sync);
+            let thread = std::thread::Builder::new()
+                .name(format!("montage-kv-commit-{i}"))
+                .spawn(move || run(&inner, &*sync))?;
+            committer.threads.push(thread);
+        }
+        Ok(committer)
     }
 
     /// Returns once every write that ended before the call is durable.
@@ -106,18 +128,19 @@ impl Committer {
         if seen.failed { Err(SyncFailed) } else { Ok(()) }
     }
 
-    /// Rounds run so far.
+    /// Rounds finished so far.
     pub fn rounds(&self) -> u64 {
-        self.inner.done.borrow().round
+        // ORDERING: a statistic.
+        self.inner.rounds.load(Ordering::Relaxed)
     }
 
-    /// Stops the thread after the round it is running (if any) and an owed one; waiters
-    /// that arrive afterwards fail. Called by drop.
+    /// Stops the threads after the rounds they are running (if any) and an owed one;
+    /// waiters that arrive afterwards fail. Called by drop.
     pub fn stop(&mut self) {
         lock(&self.inner.queue).stop = true;
-        self.inner.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
-            // A panic in the thread has already failed its waiters (the sender dropped).
+        self.inner.wake.notify_all();
+        for thread in self.threads.drain(..) {
+            // `run` catches a panicking `sync`; a join error would be a bug of its own.
             let _ = thread.join();
         }
     }
@@ -129,7 +152,7 @@ impl Drop for Committer {
     }
 }
 
-fn run(inner: &Inner, sync: &impl Fn() -> montage_core::Result<()>) {
+fn run(inner: &Inner, sync: &dyn Fn() -> montage_core::Result<()>) {
     loop {
         let round = {
             let mut queue = lock(&inner.queue);
@@ -146,15 +169,23 @@ fn run(inner: &Inner, sync: &impl Fn() -> montage_core::Result<()>) {
             queue.next += 1;
             queue.next - 1
         };
-        let failed = match sync() {
-            Ok(()) => false,
-            Err(e) => {
+        // A panic counts as a failure: its waiters must hear of it, not wait forever.
+        let failed = match std::panic::catch_unwind(AssertUnwindSafe(sync)) {
+            Ok(Ok(())) => false,
+            Ok(Err(e)) => {
                 eprintln!("montage-kv: sync failed, writes are no longer acknowledged: {e}");
                 true
             }
+            Err(_) => {
+                eprintln!("montage-kv: sync panicked, writes are no longer acknowledged");
+                true
+            }
         };
+        // ORDERING: a statistic.
+        inner.rounds.fetch_add(1, Ordering::Relaxed);
         inner.done.send_modify(|d| {
-            d.round = round;
+            // Rounds may finish out of order; a later round covers an earlier one's waiters.
+            d.round = d.round.max(round);
             d.failed |= failed;
         });
     }
@@ -232,6 +263,47 @@ mod tests {
         let runtime = runtime();
         assert_eq!(runtime.block_on(committer.wait()), Err(SyncFailed));
         assert_eq!(runtime.block_on(committer.wait()), Err(SyncFailed));
+    }
+
+    #[test]
+    fn a_panicking_sync_fails_its_waiters() {
+        let committer = Committer::start(|| panic!("a test")).unwrap();
+        assert_eq!(runtime().block_on(committer.wait()), Err(SyncFailed));
+    }
+
+    #[test]
+    fn a_later_round_releases_the_waiters_of_an_earlier_one() {
+        // The first round's sync is slow; the second, started while the first runs,
+        // finishes first and releases both rounds' waiters (its sync covers both).
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&calls);
+        let committer = Arc::new(
+            Committer::start(move || {
+                if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                    std::thread::sleep(std::time::Duration::from_secs(2));
+                }
+                Ok(())
+            })
+            .unwrap(),
+        );
+        let runtime = runtime();
+        let started = std::time::Instant::now();
+        runtime.block_on(async {
+            let first = {
+                let committer = Arc::clone(&committer);
+                tokio::spawn(async move { committer.wait().await })
+            };
+            // Let the first round start before the second waiter arrives.
+            while calls.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+            committer.wait().await.unwrap();
+            first.await.unwrap().unwrap();
+        });
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "the first waiter waited for its own slow round"
+        );
     }
 
     #[test]
