@@ -1,8 +1,8 @@
 //! The memcached-compatible server against real memcached tools:
 //!
-//! * [`conformance`]: Debian's `memccapable` (libmemcached-tools), text protocol, against a
+//! * [`conformance()`]: Debian's `memccapable` (libmemcached-tools), text protocol, against a
 //!   `montage-kv` on a fresh heap; part of CI.
-//! * [`bench`]: `memcaslap` against `montage-kv` (durable and not, on both backends) and
+//! * [`bench()`]: `memcaslap` against `montage-kv` (durable and not, on both backends) and
 //!   against a real `memcached`, on loopback with the same settings, interleaved and
 //!   repeated; prints each throughput and its ratio to memcached's.
 

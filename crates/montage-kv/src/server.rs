@@ -33,7 +33,8 @@
 //! * At most [`Options::max_connections`] connections; a client beyond that is told
 //!   `SERVER_ERROR too many open connections` and disconnected.
 //! * A connection buffers at most one request's line and value beyond what it has read
-//!   (the [`Limits`]); oversized values are refused and their bytes discarded unread.
+//!   (the [`Limits`]); oversized values are refused and their bytes discarded unread. Buffers
+//!   grown for a large value or reply shrink back once it is done.
 //! * Replies are written once [`OUT_HIGH`] bytes have built up, even inside a multi-get, and
 //!   a connection reads no more input until its replies are written: a client that does not
 //!   read its replies stalls only itself.
@@ -277,6 +278,8 @@ impl Output {
             self.stream.write_all(&self.buf).await?;
             add(&shared.stats.bytes_written, self.buf.len());
             self.buf.clear();
+            // A large reply's buffer is not kept for the connection's lifetime.
+            self.buf.shrink_to(OUT_HIGH);
         }
         Ok(())
     }
@@ -298,6 +301,11 @@ impl Connection {
             self.out.flush(shared).await?;
             if flow == Flow::Close || *stopping.borrow() {
                 return Ok(());
+            }
+            // After a large value, give its buffer back: an idle connection holds at most
+            // a few read chunks.
+            if self.input.capacity() > 4 * READ_CHUNK && self.input.len() < READ_CHUNK {
+                self.input.shrink_to(READ_CHUNK);
             }
             self.input.reserve(READ_CHUNK);
             let read = tokio::select! {
