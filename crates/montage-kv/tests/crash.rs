@@ -5,8 +5,9 @@
 //! A write that was sent but not answered when the server died may or may not have
 //! survived, so each key may read as its last acknowledged state or as the one write in
 //! flight on it. Rounds run on one heap, so each restart also re-checks everything the
-//! earlier rounds left. `MONTAGE_KV_CRASH_ROUNDS` sets the number of rounds (default 10)
-//! and `MONTAGE_KV_CRASH_SEED` the seed.
+//! earlier rounds left. Both backends run: `msync` on a file, `pmem` on tmpfs.
+//! `MONTAGE_KV_CRASH_ROUNDS` sets the number of rounds (default 10 per backend) and
+//! `MONTAGE_KV_CRASH_SEED` the seed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -45,13 +46,30 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 #[test]
-fn every_acknowledged_write_survives_sigkill() {
+fn every_acknowledged_write_survives_sigkill_on_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    crash_rounds(&dir.path().join("kv.heap"), &["--backend", "msync"]);
+}
+
+#[test]
+fn every_acknowledged_write_survives_sigkill_on_pmem() {
+    // tmpfs, the pmem backend's medium when there is no DAX device.
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .unwrap();
+    crash_rounds(&dir.path().join("kv.heap"), &["--backend", "pmem"]);
+}
+
+/// Runs the crash rounds (module docs) on `heap`, the server started with `args`.
+fn crash_rounds(heap: &std::path::Path, args: &[&str]) {
     let rounds = env_u64("MONTAGE_KV_CRASH_ROUNDS", 10);
     let seed = env_u64("MONTAGE_KV_CRASH_SEED", 0x6b76_6372_6173_6821);
-    eprintln!("crash test: {rounds} rounds, seed {seed:#x}");
+    eprintln!("crash test {args:?}: {rounds} rounds, seed {seed:#x}");
     let mut rng = SplitMix64::new(seed);
-    let dir = tempfile::tempdir().unwrap();
-    let heap = dir.path().join("kv.heap");
     let mut models: Vec<Model> = (0..CLIENTS)
         .map(|c| {
             (0..KEYS_PER_CLIENT)
@@ -67,7 +85,7 @@ fn every_acknowledged_write_survives_sigkill() {
         .collect();
     let mut next_write = 1;
     for round in 0..rounds {
-        let mut server = Server::start(&heap, &[]);
+        let mut server = Server::start(heap, args);
         if round > 0 {
             server.wait_for("after a crash");
             check(&server, &mut models, round);
@@ -94,7 +112,7 @@ fn every_acknowledged_write_survives_sigkill() {
         eprintln!("round {round}: {acked} writes acknowledged before SIGKILL");
         assert!(acked > 0, "round {round}: the clients got no write through");
     }
-    let server = Server::start(&heap, &[]);
+    let server = Server::start(heap, args);
     check(&server, &mut models, rounds);
 }
 
