@@ -68,8 +68,9 @@ pub(crate) fn read_value<V: Codec>(op: &OpGuard<'_>, block: PBlock) -> Result<V>
 }
 
 /// Rebuilds a map's index from its entries (scanned on every core): decodes each entry and
-/// hands its key and block to `add`, which returns whether the key was new; counts the
-/// entries into `len`. A key met twice is [`Error::Corrupted`] with `duplicate` as its text.
+/// hands its key, value and block to `add`, which returns whether the key was new; counts
+/// the entries into `len`. A key met twice is [`Error::Corrupted`] with `duplicate` as its
+/// text.
 pub(crate) fn rebuild_index<K: Codec, V: Codec>(
     heap: &Heap,
     owner: OwnerId,
@@ -77,11 +78,11 @@ pub(crate) fn rebuild_index<K: Codec, V: Codec>(
     type_name: &'static str,
     duplicate: &'static str,
     len: &AtomicUsize,
-    add: impl Fn(K, PBlock) -> Result<bool> + Sync,
+    add: impl Fn(K, V, PBlock) -> Result<bool> + Sync,
 ) -> Result<()> {
     crate::structure::scan_payloads(heap, owner, &[type_id], type_name, |_, block, bytes| {
-        let (key, _) = decode::<K, V>(bytes)?;
-        if !add(key, block)? {
+        let (key, value) = decode::<K, V>(bytes)?;
+        if !add(key, value, block)? {
             return Err(Error::Corrupted {
                 offset: block.offset(),
                 what: duplicate,

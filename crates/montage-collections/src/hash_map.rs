@@ -103,6 +103,22 @@ where
     /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &'h Heap, name: &str) -> Result<HashMap<'h, K, V>> {
+        Self::open_with(heap, name, |_, _| {})
+    }
+
+    /// Opens the map as [`open`](Self::open) does, and calls `visit` with every entry the
+    /// rebuild finds, on the scan's threads and in no particular order. A structure built on
+    /// the map can derive its own state (counters, maxima, markers) from the scan that reads
+    /// the entries anyway, instead of reading them all again.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
+    pub fn open_with(
+        heap: &'h Heap,
+        name: &str,
+        visit: impl Fn(&K, &V) + Sync,
+    ) -> Result<HashMap<'h, K, V>> {
         let type_id = entry::type_id::<K, V>("hash-map");
         let (owner, existed) = structure::owner(heap, name)?;
         let map = HashMap {
@@ -122,13 +138,13 @@ where
             _value: PhantomData,
         };
         if existed {
-            map.rebuild()?;
+            map.rebuild(&visit)?;
         }
         Ok(map)
     }
 
-    /// Fills the index from the payloads recovery kept.
-    fn rebuild(&self) -> Result<()> {
+    /// Fills the index from the payloads recovery kept, showing each entry to `visit`.
+    fn rebuild(&self, visit: &(impl Fn(&K, &V) + Sync)) -> Result<()> {
         entry::rebuild_index::<K, V>(
             self.heap,
             self.owner,
@@ -136,7 +152,10 @@ where
             "montage_collections::HashMap entry",
             "two live entries of a hash map have the same key",
             &self.len,
-            |key, block| Ok(lock(self.stripe(&key)).blocks.insert(key, block).is_none()),
+            |key, value, block| {
+                visit(&key, &value);
+                Ok(lock(self.stripe(&key)).blocks.insert(key, block).is_none())
+            },
         )
     }
 

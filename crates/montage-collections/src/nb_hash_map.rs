@@ -103,7 +103,7 @@ where
                 "montage_collections::NbHashMap entry",
                 "two live entries of a hash map have the same key",
                 &map.len,
-                |key, block| {
+                |key, _, block| {
                     let bucket = map.bucket(&key);
                     let inserted = heap.run_op(|op| bucket.insert(op, &key, block.offset()))?;
                     Ok(inserted.is_ok())

@@ -107,7 +107,7 @@ where
             "montage_collections::SortedMap entry",
             "two live entries of a sorted map have the same key",
             &self.len,
-            |key, block| {
+            |key, _, block| {
                 let slot = self.index.get_or_insert_with(key, || {
                     Mutex::new(Slot {
                         block: Some(block),

@@ -175,3 +175,29 @@ fn concurrent_histories_are_linearizable() {
 fn a_million_entries_are_recovered() {
     common::check_million_recovered(common::open_hash_map);
 }
+
+#[test]
+fn open_with_shows_every_recovered_entry_once() {
+    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+    for k in 0..100 {
+        map.insert(k, k * 3).unwrap();
+    }
+    map.remove(&7).unwrap();
+    drop(map);
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(0);
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    let seen = std::sync::Mutex::new(Vec::new());
+    let map = HashMap::<'_, u64, u64>::open_with(&heap, "m", |k, v| {
+        seen.lock().unwrap().push((*k, *v));
+    })
+    .unwrap();
+    let mut seen = seen.into_inner().unwrap();
+    seen.sort_unstable();
+    let expected: Vec<(u64, u64)> = (0..100).filter(|&k| k != 7).map(|k| (k, k * 3)).collect();
+    assert_eq!(seen, expected);
+    assert_eq!(map.len(), 99);
+}

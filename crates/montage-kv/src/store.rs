@@ -9,8 +9,8 @@
 //! `flush_all` is itself durable: it writes a marker entry under a key no client can send
 //! (it holds spaces, which end a key in the protocol), read back when the store opens.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use montage_collections::{Change, HashMap};
 use montage_core::{Codec, Fingerprint, Heap, Result};
@@ -141,27 +141,28 @@ impl<'h, C: Clock> Store<'h, C> {
     ///
     /// As [`HashMap::open`], and a heap error while reading the items back.
     pub fn open(heap: &'h Heap, name: &str, clock: C) -> Result<Self> {
-        let map: HashMap<'h, Vec<u8>, Item> = HashMap::open(heap, name)?;
-        let mut max_cas = 0;
-        let mut flush = (0, 0);
-        let mut bytes = 0;
-        for entry in map.iter() {
-            let (key, item) = entry?;
+        // Derived from the map's own rebuild scan, which reads every item anyway.
+        let max_cas = AtomicU64::new(0);
+        let bytes = AtomicI64::new(0);
+        let flush = Mutex::new((0, 0));
+        let map = HashMap::open_with(heap, name, |key: &Vec<u8>, item: &Item| {
+            // ORDERING: the scan's threads are joined before `open_with` returns.
             if key == FLUSH_KEY {
-                flush = (item.exptime, item.cas);
+                *flush.lock().unwrap_or_else(PoisonError::into_inner) = (item.exptime, item.cas);
             } else {
-                bytes += size(&key, &item);
+                bytes.fetch_add(size(key, item), Ordering::Relaxed);
             }
             // New items must get uniques above every stored one and above an immediate
             // flush's threshold, or the flush would hide them.
-            max_cas = max_cas.max(item.cas);
-        }
+            max_cas.fetch_max(item.cas, Ordering::Relaxed);
+        })?;
+        let (flush_at, flush_cas) = flush.into_inner().unwrap_or_else(PoisonError::into_inner);
         Ok(Store {
             map,
-            bytes: AtomicI64::new(bytes),
-            next_cas: AtomicU64::new(max_cas.saturating_add(1)),
-            flush_at: AtomicI64::new(flush.0),
-            flush_cas: AtomicU64::new(flush.1),
+            bytes,
+            next_cas: AtomicU64::new(max_cas.into_inner().saturating_add(1)),
+            flush_at: AtomicI64::new(flush_at),
+            flush_cas: AtomicU64::new(flush_cas),
             flushing: Mutex::new(()),
             clock,
         })
@@ -379,10 +380,7 @@ impl<'h, C: Clock> Store<'h, C> {
     ///
     /// A heap error.
     pub fn flush_all(&self, delay: Option<i64>) -> Result<()> {
-        let _serial = self
-            .flushing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _serial = self.flushing.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         // ORDERING: the fields change only under `flushing`, held here.
         let (at, cas) = match delay {

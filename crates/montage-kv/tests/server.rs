@@ -320,14 +320,7 @@ fn a_second_server_on_the_same_heap_is_refused() {
     let heap = dir.path().join("kv.heap");
     let server = Server::start(&heap, &[]);
     server.client().set("kept", "yes", 0).unwrap();
-    let second = std::process::Command::new(env!("CARGO_BIN_EXE_montage-kv"))
-        .arg("--heap")
-        .arg(&heap)
-        .args(["--listen", "127.0.0.1:0"])
-        .output()
-        .unwrap();
-    assert!(!second.status.success());
-    let said = String::from_utf8_lossy(&second.stderr);
+    let said = Server::refused(&heap);
     assert!(said.contains("locked"), "{said}");
     // The first server and its items are untouched.
     assert_eq!(
@@ -341,14 +334,7 @@ fn a_file_that_is_not_a_heap_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("notes.txt");
     std::fs::write(&path, b"not a heap, and it must stay as it is").unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_montage-kv"))
-        .arg("--heap")
-        .arg(&path)
-        .args(["--listen", "127.0.0.1:0"])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let said = String::from_utf8_lossy(&output.stderr);
+    let said = Server::refused(&path);
     assert!(said.contains("cannot open heap"), "{said}");
     assert_eq!(
         std::fs::read(&path).unwrap(),
