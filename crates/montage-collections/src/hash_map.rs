@@ -65,6 +65,16 @@ struct Stripe<K> {
     blocks: std::collections::HashMap<K, PBlock>,
 }
 
+impl<K: Hash + Eq> Stripe<K> {
+    /// Points a key the stripe holds at its updated block (no clone of the key, as an
+    /// insert would need).
+    fn replace(&mut self, key: &K, block: PBlock) {
+        if let Some(slot) = self.blocks.get_mut(key) {
+            *slot = block;
+        }
+    }
+}
+
 /// A concurrent hash map whose entries survive crashes (module docs).
 ///
 /// Keys are hashed and compared in DRAM (`K: Hash + Eq + Clone`) and stored, like values,
@@ -220,7 +230,7 @@ where
         let old = if let Some(&block) = stripe.blocks.get(key) {
             let old = entry::read_value(op, block)?;
             let block = op.update(block, bytes)?;
-            stripe.blocks.insert(key.clone(), block);
+            stripe.replace(key, block);
             Some(old)
         } else {
             let block = op.alloc(self.owner, self.type_id, bytes)?;
@@ -314,7 +324,7 @@ where
             (Change::Keep, _) | (Change::Remove, None) => return Ok(result),
             (Change::Set(new), Some(block)) => {
                 let block = op.update(block, &entry::encode(key, &new))?;
-                stripe.blocks.insert(key.clone(), block);
+                stripe.replace(key, block);
             }
             (Change::Set(new), None) => {
                 let block = op.alloc(self.owner, self.type_id, &entry::encode(key, &new))?;
@@ -357,7 +367,7 @@ where
                 return Ok(Err(Some(found)));
             }
             let block = op.update(block, &bytes)?;
-            stripe.blocks.insert(key.clone(), block);
+            stripe.replace(key, block);
             stripe.stamp = op.epoch();
             Ok(Ok(()))
         })
