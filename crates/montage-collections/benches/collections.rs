@@ -47,7 +47,7 @@ trait Map: Sync {
     fn remove(&self, key: u64) -> Option<u64>;
 }
 
-impl Map for HashMap<'_, u64, u64> {
+impl Map for HashMap<u64, u64> {
     fn get(&self, key: u64) -> Option<u64> {
         HashMap::get(self, &key).unwrap()
     }
@@ -59,7 +59,7 @@ impl Map for HashMap<'_, u64, u64> {
     }
 }
 
-impl Map for NbHashMap<'_, u64, u64> {
+impl Map for NbHashMap<u64, u64> {
     fn get(&self, key: u64) -> Option<u64> {
         NbHashMap::get(self, &key).unwrap()
     }
@@ -71,7 +71,7 @@ impl Map for NbHashMap<'_, u64, u64> {
     }
 }
 
-impl Map for SortedMap<'_, u64, u64> {
+impl Map for SortedMap<u64, u64> {
     fn get(&self, key: u64) -> Option<u64> {
         SortedMap::get(self, &key).unwrap()
     }
@@ -108,11 +108,11 @@ fn map_benches(c: &mut Criterion, name: &str, map: &dyn Map) {
 
 fn maps(c: &mut Criterion) {
     let (heap, path) = heap("maps");
-    let hash: HashMap<'_, u64, u64> = HashMap::open(&heap, "hash").unwrap();
+    let hash: HashMap<u64, u64> = HashMap::open(&heap, "hash").unwrap();
     map_benches(c, "hash_map", &hash);
-    let nb: NbHashMap<'_, u64, u64> = NbHashMap::open(&heap, "nb").unwrap();
+    let nb: NbHashMap<u64, u64> = NbHashMap::open(&heap, "nb").unwrap();
     map_benches(c, "nb_hash_map", &nb);
-    let sorted: SortedMap<'_, u64, u64> = SortedMap::open(&heap, "sorted").unwrap();
+    let sorted: SortedMap<u64, u64> = SortedMap::open(&heap, "sorted").unwrap();
     map_benches(c, "sorted_map", &sorted);
     drop((hash, nb, sorted));
     drop(heap);
@@ -121,7 +121,7 @@ fn maps(c: &mut Criterion) {
 
 fn queue(c: &mut Criterion) {
     let (heap, path) = heap("queue");
-    let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
+    let queue: Queue<u64> = Queue::open(&heap, "q").unwrap();
     for i in 0..1_000 {
         queue.push_back(i).unwrap();
     }
@@ -131,7 +131,7 @@ fn queue(c: &mut Criterion) {
             black_box(queue.pop_front().unwrap())
         });
     });
-    let nb: NbQueue<'_, u64> = NbQueue::open(&heap, "nb").unwrap();
+    let nb: NbQueue<u64> = NbQueue::open(&heap, "nb").unwrap();
     for i in 0..1_000 {
         nb.push_back(i).unwrap();
     }
@@ -149,7 +149,7 @@ fn queue(c: &mut Criterion) {
 fn graph(c: &mut Criterion) {
     const N: u64 = 10_000;
     let (heap, path) = heap("graph");
-    let graph: Graph<'_, u64, u64> = Graph::open(&heap, "g").unwrap();
+    let graph: Graph<u64, u64> = Graph::open(&heap, "g").unwrap();
     for id in 0..N {
         graph.add_vertex(id, &id).unwrap();
     }

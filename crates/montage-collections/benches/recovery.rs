@@ -45,7 +45,7 @@ fn main() {
         let size = (entries * 160).max(64 << 20).next_multiple_of(1 << 20);
         let config = HeapConfig::new(&path).size(size).backend(BackendKind::Pmem);
         let heap = Heap::create(&config).unwrap();
-        let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+        let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
         let fill = Instant::now();
         std::thread::scope(|s| {
             for t in 0..2 {
@@ -68,7 +68,7 @@ fn main() {
                 let start = Instant::now();
                 let heap = Heap::open(&config.clone().recovery_threads(threads)).unwrap();
                 let opened = start.elapsed();
-                let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+                let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
                 let rebuilt = start.elapsed().saturating_sub(opened);
                 assert_eq!(map.len() as u64, entries);
                 opens.push(opened);

@@ -44,8 +44,8 @@ struct State {
 }
 
 /// A concurrent directed graph whose vertices and edges survive crashes (module docs).
-pub struct Graph<'h, V, E> {
-    heap: &'h Heap,
+pub struct Graph<V, E> {
+    heap: Heap,
     owner: OwnerId,
     vertex_type: u64,
     edge_type: u64,
@@ -53,7 +53,7 @@ pub struct Graph<'h, V, E> {
     _values: PhantomData<fn() -> (V, E)>,
 }
 
-impl<V, E> std::fmt::Debug for Graph<'_, V, E> {
+impl<V, E> std::fmt::Debug for Graph<V, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph")
             .field("owner", &self.owner)
@@ -89,7 +89,7 @@ fn encode<T: Codec>(words: &[u64], value: &T) -> Vec<u8> {
     out
 }
 
-impl<'h, V: Codec, E: Codec> Graph<'h, V, E> {
+impl<V: Codec, E: Codec> Graph<V, E> {
     /// Opens the graph named `name` in `heap`, creating it if the heap has no structure of
     /// that name, and rebuilding it from its payloads if it has.
     ///
@@ -98,7 +98,7 @@ impl<'h, V: Codec, E: Codec> Graph<'h, V, E> {
     /// [`Error::LayoutMismatch`] if the graph was written with other value types;
     /// [`Error::Corrupted`] if a payload does not decode, a vertex appears twice or an edge
     /// lacks an endpoint; [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
-    pub fn open(heap: &'h Heap, name: &str) -> Result<Graph<'h, V, E>> {
+    pub fn open(heap: &Heap, name: &str) -> Result<Graph<V, E>> {
         let id = |kind: &str, codec: u64| {
             Fingerprint::new()
                 .str("montage-collections")
@@ -112,7 +112,7 @@ impl<'h, V: Codec, E: Codec> Graph<'h, V, E> {
         );
         let (owner, existed) = structure::owner(heap, name)?;
         let graph = Graph {
-            heap,
+            heap: heap.clone(),
             owner,
             vertex_type,
             edge_type,
@@ -131,7 +131,7 @@ impl<'h, V: Codec, E: Codec> Graph<'h, V, E> {
         let types = [self.vertex_type, self.edge_type];
         let name = "montage_collections::Graph vertex or edge";
         structure::scan_payloads(
-            self.heap,
+            &self.heap,
             self.owner,
             &types,
             name,
@@ -396,8 +396,8 @@ impl<'h, V: Codec, E: Codec> Graph<'h, V, E> {
     }
 
     /// The heap the graph lives in.
-    pub fn heap(&self) -> &'h Heap {
-        self.heap
+    pub fn heap(&self) -> &Heap {
+        &self.heap
     }
 }
 
@@ -412,7 +412,7 @@ mod tests {
     #[test]
     fn an_older_operation_that_meets_a_newer_change_aborts() {
         let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
-        let graph: Graph<'_, u64, ()> = Graph::open(&heap, "g").unwrap();
+        let graph: Graph<u64, ()> = Graph::open(&heap, "g").unwrap();
         graph.add_vertex(1, &10).unwrap();
         structure::with_older_operation(
             &heap,

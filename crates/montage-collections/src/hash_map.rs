@@ -80,8 +80,8 @@ impl<K: Hash + Eq> Stripe<K> {
 /// Keys are hashed and compared in DRAM (`K: Hash + Eq + Clone`) and stored, like values,
 /// through [`Codec`]: byte strings (`Vec<u8>`, `String`), integers, or
 /// `#[derive(Payload)]` types.
-pub struct HashMap<'h, K, V> {
-    heap: &'h Heap,
+pub struct HashMap<K, V> {
+    heap: Heap,
     owner: OwnerId,
     type_id: u64,
     hasher: RandomState,
@@ -90,7 +90,7 @@ pub struct HashMap<'h, K, V> {
     _value: PhantomData<fn() -> V>,
 }
 
-impl<K, V> std::fmt::Debug for HashMap<'_, K, V> {
+impl<K, V> std::fmt::Debug for HashMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HashMap")
             .field("owner", &self.owner)
@@ -99,7 +99,7 @@ impl<K, V> std::fmt::Debug for HashMap<'_, K, V> {
     }
 }
 
-impl<'h, K, V> HashMap<'h, K, V>
+impl<K, V> HashMap<K, V>
 where
     K: Codec + Hash + Eq + Clone,
     V: Codec,
@@ -112,7 +112,7 @@ where
     /// [`Error::LayoutMismatch`] if the map was written with other key or value types;
     /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
-    pub fn open(heap: &'h Heap, name: &str) -> Result<HashMap<'h, K, V>> {
+    pub fn open(heap: &Heap, name: &str) -> Result<HashMap<K, V>> {
         Self::open_with(heap, name, |_, _| {})
     }
 
@@ -125,14 +125,14 @@ where
     ///
     /// As [`open`](Self::open).
     pub fn open_with(
-        heap: &'h Heap,
+        heap: &Heap,
         name: &str,
         visit: impl Fn(&K, &V) + Sync,
-    ) -> Result<HashMap<'h, K, V>> {
+    ) -> Result<HashMap<K, V>> {
         let type_id = entry::type_id::<K, V>("hash-map");
         let (owner, existed) = structure::owner(heap, name)?;
         let map = HashMap {
-            heap,
+            heap: heap.clone(),
             owner,
             type_id,
             hasher: RandomState::new(),
@@ -156,7 +156,7 @@ where
     /// Fills the index from the payloads recovery kept, showing each entry to `visit`.
     fn rebuild(&self, visit: &(impl Fn(&K, &V) + Sync)) -> Result<()> {
         entry::rebuild_index::<K, V>(
-            self.heap,
+            &self.heap,
             self.owner,
             self.type_id,
             "montage_collections::HashMap entry",
@@ -404,8 +404,8 @@ where
     }
 
     /// The heap the map lives in.
-    pub fn heap(&self) -> &'h Heap {
-        self.heap
+    pub fn heap(&self) -> &Heap {
+        &self.heap
     }
 }
 
@@ -422,7 +422,7 @@ mod tests {
     #[test]
     fn an_older_operation_that_meets_a_newer_removal_aborts() {
         let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
-        let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+        let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
         map.insert(1, 10).unwrap();
         structure::with_older_operation(
             &heap,

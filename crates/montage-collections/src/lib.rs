@@ -32,13 +32,14 @@ pub use nb_queue::NbQueue;
 pub use queue::Queue;
 pub use sorted_map::SortedMap;
 
-/// Every structure can be shared across threads by reference (or in an `Arc` with its heap).
+/// Every structure owns a handle of its heap, so it is `'static` and can be shared across
+/// threads by reference or in an `Arc`, or moved into a spawned thread or task.
 const _: () = {
-    const fn shareable<T: Send + Sync>() {}
-    shareable::<HashMap<'static, Vec<u8>, Vec<u8>>>();
-    shareable::<NbHashMap<'static, Vec<u8>, Vec<u8>>>();
-    shareable::<SortedMap<'static, Vec<u8>, Vec<u8>>>();
-    shareable::<Queue<'static, Vec<u8>>>();
-    shareable::<NbQueue<'static, Vec<u8>>>();
-    shareable::<Graph<'static, Vec<u8>, Vec<u8>>>();
+    const fn shareable<T: Send + Sync + 'static>() {}
+    shareable::<HashMap<Vec<u8>, Vec<u8>>>();
+    shareable::<NbHashMap<Vec<u8>, Vec<u8>>>();
+    shareable::<SortedMap<Vec<u8>, Vec<u8>>>();
+    shareable::<Queue<Vec<u8>>>();
+    shareable::<NbQueue<Vec<u8>>>();
+    shareable::<Graph<Vec<u8>, Vec<u8>>>();
 };

@@ -33,8 +33,8 @@ use crate::structure::{self, contended};
 pub const DEFAULT_BUCKETS: usize = 1 << 16;
 
 /// A nonblocking concurrent hash map whose entries survive crashes (module docs).
-pub struct NbHashMap<'h, K, V> {
-    heap: &'h Heap,
+pub struct NbHashMap<K, V> {
+    heap: Heap,
     owner: OwnerId,
     type_id: u64,
     hasher: std::collections::hash_map::RandomState,
@@ -43,7 +43,7 @@ pub struct NbHashMap<'h, K, V> {
     _value: PhantomData<fn() -> V>,
 }
 
-impl<K, V> std::fmt::Debug for NbHashMap<'_, K, V> {
+impl<K, V> std::fmt::Debug for NbHashMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NbHashMap")
             .field("owner", &self.owner)
@@ -58,7 +58,7 @@ struct Found<V> {
     value: V,
 }
 
-impl<'h, K, V> NbHashMap<'h, K, V>
+impl<K, V> NbHashMap<K, V>
 where
     K: Codec + Hash + Ord + Clone,
     V: Codec,
@@ -69,7 +69,7 @@ where
     /// # Errors
     ///
     /// As [`with_buckets`](Self::with_buckets).
-    pub fn open(heap: &'h Heap, name: &str) -> Result<NbHashMap<'h, K, V>> {
+    pub fn open(heap: &Heap, name: &str) -> Result<NbHashMap<K, V>> {
         NbHashMap::with_buckets(heap, name, DEFAULT_BUCKETS)
     }
 
@@ -82,10 +82,10 @@ where
     /// [`Error::LayoutMismatch`] if the map was written with other key or value types;
     /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
-    pub fn with_buckets(heap: &'h Heap, name: &str, buckets: usize) -> Result<NbHashMap<'h, K, V>> {
+    pub fn with_buckets(heap: &Heap, name: &str, buckets: usize) -> Result<NbHashMap<K, V>> {
         let (owner, existed) = structure::owner(heap, name)?;
         let map = NbHashMap {
-            heap,
+            heap: heap.clone(),
             owner,
             type_id: entry::type_id::<K, V>("hash-map"),
             hasher: std::collections::hash_map::RandomState::new(),
@@ -292,7 +292,7 @@ where
     }
 
     /// The heap the map lives in.
-    pub fn heap(&self) -> &'h Heap {
-        self.heap
+    pub fn heap(&self) -> &Heap {
+        &self.heap
     }
 }

@@ -25,8 +25,8 @@ use crate::queue;
 use crate::structure::contended;
 
 /// A nonblocking concurrent FIFO queue whose elements survive crashes (module docs).
-pub struct NbQueue<'h, T> {
-    heap: &'h Heap,
+pub struct NbQueue<T> {
+    heap: Heap,
     owner: OwnerId,
     type_id: u64,
     index: VerifiedQueue,
@@ -34,7 +34,7 @@ pub struct NbQueue<'h, T> {
     _element: PhantomData<fn() -> T>,
 }
 
-impl<T> std::fmt::Debug for NbQueue<'_, T> {
+impl<T> std::fmt::Debug for NbQueue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NbQueue")
             .field("owner", &self.owner)
@@ -42,14 +42,14 @@ impl<T> std::fmt::Debug for NbQueue<'_, T> {
     }
 }
 
-impl<'h, T: Codec> NbQueue<'h, T> {
+impl<T: Codec> NbQueue<T> {
     /// Opens the queue named `name` in `heap`, creating it if the heap has no structure of
     /// that name, and rebuilding it from its payloads (in sequence order) if it has.
     ///
     /// # Errors
     ///
     /// As [`Queue::open`](crate::Queue::open).
-    pub fn open(heap: &'h Heap, name: &str) -> Result<NbQueue<'h, T>> {
+    pub fn open(heap: &Heap, name: &str) -> Result<NbQueue<T>> {
         let type_id = queue::type_id::<T>();
         let (owner, elements) =
             queue::open_elements::<T>(heap, name, "montage_collections::NbQueue element")?;
@@ -58,7 +58,7 @@ impl<'h, T: Codec> NbQueue<'h, T> {
             index.push_recovered(block.offset(), seq);
         }
         Ok(NbQueue {
-            heap,
+            heap: heap.clone(),
             owner,
             type_id,
             index,
@@ -141,7 +141,7 @@ impl<'h, T: Codec> NbQueue<'h, T> {
     }
 
     /// The heap the queue lives in.
-    pub fn heap(&self) -> &'h Heap {
-        self.heap
+    pub fn heap(&self) -> &Heap {
+        &self.heap
     }
 }

@@ -33,15 +33,15 @@ struct State {
 }
 
 /// A concurrent FIFO queue whose elements survive crashes (module docs).
-pub struct Queue<'h, T> {
-    heap: &'h Heap,
+pub struct Queue<T> {
+    heap: Heap,
     owner: OwnerId,
     type_id: u64,
     state: Mutex<State>,
     _element: PhantomData<fn() -> T>,
 }
 
-impl<T> std::fmt::Debug for Queue<'_, T> {
+impl<T> std::fmt::Debug for Queue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queue")
             .field("owner", &self.owner)
@@ -119,7 +119,7 @@ fn sort_checked(elements: &mut [(u64, PBlock)]) -> Result<()> {
     }
 }
 
-impl<'h, T: Codec> Queue<'h, T> {
+impl<T: Codec> Queue<T> {
     /// Opens the queue named `name` in `heap`, creating it if the heap has no structure of
     /// that name, and rebuilding it from its payloads (in sequence order) if it has.
     ///
@@ -128,13 +128,13 @@ impl<'h, T: Codec> Queue<'h, T> {
     /// [`Error::LayoutMismatch`] if the queue was written with another element type;
     /// [`Error::Corrupted`] if an element does not decode or two share a sequence number;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
-    pub fn open(heap: &'h Heap, name: &str) -> Result<Queue<'h, T>> {
+    pub fn open(heap: &Heap, name: &str) -> Result<Queue<T>> {
         let type_id = type_id::<T>();
         let (owner, elements) =
             open_elements::<T>(heap, name, "montage_collections::Queue element")?;
         let next_seq = elements.last().map_or(0, |&(seq, _)| seq + 1);
         Ok(Queue {
-            heap,
+            heap: heap.clone(),
             owner,
             type_id,
             state: Mutex::new(State {
@@ -236,8 +236,8 @@ impl<'h, T: Codec> Queue<'h, T> {
     }
 
     /// The heap the queue lives in.
-    pub fn heap(&self) -> &'h Heap {
-        self.heap
+    pub fn heap(&self) -> &Heap {
+        &self.heap
     }
 }
 
@@ -252,7 +252,7 @@ mod tests {
     #[test]
     fn an_older_operation_that_meets_a_newer_change_aborts() {
         let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
-        let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
+        let queue: Queue<u64> = Queue::open(&heap, "q").unwrap();
         queue.push_back(1).unwrap();
         structure::with_older_operation(
             &heap,

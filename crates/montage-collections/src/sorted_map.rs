@@ -48,8 +48,8 @@ struct Slot {
 type Index<K> = SkipMap<K, Mutex<Slot>>;
 
 /// A concurrent ordered map whose entries survive crashes (module docs).
-pub struct SortedMap<'h, K, V> {
-    heap: &'h Heap,
+pub struct SortedMap<K, V> {
+    heap: Heap,
     owner: OwnerId,
     type_id: u64,
     index: Index<K>,
@@ -59,7 +59,7 @@ pub struct SortedMap<'h, K, V> {
     _value: PhantomData<fn() -> V>,
 }
 
-impl<K, V> std::fmt::Debug for SortedMap<'_, K, V> {
+impl<K, V> std::fmt::Debug for SortedMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SortedMap")
             .field("owner", &self.owner)
@@ -68,7 +68,7 @@ impl<K, V> std::fmt::Debug for SortedMap<'_, K, V> {
     }
 }
 
-impl<'h, K, V> SortedMap<'h, K, V>
+impl<K, V> SortedMap<K, V>
 where
     K: Codec + Ord + Clone,
     V: Codec,
@@ -81,11 +81,11 @@ where
     /// [`Error::LayoutMismatch`] if the map was written with other key or value types;
     /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
-    pub fn open(heap: &'h Heap, name: &str) -> Result<SortedMap<'h, K, V>> {
+    pub fn open(heap: &Heap, name: &str) -> Result<SortedMap<K, V>> {
         let type_id = entry::type_id::<K, V>("sorted-map");
         let (owner, existed) = structure::owner(heap, name)?;
         let map = SortedMap {
-            heap,
+            heap: heap.clone(),
             owner,
             type_id,
             index: SkipMap::new(),
@@ -101,7 +101,7 @@ where
 
     fn rebuild(&self) -> Result<()> {
         entry::rebuild_index::<K, V>(
-            self.heap,
+            &self.heap,
             self.owner,
             self.type_id,
             "montage_collections::SortedMap entry",
@@ -316,7 +316,7 @@ where
     /// The entries whose keys lie in `range`, in key order; `.rev()` walks it backwards.
     /// Each entry is read in its own operation (module docs); an error is yielded once and
     /// ends the scan.
-    pub fn range<R: RangeBounds<K>>(&self, range: R) -> Range<'_, 'h, K, V, R> {
+    pub fn range<R: RangeBounds<K>>(&self, range: R) -> Range<'_, K, V, R> {
         Range {
             map: self,
             inner: self.index.range(range),
@@ -325,7 +325,7 @@ where
     }
 
     /// Every entry, in key order (as [`range`](Self::range) over everything).
-    pub fn iter(&self) -> Range<'_, 'h, K, V, std::ops::RangeFull> {
+    pub fn iter(&self) -> Range<'_, K, V, std::ops::RangeFull> {
         self.range(..)
     }
 
@@ -360,18 +360,18 @@ where
     }
 
     /// The heap the map lives in.
-    pub fn heap(&self) -> &'h Heap {
-        self.heap
+    pub fn heap(&self) -> &Heap {
+        &self.heap
     }
 }
 
-impl<'m, 'h, K, V> IntoIterator for &'m SortedMap<'h, K, V>
+impl<'m, K, V> IntoIterator for &'m SortedMap<K, V>
 where
     K: Codec + Ord + Clone,
     V: Codec,
 {
     type Item = Result<(K, V)>;
-    type IntoIter = Range<'m, 'h, K, V, std::ops::RangeFull>;
+    type IntoIter = Range<'m, K, V, std::ops::RangeFull>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.iter()
@@ -379,19 +379,19 @@ where
 }
 
 /// The iterator of [`SortedMap::range`] and [`SortedMap::iter`].
-pub struct Range<'m, 'h, K: Ord, V, R: RangeBounds<K>> {
-    map: &'m SortedMap<'h, K, V>,
+pub struct Range<'m, K: Ord, V, R: RangeBounds<K>> {
+    map: &'m SortedMap<K, V>,
     inner: crossbeam_skiplist::map::Range<'m, K, R, K, Mutex<Slot>>,
     failed: bool,
 }
 
-impl<K: Ord, V, R: RangeBounds<K>> std::fmt::Debug for Range<'_, '_, K, V, R> {
+impl<K: Ord, V, R: RangeBounds<K>> std::fmt::Debug for Range<'_, K, V, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Range").finish_non_exhaustive()
     }
 }
 
-impl<K, V, R> Range<'_, '_, K, V, R>
+impl<K, V, R> Range<'_, K, V, R>
 where
     K: Codec + Ord + Clone,
     V: Codec,
@@ -420,7 +420,7 @@ where
     }
 }
 
-impl<K, V, R> Iterator for Range<'_, '_, K, V, R>
+impl<K, V, R> Iterator for Range<'_, K, V, R>
 where
     K: Codec + Ord + Clone,
     V: Codec,
@@ -433,7 +433,7 @@ where
     }
 }
 
-impl<K, V, R> DoubleEndedIterator for Range<'_, '_, K, V, R>
+impl<K, V, R> DoubleEndedIterator for Range<'_, K, V, R>
 where
     K: Codec + Ord + Clone,
     V: Codec,
@@ -457,7 +457,7 @@ mod tests {
     #[test]
     fn an_older_operation_that_meets_a_newer_removal_aborts() {
         let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
-        let map: SortedMap<'_, u64, u64> = SortedMap::open(&heap, "m").unwrap();
+        let map: SortedMap<u64, u64> = SortedMap::open(&heap, "m").unwrap();
         map.insert(1, 10).unwrap();
         structure::with_older_operation(
             &heap,

@@ -88,7 +88,7 @@ impl Spec for Model {
     }
 }
 
-fn run(graph: &Graph<'_, u64, u64>, op: &Op) -> Ret {
+fn run(graph: &Graph<u64, u64>, op: &Op) -> Ret {
     match *op {
         Op::AddVertex(id, v) => Ret::Added(graph.add_vertex(id, &v).unwrap()),
         Op::RemoveVertex(id) => Ret::Removed(graph.remove_vertex(id).unwrap()),
@@ -99,7 +99,7 @@ fn run(graph: &Graph<'_, u64, u64>, op: &Op) -> Ret {
 }
 
 /// What the graph holds, read through its API.
-fn contents(graph: &Graph<'_, u64, u64>) -> Model {
+fn contents(graph: &Graph<u64, u64>) -> Model {
     let mut model = Model::default();
     for id in graph.vertices() {
         model
@@ -136,7 +136,7 @@ proptest! {
     fn behaves_like_the_model_and_survives_a_reopen(seed in any::<u64>(), len in 1usize..150) {
         let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
         let heap = Heap::create(&config).unwrap();
-        let graph: Graph<'_, u64, u64> = Graph::open(&heap, "g").unwrap();
+        let graph: Graph<u64, u64> = Graph::open(&heap, "g").unwrap();
         let mut model = Model::default();
         let mut rng = SplitMix64::new(seed);
         for i in 0..len as u64 {
@@ -152,7 +152,7 @@ proptest! {
         let image = heap.simulator().unwrap().crash(4);
         drop(heap);
         let heap = Heap::open_image(image, &config).unwrap();
-        let graph: Graph<'_, u64, u64> = Graph::open(&heap, "g").unwrap();
+        let graph: Graph<u64, u64> = Graph::open(&heap, "g").unwrap();
         prop_assert_eq!(&contents(&graph), &model);
     }
 }
@@ -161,7 +161,7 @@ proptest! {
 fn reopening_with_other_value_types_is_a_layout_mismatch() {
     let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
     let heap = Heap::create(&config).unwrap();
-    Graph::<'_, u64, u64>::open(&heap, "g")
+    Graph::<u64, u64>::open(&heap, "g")
         .unwrap()
         .add_vertex(1, &1)
         .unwrap();
@@ -169,7 +169,7 @@ fn reopening_with_other_value_types_is_a_layout_mismatch() {
     let image = heap.simulator().unwrap().crash(0);
     drop(heap);
     let heap = Heap::open_image(image, &config).unwrap();
-    let err = Graph::<'_, String, u64>::open(&heap, "g").unwrap_err();
+    let err = Graph::<String, u64>::open(&heap, "g").unwrap_err();
     assert!(matches!(err, Error::LayoutMismatch { .. }), "{err:?}");
 }
 
@@ -178,7 +178,7 @@ fn concurrent_histories_are_linearizable() {
     for round in 0..20u64 {
         let heap = Heap::create(&HeapConfig::in_memory(4 << 20).epoch_length(EpochLength::Manual))
             .unwrap();
-        let graph: Graph<'_, u64, u64> = Graph::open(&heap, "g").unwrap();
+        let graph: Graph<u64, u64> = Graph::open(&heap, "g").unwrap();
         let history = common::record_history(
             &heap,
             round,
@@ -204,7 +204,7 @@ fn crash_seed(seed: u64) {
     let mut heap = Heap::create(&config).unwrap();
     let mut model = Model::default();
     for generation in 0..2u64 {
-        let graph: Graph<'_, u64, u64> = Graph::open(&heap, "g").unwrap();
+        let graph: Graph<u64, u64> = Graph::open(&heap, "g").unwrap();
         let log = Mutex::new(Vec::new());
         let crashed = crash_generation(&heap, &mut rng, 1500, seed, || {
             run_against_clock(&heap, seed ^ generation, 1, |_, ended| {
@@ -234,7 +234,7 @@ fn crash_seed(seed: u64) {
             model.apply(op);
         }
         heap = Heap::open_image(crashed.image, &config).unwrap();
-        let graph: Graph<'_, u64, u64> = Graph::open(&heap, "g").unwrap();
+        let graph: Graph<u64, u64> = Graph::open(&heap, "g").unwrap();
         assert_eq!(
             contents(&graph),
             model,
@@ -257,7 +257,7 @@ fn a_million_vertices_and_edges_are_recovered() {
     let dir = tempfile::tempdir().unwrap();
     let config = HeapConfig::new(dir.path().join("heap")).size(256 << 20);
     let heap = Heap::create(&config).unwrap();
-    let graph: Graph<'_, u64, u64> = Graph::open(&heap, "ring").unwrap();
+    let graph: Graph<u64, u64> = Graph::open(&heap, "ring").unwrap();
     for id in 0..N {
         assert!(graph.add_vertex(id, &(id * 3)).unwrap());
     }
@@ -267,7 +267,7 @@ fn a_million_vertices_and_edges_are_recovered() {
     drop(graph);
     heap.close().unwrap();
     let heap = Heap::open(&config).unwrap();
-    let graph: Graph<'_, u64, u64> = Graph::open(&heap, "ring").unwrap();
+    let graph: Graph<u64, u64> = Graph::open(&heap, "ring").unwrap();
     assert_eq!(
         (graph.vertex_count() as u64, graph.edge_count() as u64),
         (N, N)

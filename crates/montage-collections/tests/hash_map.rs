@@ -47,7 +47,7 @@ proptest! {
     fn behaves_like_std_and_survives_a_reopen(steps in proptest::collection::vec(step(), 1..120)) {
         let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
         let heap = Heap::create(&config).unwrap();
-        let map: HashMap<'_, u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+        let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
         let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
         for step in steps {
             match step {
@@ -105,7 +105,7 @@ proptest! {
         let image = heap.simulator().unwrap().crash(1);
         drop(heap);
         let heap = Heap::open_image(image, &config).unwrap();
-        let map: HashMap<'_, u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+        let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
         prop_assert_eq!(map.len(), model.len());
         for (k, v) in &model {
             prop_assert_eq!(map.get(k).unwrap(), Some(v.clone()));
@@ -126,7 +126,7 @@ struct Account {
 #[test]
 fn typed_values_and_string_keys() {
     let heap = sim_heap(1 << 20);
-    let map: HashMap<'_, String, Account> = HashMap::open(&heap, "accounts").unwrap();
+    let map: HashMap<String, Account> = HashMap::open(&heap, "accounts").unwrap();
     let alice = Account {
         balance: 10,
         opened: 2024,
@@ -153,16 +153,16 @@ fn typed_values_and_string_keys() {
 fn reopening_with_other_types_is_a_layout_mismatch() {
     let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
     let heap = Heap::create(&config).unwrap();
-    let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
     map.insert(1, 2).unwrap();
     drop(map);
     heap.sync().unwrap();
     let image = heap.simulator().unwrap().crash(0);
     drop(heap);
     let heap = Heap::open_image(image, &config).unwrap();
-    let err = HashMap::<'_, u64, Vec<u8>>::open(&heap, "m").unwrap_err();
+    let err = HashMap::<u64, Vec<u8>>::open(&heap, "m").unwrap_err();
     assert!(matches!(err, Error::LayoutMismatch { .. }), "{err:?}");
-    let map = HashMap::<'_, u64, u64>::open(&heap, "m").unwrap();
+    let map = HashMap::<u64, u64>::open(&heap, "m").unwrap();
     assert_eq!(map.get(&1).unwrap(), Some(2));
 }
 
@@ -180,7 +180,7 @@ fn a_million_entries_are_recovered() {
 fn open_with_shows_every_recovered_entry_once() {
     let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
     let heap = Heap::create(&config).unwrap();
-    let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
     for k in 0..100 {
         map.insert(k, k * 3).unwrap();
     }
@@ -191,7 +191,7 @@ fn open_with_shows_every_recovered_entry_once() {
     drop(heap);
     let heap = Heap::open_image(image, &config).unwrap();
     let seen = std::sync::Mutex::new(Vec::new());
-    let map = HashMap::<'_, u64, u64>::open_with(&heap, "m", |k, v| {
+    let map = HashMap::<u64, u64>::open_with(&heap, "m", |k, v| {
         seen.lock().unwrap().push((*k, *v));
     })
     .unwrap();

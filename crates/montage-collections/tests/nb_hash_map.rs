@@ -21,7 +21,7 @@ proptest! {
     fn behaves_like_std_and_survives_a_reopen(steps in proptest::collection::vec((0u8..6, 0u8..24, any::<u16>()), 1..150)) {
         let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
         let heap = Heap::create(&config).unwrap();
-        let map: NbHashMap<'_, u64, Vec<u8>> = NbHashMap::with_buckets(&heap, "m", 4).unwrap();
+        let map: NbHashMap<u64, Vec<u8>> = NbHashMap::with_buckets(&heap, "m", 4).unwrap();
         let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
         for (kind, key, v) in steps {
             let key = u64::from(key);
@@ -52,7 +52,7 @@ proptest! {
         let image = heap.simulator().unwrap().crash(6);
         drop(heap);
         let heap = Heap::open_image(image, &config).unwrap();
-        let map: NbHashMap<'_, u64, Vec<u8>> = NbHashMap::with_buckets(&heap, "m", 4).unwrap();
+        let map: NbHashMap<u64, Vec<u8>> = NbHashMap::with_buckets(&heap, "m", 4).unwrap();
         let all: BTreeMap<u64, Vec<u8>> = map.iter().map(Result::unwrap).collect();
         prop_assert_eq!(all, model);
     }

@@ -25,7 +25,7 @@ proptest! {
 fn either_queue_opens_what_the_other_wrote() {
     let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
     let heap = Heap::create(&config).unwrap();
-    let queue: Queue<'_, u64> = Queue::open(&heap, "q").unwrap();
+    let queue: Queue<u64> = Queue::open(&heap, "q").unwrap();
     for i in 0..5 {
         queue.push_back(i).unwrap();
     }
@@ -34,7 +34,7 @@ fn either_queue_opens_what_the_other_wrote() {
     let image = heap.simulator().unwrap().crash(0);
     drop(heap);
     let heap = Heap::open_image(image, &config).unwrap();
-    let queue: NbQueue<'_, u64> = NbQueue::open(&heap, "q").unwrap();
+    let queue: NbQueue<u64> = NbQueue::open(&heap, "q").unwrap();
     assert_eq!(queue.pop_front().unwrap(), Some(0));
     queue.push_back(5).unwrap();
     assert_eq!(queue.to_vec().unwrap(), vec![1, 2, 3, 4, 5]);

@@ -23,7 +23,7 @@ proptest! {
 #[test]
 fn front_shows_the_next_element_without_removing_it() {
     let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
-    let queue: Queue<'_, String> = Queue::open(&heap, "q").unwrap();
+    let queue: Queue<String> = Queue::open(&heap, "q").unwrap();
     assert_eq!(queue.front().unwrap(), None);
     queue.push_back("a".to_owned()).unwrap();
     queue.push_back("b".to_owned()).unwrap();
@@ -37,7 +37,7 @@ fn front_shows_the_next_element_without_removing_it() {
 fn reopening_with_another_element_type_is_a_layout_mismatch() {
     let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
     let heap = Heap::create(&config).unwrap();
-    Queue::<'_, u64>::open(&heap, "q")
+    Queue::<u64>::open(&heap, "q")
         .unwrap()
         .push_back(3)
         .unwrap();
@@ -45,7 +45,7 @@ fn reopening_with_another_element_type_is_a_layout_mismatch() {
     let image = heap.simulator().unwrap().crash(0);
     drop(heap);
     let heap = Heap::open_image(image, &config).unwrap();
-    let err = Queue::<'_, Vec<u8>>::open(&heap, "q").unwrap_err();
+    let err = Queue::<Vec<u8>>::open(&heap, "q").unwrap_err();
     assert!(matches!(err, Error::LayoutMismatch { .. }), "{err:?}");
 }
 

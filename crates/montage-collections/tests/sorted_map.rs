@@ -43,7 +43,7 @@ proptest! {
     fn behaves_like_btreemap_and_survives_a_reopen(steps in proptest::collection::vec(step(), 1..150)) {
         let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
         let heap = Heap::create(&config).unwrap();
-        let map: SortedMap<'_, String, u32> = SortedMap::open(&heap, "m").unwrap();
+        let map: SortedMap<String, u32> = SortedMap::open(&heap, "m").unwrap();
         let mut model: BTreeMap<String, u32> = BTreeMap::new();
         let key = |k: u16| format!("key-{k:03}");
         for step in steps {
@@ -86,7 +86,7 @@ proptest! {
         let image = heap.simulator().unwrap().crash(2);
         drop(heap);
         let heap = Heap::open_image(image, &config).unwrap();
-        let map: SortedMap<'_, String, u32> = SortedMap::open(&heap, "m").unwrap();
+        let map: SortedMap<String, u32> = SortedMap::open(&heap, "m").unwrap();
         let all: Vec<(String, u32)> = map.iter().collect::<Result<_>>().unwrap();
         prop_assert_eq!(all, model.into_iter().collect::<Vec<_>>());
     }
@@ -96,7 +96,7 @@ proptest! {
 fn reopening_with_other_types_is_a_layout_mismatch() {
     let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
     let heap = Heap::create(&config).unwrap();
-    SortedMap::<'_, u64, u64>::open(&heap, "m")
+    SortedMap::<u64, u64>::open(&heap, "m")
         .unwrap()
         .insert(1, 2)
         .unwrap();
@@ -104,7 +104,7 @@ fn reopening_with_other_types_is_a_layout_mismatch() {
     let image = heap.simulator().unwrap().crash(0);
     drop(heap);
     let heap = Heap::open_image(image, &config).unwrap();
-    let err = SortedMap::<'_, String, u64>::open(&heap, "m").unwrap_err();
+    let err = SortedMap::<String, u64>::open(&heap, "m").unwrap_err();
     assert!(matches!(err, Error::LayoutMismatch { .. }), "{err:?}");
 }
 

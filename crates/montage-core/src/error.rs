@@ -118,6 +118,10 @@ pub enum Error {
         /// What stopped it.
         reason: &'static str,
     },
+    /// The heap was closed ([`Heap::close`](crate::Heap::close)) through another handle:
+    /// nothing more can be written through this one. Open the heap again to go on.
+    #[error("the heap has been closed; open it again to use it")]
+    Closed,
     /// An access falls outside the block or the heap it addresses.
     #[error("access of {len} bytes at offset {offset:#x} is out of bounds")]
     OutOfBounds {

@@ -1,11 +1,4 @@
 //! [`Cache`]: an open heap and the item store in it, in one value the server can share.
-//!
-//! The store borrows the heap it lives in; the server's tasks need one owned value they can
-//! share, so the two are tied together by `self_cell` (the crate keeps the unsafe part).
-
-// The macro's expansion, audited by its crate, forgets a drop guard and transmutes a
-// lifetime: two things this workspace's lints forbid in its own code.
-#![allow(clippy::mem_forget, clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 
@@ -16,16 +9,12 @@ use crate::store::{Store, SystemClock};
 /// The name of the item map in the heap.
 pub const STORE_NAME: &str = "montage-kv";
 
-self_cell::self_cell!(
-    /// An open heap and the item store in it: what a server serves.
-    pub struct Cache {
-        owner: Heap,
-        #[covariant]
-        dependent: Store,
-    }
-
-    impl {Debug}
-);
+/// An open heap and the item store in it: what a server serves.
+#[derive(Debug)]
+pub struct Cache {
+    heap: Heap,
+    store: Store,
+}
 
 impl Cache {
     /// Opens the heap `config` names, creating it if its file does not exist, and recovers
@@ -45,7 +34,8 @@ impl Cache {
             Heap::create(config)?
         };
         let report = *heap.recovery_report();
-        let cache = Cache::try_new(heap, |heap| Store::open(heap, STORE_NAME, SystemClock))?;
+        let store = Store::open(&heap, STORE_NAME, SystemClock)?;
+        let cache = Cache { heap, store };
         Ok(Opened {
             cache,
             created: !exists,
@@ -56,12 +46,12 @@ impl Cache {
 
     /// The heap.
     pub fn heap(&self) -> &Heap {
-        self.borrow_owner()
+        &self.heap
     }
 
     /// The items.
-    pub fn store(&self) -> &Store<'_> {
-        self.borrow_dependent()
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// Closes the store and then the heap cleanly (a final sync; see [`Heap::close`]).
@@ -70,7 +60,9 @@ impl Cache {
     ///
     /// As [`Heap::close`].
     pub fn close(self) -> Result<(), Error> {
-        self.into_owner().close()
+        let Cache { heap, store } = self;
+        drop(store);
+        heap.close()
     }
 }
 

@@ -216,7 +216,7 @@ mod tests {
         let config =
             HeapConfig::simulated(4 << 20, SimMode::Prefix).epoch_length(EpochLength::Manual);
         let heap = Arc::new(Heap::create(&config).unwrap());
-        let map: HashMap<'_, u64, u64> = HashMap::open(&heap, "m").unwrap();
+        let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
         let syncing = Arc::clone(&heap);
         let committer = Committer::start(move || syncing.sync()).unwrap();
         let runtime = runtime();
@@ -226,7 +226,7 @@ mod tests {
             // Any crash the simulator can make from here keeps every acknowledged write.
             let image = heap.simulator().unwrap().crash(i);
             let recovered = Heap::open_image(image, &config).unwrap();
-            let map: HashMap<'_, u64, u64> = HashMap::open(&recovered, "m").unwrap();
+            let map: HashMap<u64, u64> = HashMap::open(&recovered, "m").unwrap();
             for j in 0..=i {
                 assert_eq!(map.get(&j).unwrap(), Some(j * 10), "key {j} after wait {i}");
             }

@@ -112,8 +112,8 @@ const RELATIVE_LIMIT: i64 = 60 * 60 * 24 * 30;
 const FLUSH_KEY: &[u8] = b"montage-kv flush_all marker";
 
 /// The items of one cache, on one heap.
-pub struct Store<'h, C = SystemClock> {
-    map: HashMap<'h, Vec<u8>, Item>,
+pub struct Store<C = SystemClock> {
+    map: HashMap<Vec<u8>, Item>,
     /// Key and data bytes of the items the map holds (expired ones until they are removed).
     bytes: AtomicI64,
     next_cas: AtomicU64,
@@ -126,7 +126,7 @@ pub struct Store<'h, C = SystemClock> {
     clock: C,
 }
 
-impl<C> std::fmt::Debug for Store<'_, C> {
+impl<C> std::fmt::Debug for Store<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
             .field("map", &self.map)
@@ -134,13 +134,13 @@ impl<C> std::fmt::Debug for Store<'_, C> {
     }
 }
 
-impl<'h, C: Clock> Store<'h, C> {
+impl<C: Clock> Store<C> {
     /// Opens (or creates) the cache named `name` in `heap`, recovering its items.
     ///
     /// # Errors
     ///
     /// As [`HashMap::open`], and a heap error while reading the items back.
-    pub fn open(heap: &'h Heap, name: &str, clock: C) -> Result<Self> {
+    pub fn open(heap: &Heap, name: &str, clock: C) -> Result<Self> {
         // Derived from the map's own rebuild scan, which reads every item anyway.
         let max_cas = AtomicU64::new(0);
         let bytes = AtomicI64::new(0);
@@ -169,7 +169,7 @@ impl<'h, C: Clock> Store<'h, C> {
     }
 
     /// The heap the items live in (to `sync` it).
-    pub fn heap(&self) -> &'h Heap {
+    pub fn heap(&self) -> &Heap {
         self.map.heap()
     }
 
@@ -431,7 +431,7 @@ mod tests {
         TestClock(Arc::new(AtomicI64::new(now)))
     }
 
-    fn set(store: &Store<'_, TestClock>, mode: StoreMode, key: &[u8], data: &[u8]) -> Outcome {
+    fn set(store: &Store<TestClock>, mode: StoreMode, key: &[u8], data: &[u8]) -> Outcome {
         store.store(mode, key, 7, 0, data, None).unwrap()
     }
 

@@ -74,7 +74,7 @@ pub(crate) fn with_queue(
 /// One impl for both maps: they share their API.
 macro_rules! map_store {
     ($map:ident) => {
-        impl MapStore for $map<'_, u64, Vec<u8>> {
+        impl MapStore for $map<u64, Vec<u8>> {
             fn get(&self, key: u64) -> Result<Option<usize>> {
                 Ok($map::get(self, &key)?.map(|v| v.len()))
             }
@@ -101,7 +101,7 @@ map_store!(NbHashMap);
 
 macro_rules! queue_store {
     ($queue:ident) => {
-        impl QueueStore for $queue<'_, Vec<u8>> {
+        impl QueueStore for $queue<Vec<u8>> {
             fn push(&self, value: &[u8]) -> Result {
                 Ok(self.push_back(value.to_vec())?)
             }

@@ -171,7 +171,7 @@ pub type Opener = for<'h> fn(&'h montage_core::Heap, &str) -> Box<dyn TestMap + 
 
 macro_rules! test_map {
     ($map:ident, $open:ident) => {
-        impl TestMap for montage_collections::$map<'_, u64, u64> {
+        impl TestMap for montage_collections::$map<u64, u64> {
             fn insert(&self, key: u64, value: u64) -> Option<u64> {
                 montage_collections::$map::insert(self, key, value).unwrap()
             }
@@ -335,7 +335,7 @@ pub type QueueOpener = for<'h> fn(&'h montage_core::Heap, &str) -> Box<dyn TestQ
 
 macro_rules! test_queue {
     ($queue:ident, $open:ident) => {
-        impl TestQueue for montage_collections::$queue<'_, u64> {
+        impl TestQueue for montage_collections::$queue<u64> {
             fn push(&self, value: u64) {
                 self.push_back(value).unwrap();
             }

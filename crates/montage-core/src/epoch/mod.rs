@@ -180,7 +180,22 @@ impl Epochs {
     /// Announces an operation in the calling thread's slot; returns its epoch (INV-EP-1).
     pub(crate) fn announce(&self, slot: usize) -> Result<u64> {
         self.check_running()?;
-        Ok(self.tracker.announce(slot))
+        self.tracker.announce(slot).ok_or(Error::Closed)
+    }
+
+    /// Fails with [`Error::Closed`] once the heap is closed.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.tracker.is_heap_closed() {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    /// Refuses every later operation, `sync` and advance, and waits for the running
+    /// operations to end; `false` if the heap was closed already. The closer then makes
+    /// everything durable with [`sync_closing`](Self::sync_closing).
+    pub(crate) fn close(&self) -> bool {
+        self.tracker.close_heap()
     }
 
     /// Ends an operation of `epoch`: hands what it wrote and retired to the advancer, then
@@ -215,6 +230,7 @@ impl Epochs {
 
     /// Moves the clock forward once (see the module docs); returns the new epoch.
     pub(crate) fn advance(&self, shared: &Shared) -> Result<u64> {
+        self.check_open()?;
         let mut advances = self.lock_advance()?;
         self.advance_held(&mut advances, shared)
     }
@@ -250,6 +266,12 @@ impl Epochs {
     /// Callers queue on the advance lock, so one advance serves every caller whose target it
     /// reaches (group commit).
     pub(crate) fn sync(&self, shared: &Shared) -> Result<()> {
+        self.check_open()?;
+        self.sync_closing(shared)
+    }
+
+    /// [`sync`](Self::sync) for the closer, which has closed the heap already.
+    pub(crate) fn sync_closing(&self, shared: &Shared) -> Result<()> {
         self.check_running()?;
         let target = self.current() + 2;
         let mut advances = self.lock_advance()?;

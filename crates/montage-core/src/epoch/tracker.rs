@@ -20,7 +20,7 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::primitive::{AtomicU32, AtomicU64, Ordering, fence, yield_now};
+use crate::primitive::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence, yield_now};
 
 /// The clock and the running-operation counters.
 #[derive(Debug)]
@@ -29,6 +29,10 @@ pub(crate) struct Tracker {
     /// The newest epoch the advancer has begun to close: verified writes of it or older fail.
     closing: CachePadded<AtomicU64>,
     slots: Box<[CachePadded<SlotCounters>]>,
+    /// Set once, when the heap closes: no operation begins after it (see [`close`]).
+    ///
+    /// [`close`]: Tracker::close_heap
+    heap_closed: AtomicBool,
 }
 
 /// One thread slot's counters.
@@ -53,6 +57,7 @@ impl Tracker {
                     })
                 })
                 .collect(),
+            heap_closed: AtomicBool::new(false),
         }
     }
 
@@ -66,8 +71,9 @@ impl Tracker {
         &self.slots[slot % self.slots.len()].running[(epoch % 4) as usize]
     }
 
-    /// Announces an operation in `slot`; returns the epoch it runs in.
-    pub(crate) fn announce(&self, slot: usize) -> u64 {
+    /// Announces an operation in `slot`; returns the epoch it runs in, or `None` once the
+    /// tracker is [closed](Self::close_heap).
+    pub(crate) fn announce(&self, slot: usize) -> Option<u64> {
         loop {
             let epoch = self.current();
             // ORDERING: SeqCst, part of the handshake (module docs).
@@ -77,13 +83,49 @@ impl Tracker {
             // treat SeqCst accesses as acquire/release. On x86 it costs one `mfence` beside
             // the locked add.
             fence(Ordering::SeqCst);
+            // ORDERING: SeqCst, the operation's half of the closing handshake (see `close_heap`):
+            // read after the increment, so either `close_heap` sees the increment or this sees
+            // the flag.
+            if self.heap_closed.load(Ordering::SeqCst) {
+                // ORDERING: Release, as in `leave`; this operation never ran.
+                self.counter(slot, epoch).fetch_sub(1, Ordering::Release);
+                return None;
+            }
             if self.current() == epoch {
-                return epoch;
+                return Some(epoch);
             }
             // ORDERING: withdrawing our own increment; an advancer that saw it waits a little
             // longer, which is harmless.
             self.counter(slot, epoch).fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// Refuses every later [`announce`](Self::announce) and waits until the operations
+    /// already announced have left. Returns `false` (and waits for nothing) if the tracker
+    /// was closed already.
+    ///
+    /// The same store-load handshake as between `announce` and the advancer: the flag is
+    /// stored before the counters are read, and an operation's increment before its read of
+    /// the flag, so an operation that did not see the flag is counted here and waited for.
+    pub(crate) fn close_heap(&self) -> bool {
+        // ORDERING: SeqCst, the closer's half of the handshake.
+        if self.heap_closed.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        // ORDERING: store-load: the flag is ordered before the reads of the counters.
+        fence(Ordering::SeqCst);
+        // No operation can begin now, so each counter only drains (a refused announce's
+        // increment is withdrawn at once).
+        for epoch in 0..4 {
+            self.wait_quiescent(epoch);
+        }
+        true
+    }
+
+    /// Whether [`close_heap`](Self::close_heap) has been called.
+    pub(crate) fn is_heap_closed(&self) -> bool {
+        // ORDERING: Acquire: a caller that sees the flag sees what the closer did before it.
+        self.heap_closed.load(Ordering::Acquire)
     }
 
     /// Withdraws an operation of `epoch` from `slot`.
@@ -162,10 +204,11 @@ impl Tracker {
         let mut spins = 0u32;
         while !self.is_quiescent(epoch) {
             spins = spins.saturating_add(1);
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else if spins < 1024 {
+            if cfg!(montage_loom) || (64..1024).contains(&spins) {
+                // Under loom, every wait is a scheduling point.
                 yield_now();
+            } else if spins < 64 {
+                std::hint::spin_loop();
             } else {
                 std::thread::sleep(std::time::Duration::from_micros(50));
             }
@@ -190,7 +233,7 @@ mod loom_tests {
             let op = {
                 let (tracker, running_in) = (tracker.clone(), running_in.clone());
                 loom::thread::spawn(move || {
-                    let epoch = tracker.announce(0);
+                    let epoch = tracker.announce(0).unwrap();
                     running_in.store(epoch, Ordering::SeqCst);
                     running_in.store(0, Ordering::SeqCst);
                     tracker.leave(0, epoch);
@@ -215,7 +258,7 @@ mod loom_tests {
                 .map(|slot| {
                     let (tracker, running) = (tracker.clone(), running.clone());
                     loom::thread::spawn(move || {
-                        let epoch = tracker.announce(slot);
+                        let epoch = tracker.announce(slot).unwrap();
                         running[slot].store(epoch, Ordering::SeqCst);
                         running[slot].store(0, Ordering::SeqCst);
                         tracker.leave(slot, epoch);
@@ -265,6 +308,35 @@ mod loom_tests {
             }
             // After the publish, nothing of epoch 1 is verified any more.
             assert!(tracker.verify(0, 1, || ()).is_none());
+        });
+    }
+
+    /// An operation announces while the heap closes: when `close` returns, the operation was
+    /// either refused or has left; it never runs after the closer goes on.
+    #[test]
+    fn no_operation_runs_after_close_returns() {
+        loom::model(|| {
+            let tracker = Arc::new(Tracker::new(1, 1));
+            // 1 while the operation runs.
+            let running = Arc::new(Flag::new(0));
+            let op = {
+                let (tracker, running) = (tracker.clone(), running.clone());
+                loom::thread::spawn(move || {
+                    if let Some(epoch) = tracker.announce(0) {
+                        running.store(1, Ordering::SeqCst);
+                        running.store(0, Ordering::SeqCst);
+                        tracker.leave(0, epoch);
+                    }
+                })
+            };
+            assert!(tracker.close_heap());
+            assert_eq!(running.load(Ordering::SeqCst), 0);
+            assert!(
+                !tracker.close_heap(),
+                "a second close reported it closed the tracker"
+            );
+            op.join().unwrap();
+            assert!(tracker.announce(0).is_none());
         });
     }
 }

@@ -89,9 +89,21 @@ enum Source<'a> {
 
 /// A persistent heap: a mapped file (or, for tests, memory) holding payload blocks.
 ///
-/// A heap is `Send + Sync`; share it between threads by reference or in an `Arc`. It holds an
+/// A `Heap` is a handle: cloning it is cheap (a reference count) and every clone names the
+/// same open heap, as a `sled::Db` or an `Arc` does. Structures keep a clone, so they are
+/// `'static` and can move into threads and tasks. A heap is `Send + Sync`. It holds an
 /// exclusive `flock` on its file while open: a second open, from this process or another,
 /// fails with [`Error::Locked`].
+///
+/// # Closing
+///
+/// [`close`](Self::close) waits for running operations, makes everything they did durable,
+/// and marks the heap cleanly shut down. Handles that outlive it (clones, structures) stay
+/// memory-safe: from then on every operation, `sync`, advance, registration and raw write
+/// through them fails with [`Error::Closed`], while reads still see the closed heap's
+/// contents. The file stays mapped and locked until the last handle is dropped. Dropping the
+/// last handle without `close` closes the heap the same way, ignoring errors (a heap whose
+/// close failed recovers like after a crash).
 ///
 /// ```
 /// use montage_core::{Heap, HeapConfig, ScanFilter};
@@ -110,10 +122,17 @@ enum Source<'a> {
 /// assert_eq!(heap.read_payload(found[0].block)?, b"hello");
 /// # Ok::<(), montage_core::Error>(())
 /// ```
+#[derive(Clone)]
 pub struct Heap {
+    inner: Arc<Inner>,
+}
+
+/// What every handle of one open heap shares. Dropping the last handle closes the heap if
+/// [`Heap::close`] has not.
+struct Inner {
     shared: Arc<Shared>,
-    advancer: Option<std::thread::JoinHandle<()>>,
-    closed: bool,
+    /// The background advancer, taken when the heap closes.
+    advancer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// The state of an open heap, shared with its background advancer.
@@ -382,49 +401,49 @@ impl Heap {
         let heap = Heap::start(shared)?;
         // The anti-blocks recovery kept shadow versions it has durably invalidated; they can
         // go now (INV-EP-3), in a fence of their own after the one that covered the victims.
-        heap.shared.alloc.release(&heap.shared.media, &antis)?;
+        heap.shared().alloc.release(&heap.shared().media, &antis)?;
         Ok(heap)
     }
 
     /// What recovery found when this heap was opened (all zero for a new heap).
     pub fn recovery_report(&self) -> &RecoveryReport {
-        &self.shared.report
+        &self.shared().report
     }
 
     /// The heap file, for a file heap.
     pub fn path(&self) -> Option<&Path> {
-        self.shared.file.as_ref().map(|(_, path)| path.as_path())
+        self.shared().file.as_ref().map(|(_, path)| path.as_path())
     }
 
     /// The heap's size in bytes.
     pub fn size(&self) -> u64 {
-        self.shared.geometry.heap_size
+        self.shared().geometry.heap_size
     }
 
     /// The random id chosen when the heap was created.
     pub fn creation_id(&self) -> u64 {
-        self.shared.geometry.creation_id
+        self.shared().geometry.creation_id
     }
 
     /// The backend this heap was opened with.
     pub fn backend(&self) -> BackendKind {
-        self.shared.backend
+        self.shared().backend
     }
 
     /// Whether the heap is mapped with `MAP_SYNC` on a DAX file system, so that cache-line
     /// write-back reaches the media without `msync`.
     pub fn is_dax(&self) -> bool {
-        self.shared.media.region().mapping().is_dax()
+        self.shared().media.region().mapping().is_dax()
     }
 
     /// The power-failure simulator, if this heap runs on [`BackendKind::Simulated`].
     pub fn simulator(&self) -> Option<Arc<Simulator>> {
-        self.shared.media.simulator().cloned()
+        self.shared().media.simulator().cloned()
     }
 
     /// Space statistics.
     pub fn stats(&self) -> AllocStats {
-        self.shared.alloc.stats()
+        self.shared().alloc.stats()
     }
 
     // ---- named structures ------------------------------------------------------------
@@ -438,8 +457,9 @@ impl Heap {
     /// [`Error::DirectoryFull`] when every slot is taken.
     pub fn register(&self, name: &str) -> Result<OwnerId> {
         check_name(name)?;
+        self.shared().epochs.check_open()?;
         let mut dir = self
-            .shared
+            .shared()
             .directory
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -457,10 +477,10 @@ impl Heap {
         entry[..name.len()].copy_from_slice(name.as_bytes());
         entry[DIR_OWNER_OFFSET as usize..DIR_OWNER_OFFSET as usize + 8]
             .copy_from_slice(&u64::from(owner.0).to_le_bytes());
-        let creation_id = self.shared.geometry.creation_id;
+        let creation_id = self.shared().geometry.creation_id;
         // The name is durable before its owner id is handed out.
         table::write_entry(
-            &self.shared.media,
+            &self.shared().media,
             DIRECTORY,
             creation_id,
             index as u64,
@@ -473,7 +493,7 @@ impl Heap {
     /// The owner id of the structure called `name`, if it is registered.
     pub fn lookup(&self, name: &str) -> Option<OwnerId> {
         let dir = self
-            .shared
+            .shared()
             .directory
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -485,7 +505,7 @@ impl Heap {
     /// Every registered structure, with its owner id.
     pub fn structures(&self) -> Vec<(String, OwnerId)> {
         let dir = self
-            .shared
+            .shared()
             .directory
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -506,7 +526,8 @@ impl Heap {
     /// [`Error::OutOfSpace`] when the heap cannot fit the block; [`Error::Poisoned`] after a
     /// failed write-back.
     pub fn alloc(&self, spec: BlockSpec, len: u64) -> Result<PBlock> {
-        self.shared.alloc.alloc(&self.shared.media, spec, len)
+        self.shared().epochs.check_open()?;
+        self.shared().alloc.alloc(&self.shared().media, spec, len)
     }
 
     /// Allocates a block holding `bytes`.
@@ -516,7 +537,7 @@ impl Heap {
     /// As [`alloc`](Self::alloc).
     pub fn alloc_bytes(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let block = self.alloc(spec, bytes.len() as u64)?;
-        self.shared.media.write(block.payload_offset(), bytes)?;
+        self.shared().media.write(block.payload_offset(), bytes)?;
         Ok(block)
     }
 
@@ -527,7 +548,8 @@ impl Heap {
     ///
     /// [`Error::InvalidBlock`] if `block` is not a live block (a double free).
     pub fn free(&self, block: PBlock) -> Result<()> {
-        self.shared.alloc.free(&self.shared.media, block)
+        self.shared().epochs.check_open()?;
+        self.shared().alloc.free(&self.shared().media, block)
     }
 
     /// The handle of the live block whose header is at `offset` (for handles stored as
@@ -547,7 +569,7 @@ impl Heap {
     ///
     /// [`Error::InvalidBlock`] if `block` is not a live block of this heap.
     pub fn info(&self, block: PBlock) -> Result<BlockInfo> {
-        self.shared.alloc.header(&self.shared.media, block)
+        self.shared().alloc.header(&self.shared().media, block)
     }
 
     /// Writes `bytes` into `block`'s payload at byte `at`.
@@ -557,8 +579,9 @@ impl Heap {
     /// [`Error::OutOfBounds`] if the range leaves the block's capacity;
     /// [`Error::InvalidBlock`] if `block` is not a block of this heap.
     pub fn write(&self, block: PBlock, at: u64, bytes: &[u8]) -> Result<()> {
+        self.shared().epochs.check_open()?;
         let offset = self.payload_range(block, at, bytes.len() as u64)?;
-        self.shared.media.write(offset, bytes)
+        self.shared().media.write(offset, bytes)
     }
 
     /// Reads `buf.len()` bytes of `block`'s payload from byte `at`.
@@ -568,7 +591,7 @@ impl Heap {
     /// As [`write`](Self::write).
     pub fn read(&self, block: PBlock, at: u64, buf: &mut [u8]) -> Result<()> {
         let offset = self.payload_range(block, at, buf.len() as u64)?;
-        self.shared.media.read(offset, buf)
+        self.shared().media.read(offset, buf)
     }
 
     /// The payload of a live block (its recorded length).
@@ -601,11 +624,11 @@ impl Heap {
     pub fn read_payload_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
         let info = self.info(block)?;
         buf.resize(info.len as usize, 0);
-        self.shared.media.read(block.payload_offset(), buf)
+        self.shared().media.read(block.payload_offset(), buf)
     }
 
     fn payload_range(&self, block: PBlock, at: u64, len: u64) -> Result<u64> {
-        let capacity = self.shared.alloc.capacity(block)?;
+        let capacity = self.shared().alloc.capacity(block)?;
         if at.checked_add(len).is_none_or(|end| end > capacity) {
             return Err(Error::OutOfBounds { offset: at, len });
         }
@@ -620,13 +643,13 @@ impl Heap {
     /// [`Error::InvalidBlock`] for a handle that is not a block of this heap;
     /// [`Error::Poisoned`] after a failed write-back.
     pub fn flush_block(&self, block: PBlock) -> Result<()> {
-        let capacity = self.shared.alloc.capacity(block)?;
+        let capacity = self.shared().alloc.capacity(block)?;
         // The recorded length bounds the write-back; the header is not validated here, which
         // a flush does not need (a bad length only flushes more or less of this block).
-        let recorded = self.shared.media.load(block.offset() + LEN_WORD_OFFSET)? >> 32;
+        let recorded = self.shared().media.load(block.offset() + LEN_WORD_OFFSET)? >> 32;
         let len = recorded.min(capacity);
         // PERSIST: header and payload start their write-back; the caller's fence completes it.
-        self.shared.media.flush(block.offset(), HEADER_LEN + len)
+        self.shared().media.flush(block.offset(), HEADER_LEN + len)
     }
 
     /// Waits until everything this thread flushed is durable.
@@ -637,7 +660,7 @@ impl Heap {
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn fence(&self) -> Result<()> {
         // PERSIST: completes this thread's earlier flushes.
-        self.shared.media.fence()
+        self.shared().media.fence()
     }
 
     /// Makes `block`'s header and payload durable.
@@ -666,7 +689,7 @@ impl Heap {
         threads: usize,
         visit: impl Fn(&BlockView<'_>) -> Result<()> + Sync,
     ) -> Result<u64> {
-        let units = scan::read_span_table(&self.shared.media, &self.shared.geometry)?;
+        let units = scan::read_span_table(&self.shared().media, &self.shared().geometry)?;
         let progress = std::sync::atomic::AtomicU64::new(0);
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
             let mut seen = 0;
@@ -684,8 +707,8 @@ impl Heap {
             progress: None,
         };
         let counts = scan::scan(
-            &self.shared.media,
-            &self.shared.geometry,
+            &self.shared().media,
+            &self.shared().geometry,
             &units,
             options,
             &progress,
@@ -716,36 +739,27 @@ impl Heap {
 
     // ---- shutdown --------------------------------------------------------------------
 
-    /// Closes the heap cleanly: pending frees are made durable, the clean-shutdown flag is
-    /// set and written back, and the file lock is released.
+    /// Closes the heap cleanly: running operations end, everything completed becomes durable,
+    /// pending frees are made durable, and the clean-shutdown flag is set and written back.
+    /// Other handles of this heap see [`Error::Closed`] from then on (see "Closing" above);
+    /// the file lock is released when the last of them is dropped.
     ///
     /// # Errors
     ///
-    /// Any write-back failure; the heap is then not marked clean, and its next open runs a
-    /// full recovery as after a crash.
-    pub fn close(mut self) -> Result<()> {
-        self.closed = true;
-        self.shutdown()
-    }
-
-    fn shutdown(&mut self) -> Result<()> {
-        self.shared.epochs.request_shutdown();
-        if let Some(advancer) = self.advancer.take() {
-            // A panicked advancer stopped the clock; the sync below reports it.
-            let _ = advancer.join();
+    /// [`Error::Closed`] if another handle closed the heap already;
+    /// [`Error::SyncInOperation`] if the calling thread has an operation open on this heap
+    /// (the heap is then left open); any write-back failure, after which the heap is not
+    /// marked clean and its next open runs a full recovery as after a crash.
+    pub fn close(self) -> Result<()> {
+        if crate::epoch::op::has_active_op(self.shared().epochs.instance()) {
+            return Err(Error::SyncInOperation);
         }
-        // A final sync: everything completed so far becomes durable.
-        self.shared.epochs.sync(&self.shared)?;
-        self.shared.alloc.drain_all(&self.shared.media)?;
-        self.shared.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
-        // PERSIST: the clean flag is the last thing written; everything before it is durable
-        // by the drains above and by the callers' own persists.
-        self.shared.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)
+        self.inner.shutdown()
     }
 
     #[cfg(test)]
     pub(crate) fn media(&self) -> &Media {
-        &self.shared.media
+        &self.shared().media
     }
 
     /// Wraps the shared state and starts the background advancer, if any.
@@ -763,14 +777,15 @@ impl Heap {
             }
         };
         Ok(Heap {
-            shared,
-            advancer,
-            closed: false,
+            inner: Arc::new(Inner {
+                shared,
+                advancer: Mutex::new(advancer),
+            }),
         })
     }
 
     pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
+        &self.inner.shared
     }
 
     // ---- epochs ----------------------------------------------------------------------
@@ -778,7 +793,7 @@ impl Heap {
     /// The current epoch: the one new operations join, and the value of the stored epoch
     /// word.
     pub fn epoch(&self) -> u64 {
-        self.shared.epochs.current()
+        self.shared().epochs.current()
     }
 
     /// Makes everything that completed before this call durable: returns once the stored
@@ -791,10 +806,10 @@ impl Heap {
     /// [`Error::SyncInOperation`] if called inside an operation on this heap (it would wait
     /// for itself); [`Error::ClockStopped`] if an advance failed, or the advance's own error.
     pub fn sync(&self) -> Result<()> {
-        if crate::epoch::op::has_active_op(self.shared.epochs.instance()) {
+        if crate::epoch::op::has_active_op(self.shared().epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
-        self.shared.epochs.sync(&self.shared)
+        self.shared().epochs.sync(self.shared())
     }
 
     /// Advances the clock by one epoch now (the background advancer does this every epoch
@@ -804,15 +819,15 @@ impl Heap {
     ///
     /// As [`sync`](Self::sync).
     pub fn advance_epoch(&self) -> Result<u64> {
-        if crate::epoch::op::has_active_op(self.shared.epochs.instance()) {
+        if crate::epoch::op::has_active_op(self.shared().epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
-        self.shared.epochs.advance(&self.shared)
+        self.shared().epochs.advance(self.shared())
     }
 
     /// How many epoch advances this heap has made since it was opened.
     pub fn advances(&self) -> u64 {
-        self.shared.epochs.advances()
+        self.shared().epochs.advances()
     }
 }
 
@@ -820,24 +835,51 @@ impl std::fmt::Debug for Heap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Heap")
             .field("path", &self.path())
-            .field("size", &self.shared.geometry.heap_size)
-            .field("backend", &self.shared.backend)
+            .field("size", &self.shared().geometry.heap_size)
+            .field("backend", &self.shared().backend)
             .field(
                 "creation_id",
-                &format_args!("{:#018x}", self.shared.geometry.creation_id),
+                &format_args!("{:#018x}", self.shared().geometry.creation_id),
             )
-            .field("stats", &self.shared.alloc.stats())
+            .field("stats", &self.shared().alloc.stats())
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for Heap {
-    fn drop(&mut self) {
-        if !self.closed {
-            // Best effort, as a file's Drop: errors cannot be reported from here. Call
-            // `close` to see them; a heap dropped after a failure recovers like after a crash.
-            let _ = self.shutdown();
+impl Inner {
+    /// Closes the heap once (see [`Heap::close`]); a second call fails with
+    /// [`Error::Closed`].
+    fn shutdown(&self) -> Result<()> {
+        let shared = &*self.shared;
+        // From here on no operation begins, and the ones running are waited for.
+        if !shared.epochs.close() {
+            return Err(Error::Closed);
         }
+        shared.epochs.request_shutdown();
+        let advancer = self
+            .advancer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(advancer) = advancer {
+            // A panicked advancer stopped the clock; the sync below reports it.
+            let _ = advancer.join();
+        }
+        // A final sync: everything completed so far becomes durable.
+        shared.epochs.sync_closing(shared)?;
+        shared.alloc.drain_all(&shared.media)?;
+        shared.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
+        // PERSIST: the clean flag is the last thing written; everything before it is durable
+        // by the drains above and by the callers' own persists.
+        shared.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last handle is gone. Best effort, as a file's Drop: errors cannot be reported
+        // from here (`close` reports them), and a heap closed already has nothing to do.
+        let _ = self.shutdown();
     }
 }
 
@@ -1001,7 +1043,7 @@ mod tests {
 
     #[test]
     fn heap_is_send_and_sync_and_shared_by_reference() {
-        fn assert_send_sync<T: Send + Sync>() {}
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
         assert_send_sync::<Heap>();
         assert_send_sync::<HeapConfig>();
         let heap = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
@@ -1016,6 +1058,98 @@ mod tests {
             heap.collect(ScanFilter::all().owner(owner)).unwrap().len(),
             2
         );
+    }
+
+    #[test]
+    fn closing_one_handle_refuses_writes_through_every_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = HeapConfig::new(dir.path().join("clones.heap")).size(1 << 20);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("kv").unwrap();
+        let block = heap.run_op(|op| op.alloc(owner, 1, b"kept")).unwrap();
+        let other = heap.clone();
+        heap.close().unwrap();
+        assert!(matches!(other.begin_op(), Err(Error::Closed)));
+        assert!(matches!(other.sync(), Err(Error::Closed)));
+        assert!(matches!(other.advance_epoch(), Err(Error::Closed)));
+        assert!(matches!(other.register("new"), Err(Error::Closed)));
+        assert!(matches!(
+            other.alloc(BlockSpec::new(1, 1), 8),
+            Err(Error::Closed)
+        ));
+        assert!(matches!(other.write(block, 0, b"x"), Err(Error::Closed)));
+        assert!(matches!(other.clone().close(), Err(Error::Closed)));
+        // Reads still see the closed heap, and the file stays locked while a handle lives.
+        assert_eq!(other.read_payload(block).unwrap(), b"kept");
+        assert!(matches!(Heap::open(&config), Err(Error::Locked { .. })));
+        drop(other);
+        let heap = Heap::open(&config).unwrap();
+        assert!(heap.recovery_report().clean_shutdown);
+        let found = heap.collect(ScanFilter::all().owner(owner)).unwrap();
+        assert_eq!(found.len(), 1);
+    }
+
+    #[test]
+    fn dropping_the_last_handle_closes_the_heap_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = HeapConfig::new(dir.path().join("last.heap")).size(1 << 20);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("kv").unwrap();
+        let other = heap.clone();
+        drop(heap);
+        other.run_op(|op| op.alloc(owner, 1, b"late")).unwrap();
+        drop(other);
+        let heap = Heap::open(&config).unwrap();
+        assert!(heap.recovery_report().clean_shutdown);
+        assert_eq!(
+            heap.collect(ScanFilter::all().owner(owner)).unwrap().len(),
+            1
+        );
+    }
+
+    #[test]
+    fn close_waits_for_a_running_operation_and_keeps_its_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = HeapConfig::new(dir.path().join("running.heap")).size(1 << 20);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("kv").unwrap();
+        let (started, wait_started) = std::sync::mpsc::channel();
+        let worker = {
+            let heap = heap.clone();
+            std::thread::spawn(move || {
+                let op = heap.begin_op().unwrap();
+                op.alloc(owner, 1, b"first").unwrap();
+                started.send(()).unwrap();
+                // Close is called now; it must wait for this operation to end.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                op.alloc(owner, 1, b"second").unwrap();
+                drop(op);
+                assert!(matches!(heap.begin_op(), Err(Error::Closed)));
+            })
+        };
+        wait_started.recv().unwrap();
+        heap.close().unwrap();
+        worker.join().unwrap();
+        let heap = Heap::open(&config).unwrap();
+        assert!(heap.recovery_report().clean_shutdown);
+        let mut found: Vec<Vec<u8>> = heap
+            .collect(ScanFilter::all().owner(owner))
+            .unwrap()
+            .into_iter()
+            .map(|info| heap.read_payload(info.block).unwrap())
+            .collect();
+        found.sort();
+        assert_eq!(found, [b"first".to_vec(), b"second".to_vec()]);
+    }
+
+    #[test]
+    fn close_inside_an_operation_is_refused_and_leaves_the_heap_open() {
+        let heap = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let op = heap.begin_op().unwrap();
+        assert!(matches!(heap.clone().close(), Err(Error::SyncInOperation)));
+        drop(op);
+        heap.register("still-open").unwrap();
+        heap.close().unwrap();
     }
 
     #[test]
