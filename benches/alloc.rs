@@ -12,7 +12,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use montage::{BackendKind, BlockSpec, Heap, HeapConfig};
+use montage::raw::BlockSpec;
+use montage::{BackendKind, Heap, HeapConfig};
 
 const PAYLOAD: u64 = 24; // with the 40-byte header: the 64-byte class
 const BATCH: usize = 1000;
@@ -20,10 +21,10 @@ const BATCH: usize = 1000;
 /// One round: allocate `BATCH` blocks, then free them all (exercises refill and spill).
 fn montage_round(heap: &Heap, blocks: &mut Vec<montage::PBlock>) {
     for uid in 0..BATCH as u64 {
-        blocks.push(heap.alloc(BlockSpec::new(1, uid), PAYLOAD).unwrap());
+        blocks.push(heap.raw().alloc(BlockSpec::new(1, uid), PAYLOAD).unwrap());
     }
     for block in blocks.drain(..) {
-        heap.free(block).unwrap();
+        heap.raw().free(block).unwrap();
     }
 }
 
@@ -92,7 +93,8 @@ fn recovery_scan(c: &mut Criterion) {
         let heap = Heap::create(&config).unwrap();
         let owner = heap.register("bench").unwrap();
         for uid in 0..blocks {
-            heap.alloc_bytes(BlockSpec::new(1, uid).owner(owner), &uid.to_le_bytes())
+            heap.raw()
+                .alloc_bytes(BlockSpec::new(1, uid).owner(owner), &uid.to_le_bytes())
                 .unwrap();
         }
         heap.close().unwrap();

@@ -24,7 +24,8 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use montage::{BackendKind, EpochLength, Heap, HeapConfig, Payload, VerifiedAtomic};
+use montage::verified::VerifiedAtomic;
+use montage::{BackendKind, EpochLength, Heap, HeapConfig, Payload};
 
 #[derive(Payload)]
 #[repr(C)]

@@ -92,7 +92,7 @@ criterion_group!(benches, op_overhead);
 
 /// One operation updating a random one of 1024 keys (each thread owns its keys).
 fn update_loop(heap: &Heap, owner: OwnerId, stop: &AtomicBool, done: &AtomicU64, seed: u64) {
-    let mut rng = montage::SplitMix64::new(seed);
+    let mut rng = montage::sim::SplitMix64::new(seed);
     let mut blocks: Vec<PBlock> = (0..1024)
         .map(|k: u64| {
             heap.run_op(|op| op.alloc(owner, 1, &k.to_le_bytes()))

@@ -8,7 +8,9 @@
 mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use montage::{BackendKind, BlockSpec, Heap, HeapConfig, PBlock, SimMode};
+use montage::raw::BlockSpec;
+use montage::sim::SimMode;
+use montage::{BackendKind, Heap, HeapConfig, PBlock};
 
 fn backends() -> Vec<(&'static str, HeapConfig)> {
     let size = 64 << 20;
@@ -36,12 +38,12 @@ fn write_persist(c: &mut Criterion) {
         let heap = Heap::create(&config).unwrap();
         for len in [64usize, 256, 1024, 4096] {
             let data = vec![0x5Au8; len];
-            let block: PBlock = heap.alloc(BlockSpec::new(1, 1), len as u64).unwrap();
+            let block: PBlock = heap.raw().alloc(BlockSpec::new(1, 1), len as u64).unwrap();
             group.throughput(Throughput::Bytes(len as u64));
             group.bench_function(BenchmarkId::new(name, len), |b| {
                 b.iter(|| {
-                    heap.write(block, 0, &data).unwrap();
-                    heap.persist_block(block).unwrap();
+                    heap.raw().write(block, 0, &data).unwrap();
+                    heap.raw().persist_block(block).unwrap();
                 });
             });
         }
@@ -57,10 +59,10 @@ fn write_only(c: &mut Criterion) {
     // The store path alone: what an operation pays before the epoch's batched write-back.
     let mut group = c.benchmark_group("write_64B_no_writeback");
     let heap = Heap::create(&HeapConfig::in_memory(16 << 20).backend(BackendKind::Pmem)).unwrap();
-    let block = heap.alloc(BlockSpec::new(1, 1), 64).unwrap();
+    let block = heap.raw().alloc(BlockSpec::new(1, 1), 64).unwrap();
     let data = [7u8; 64];
     group.bench_function("montage-pmem", |b| {
-        b.iter(|| heap.write(block, 0, &data).unwrap());
+        b.iter(|| heap.raw().write(block, 0, &data).unwrap());
     });
     let mut plain = [0u8; 64];
     group.bench_function("plain-memory", |b| {

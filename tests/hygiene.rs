@@ -39,7 +39,8 @@ mod probe {
     }
 }
 
-use persistent::{Heap, HeapConfig, SimMode};
+use persistent::sim::SimMode;
+use persistent::{Heap, HeapConfig};
 use probe::{Probe, ProbeFields};
 
 #[test]

@@ -3,7 +3,10 @@
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
-use montage::{CasErrorKind, Error, Heap, HeapConfig, POff, PRef, Payload, PayloadField, SimMode};
+use montage::payload::PayloadField;
+use montage::sim::SimMode;
+use montage::verified::CasErrorKind;
+use montage::{Error, Heap, HeapConfig, POff, PRef, Payload};
 
 #[derive(Payload, Debug, Clone, Copy, PartialEq)]
 #[repr(C)]

@@ -17,10 +17,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use common::{Counter, try_increment};
-use montage::{
-    Heap, HeapConfig, OwnerId, PRef, SimMode, SplitMix64, SyncRecord, crash_generation,
-    for_each_seed, run_against_clock,
-};
+use montage::sim::{SimMode, SplitMix64};
+use montage::{Heap, HeapConfig, OwnerId, PRef};
+use montage_testkit::{SyncRecord, crash_generation, for_each_seed, run_against_clock};
 
 const COUNTERS: u64 = 4;
 const THREADS: usize = 3;

@@ -15,7 +15,9 @@ mod common;
 use std::sync::Mutex;
 
 use common::{Counter, CounterFields, try_increment};
-use montage::{CasErrorKind, EpochLength, Heap, HeapConfig, VerifiedAtomic, run_with_clock};
+use montage::verified::{CasErrorKind, VerifiedAtomic};
+use montage::{EpochLength, Heap, HeapConfig};
+use montage_testkit::run_with_clock;
 
 const WORKERS: usize = 3;
 const SWAPS_PER_WORKER: usize = 3_000;

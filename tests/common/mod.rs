@@ -5,7 +5,8 @@
 
 use std::sync::Mutex;
 
-use montage::{CasErrorKind, Error, Heap, PRef, Payload};
+use montage::verified::CasErrorKind;
+use montage::{Error, Heap, PRef, Payload};
 
 /// A counter whose value is swapped in place.
 #[derive(Payload, Debug, Clone, Copy, PartialEq)]

@@ -10,9 +10,9 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/montage-core/src/heap/region.rs",
     "crates/montage-core/src/heap/mapping.rs",
     "crates/montage-core/src/persist/x86.rs",
-    "crates/montage-core/src/payload/cas.rs",
-    "crates/montage-core/src/payload/list.rs",
-    "crates/montage-core/src/payload/queue.rs",
+    "crates/montage-core/src/verified/atomic.rs",
+    "crates/montage-core/src/verified/list.rs",
+    "crates/montage-core/src/verified/queue.rs",
     // Opening an LMDB environment (heed) is an `unsafe` call; the harness has no other.
     "benches/harness/src/stores/peers.rs",
 ];

@@ -16,7 +16,8 @@ use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use montage_collections::{Graph, HashMap, NbHashMap, NbQueue, Queue, SortedMap};
-use montage_core::{BackendKind, Heap, HeapConfig, SplitMix64};
+use montage_core::sim::SplitMix64;
+use montage_core::{BackendKind, Heap, HeapConfig};
 
 const PREFILL: u64 = 100_000;
 

@@ -8,7 +8,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use montage_core::{Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::payload::Fingerprint;
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 /// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
 pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> u64 {

@@ -21,7 +21,8 @@ use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use montage_core::{Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::payload::Fingerprint;
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 use crate::structure::{self, lock};
 
@@ -406,7 +407,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use montage_core::{HeapConfig, SimMode};
+    use montage_core::HeapConfig;
+    use montage_core::sim::SimMode;
 
     /// An operation of epoch `e` must not act on a graph a newer operation changed.
     #[test]

@@ -414,7 +414,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use montage_core::{Error, HeapConfig, SimMode};
+    use montage_core::sim::SimMode;
+    use montage_core::{Error, HeapConfig};
 
     /// An operation of epoch `e` that finds a key absent because an operation of `e + 1`
     /// removed it must abort: otherwise recovery to the end of `e` could keep both its

@@ -24,7 +24,8 @@ use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, VerifiedList};
+use montage_core::verified::VerifiedList;
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 use crate::entry;
 use crate::structure::{self, contended};

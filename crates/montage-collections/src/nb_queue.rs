@@ -19,7 +19,8 @@
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use montage_core::{Codec, Heap, OwnerId, PBlock, Result, VerifiedQueue};
+use montage_core::verified::VerifiedQueue;
+use montage_core::{Codec, Heap, OwnerId, PBlock, Result};
 
 use crate::queue;
 use crate::structure::contended;

@@ -18,7 +18,8 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
-use montage_core::{Codec, Error, Fingerprint, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::payload::Fingerprint;
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 use crate::structure::{self, lock};
 
@@ -246,7 +247,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use montage_core::{HeapConfig, SimMode};
+    use montage_core::HeapConfig;
+    use montage_core::sim::SimMode;
 
     /// An operation of epoch `e` must not act on a queue a newer operation changed.
     #[test]

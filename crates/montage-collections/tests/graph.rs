@@ -12,10 +12,9 @@ use std::sync::Mutex;
 
 use common::{Spec, linearizable};
 use montage_collections::Graph;
-use montage_core::{
-    EpochLength, Error, Heap, HeapConfig, SimMode, SplitMix64, crash_generation, for_each_seed,
-    run_against_clock,
-};
+use montage_core::sim::{SimMode, SplitMix64};
+use montage_core::{EpochLength, Error, Heap, HeapConfig};
+use montage_testkit::{crash_generation, for_each_seed, run_against_clock};
 use proptest::prelude::*;
 
 /// The sequential model: vertex values and edge values.

@@ -8,7 +8,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use montage_collections::{Change, HashMap};
-use montage_core::{Error, Heap, HeapConfig, SimMode};
+use montage_core::sim::SimMode;
+use montage_core::{Error, Heap, HeapConfig};
 use proptest::prelude::*;
 
 fn sim_heap(size: u64) -> Heap {

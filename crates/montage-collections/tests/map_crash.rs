@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use common::{Opener, TestMap};
-use montage_core::{
-    Heap, HeapConfig, SimMode, SplitMix64, crash_generation, for_each_seed, run_against_clock,
-};
+use montage_core::sim::{SimMode, SplitMix64};
+use montage_core::{Heap, HeapConfig};
+use montage_testkit::{crash_generation, for_each_seed, run_against_clock};
 
 const KEYS: u64 = 6;
 const THREADS: usize = 3;

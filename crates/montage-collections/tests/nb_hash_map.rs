@@ -8,7 +8,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use montage_collections::NbHashMap;
-use montage_core::{Heap, HeapConfig, SimMode};
+use montage_core::sim::SimMode;
+use montage_core::{Heap, HeapConfig};
 use proptest::prelude::*;
 
 proptest! {

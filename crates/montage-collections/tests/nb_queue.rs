@@ -7,7 +7,8 @@
 mod common;
 
 use montage_collections::{NbQueue, Queue};
-use montage_core::{Heap, HeapConfig, SimMode};
+use montage_core::sim::SimMode;
+use montage_core::{Heap, HeapConfig};
 use proptest::prelude::*;
 
 proptest! {

@@ -6,7 +6,8 @@
 mod common;
 
 use montage_collections::Queue;
-use montage_core::{Error, Heap, HeapConfig, SimMode};
+use montage_core::sim::SimMode;
+use montage_core::{Error, Heap, HeapConfig};
 use proptest::prelude::*;
 
 proptest! {

@@ -14,9 +14,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use montage_core::{
-    Heap, HeapConfig, SimMode, SplitMix64, crash_generation, for_each_seed, run_against_clock,
-};
+use montage_core::sim::{SimMode, SplitMix64};
+use montage_core::{Heap, HeapConfig};
+use montage_testkit::{crash_generation, for_each_seed, run_against_clock};
 
 const THREADS: usize = 3;
 const OPS_PER_THREAD: u64 = 40;

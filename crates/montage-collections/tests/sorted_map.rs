@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use montage_collections::SortedMap;
-use montage_core::{Error, Heap, HeapConfig, Result, SimMode};
+use montage_core::sim::SimMode;
+use montage_core::{Error, Heap, HeapConfig, Result};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]

@@ -6,7 +6,41 @@ use std::sync::Arc;
 
 use crate::epoch::EpochLength;
 use crate::error::{Error, Result};
-use crate::persist::sim::SimMode;
+
+/// How the simulator decides what a crash preserves.
+#[cfg(any(test, feature = "sim"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SimMode {
+    /// Per cache line, a random prefix of the stores not yet durable (x86 with ADR).
+    Prefix,
+    /// Per cache line, each 8-byte word independently old or new: a stricter superset of
+    /// `Prefix` that also breaks same-line ordering.
+    WordTear,
+    /// One global store order, flushes irrelevant: a random prefix of every store not yet
+    /// folded into the durable image (platforms with eADR).
+    Eadr,
+    /// Per 4 KiB page, a random prefix of its stores (an ordinary file under `msync`).
+    Msync,
+}
+
+#[cfg(any(test, feature = "sim"))]
+impl SimMode {
+    /// Every mode, for tests that sweep them all.
+    pub const ALL: [SimMode; 4] = [
+        SimMode::Prefix,
+        SimMode::WordTear,
+        SimMode::Eadr,
+        SimMode::Msync,
+    ];
+
+    /// The unit a crash keeps or loses as a whole prefix of stores: a line, or a page.
+    pub(crate) fn unit(self) -> u64 {
+        match self {
+            SimMode::Msync => 4096,
+            _ => 64,
+        }
+    }
+}
 
 /// The persistence backend a heap uses, chosen when the heap is created or opened.
 ///
@@ -26,7 +60,9 @@ pub enum BackendKind {
     /// No write-back at all: for measuring the runtime's own overhead. Not crash-safe.
     Volatile,
     /// The power-failure simulator (in memory only): every store is logged so that
-    /// [`Simulator::crash`](crate::Simulator::crash) can build any legal post-crash image.
+    /// [`Simulator::crash`](crate::sim::Simulator::crash) can build any legal post-crash
+    /// image. With the `sim` feature only.
+    #[cfg(any(test, feature = "sim"))]
     Simulated(SimMode),
 }
 
@@ -54,7 +90,7 @@ pub enum WriteBack {
     /// Recovery is unchanged: it keeps what the epoch rules keep (everything two epochs behind
     /// the stored clock), so this mode costs what strict durability costs without promising
     /// more than [`Epoch`](Self::Epoch). Use it to measure, not to serve.
-    EachOp,
+    MeasureEachOp,
 }
 
 /// Where a heap's bytes live.
@@ -82,6 +118,7 @@ pub struct HeapConfig {
     pub(crate) backend: BackendKind,
     pub(crate) thread_slots: usize,
     pub(crate) recovery_threads: usize,
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) sim_crash_at: Option<u64>,
     pub(crate) epoch_length: EpochLength,
     pub(crate) progress: Option<Progress>,
@@ -111,6 +148,7 @@ impl HeapConfig {
             backend: BackendKind::DEFAULT,
             thread_slots: default_thread_slots(),
             recovery_threads: default_recovery_threads(),
+            #[cfg(any(test, feature = "sim"))]
             sim_crash_at: None,
             epoch_length: EpochLength::DEFAULT,
             progress: None,
@@ -119,7 +157,7 @@ impl HeapConfig {
     }
 
     /// A heap in anonymous memory, gone when the process ends. Its backend defaults to
-    /// [`BackendKind::Volatile`]; choose [`BackendKind::Simulated`] for crash tests.
+    /// [`BackendKind::Volatile`]; choose the simulator (the `sim` feature) for crash tests.
     pub fn in_memory(size: u64) -> Self {
         HeapConfig {
             location: Location::Memory,
@@ -127,6 +165,7 @@ impl HeapConfig {
             backend: BackendKind::Volatile,
             thread_slots: default_thread_slots(),
             recovery_threads: default_recovery_threads(),
+            #[cfg(any(test, feature = "sim"))]
             sim_crash_at: None,
             epoch_length: EpochLength::DEFAULT,
             progress: None,
@@ -135,7 +174,9 @@ impl HeapConfig {
     }
 
     /// An in-memory heap on the power-failure simulator in `mode`. Its clock is manual (no
-    /// background thread), so a test's persistence events are deterministic.
+    /// background thread), so a test's persistence events are deterministic. With the `sim`
+    /// feature only.
+    #[cfg(any(test, feature = "sim"))]
     pub fn simulated(size: u64, mode: SimMode) -> Self {
         HeapConfig::in_memory(size)
             .backend(BackendKind::Simulated(mode))
@@ -172,9 +213,10 @@ impl HeapConfig {
     }
 
     /// For the simulator: the persistence event before which the new heap's simulator takes
-    /// its crash snapshot (see [`Simulator::crash_at`](crate::Simulator::crash_at)). Set it
-    /// on the configuration passed to [`Heap::open_image`](crate::Heap::open_image) to crash
-    /// *during* recovery.
+    /// its crash snapshot (see [`Simulator::crash_at`](crate::sim::Simulator::crash_at)). Set
+    /// it on the configuration passed to [`Heap::open_image`](crate::Heap::open_image) to
+    /// crash *during* recovery. With the `sim` feature only.
+    #[cfg(any(test, feature = "sim"))]
     #[must_use]
     pub fn sim_crash_at(mut self, step: u64) -> Self {
         self.sim_crash_at = Some(step);
@@ -244,6 +286,7 @@ impl HeapConfig {
             (Location::Memory, BackendKind::Msync) => Err(Error::InvalidConfig {
                 what: "the msync backend needs a heap file",
             }),
+            #[cfg(any(test, feature = "sim"))]
             (Location::File(_), BackendKind::Simulated(_)) => Err(Error::InvalidConfig {
                 what: "the simulator runs on in-memory heaps only",
             }),

@@ -5,29 +5,33 @@
 //!
 //! Montage keeps only *payloads* (the abstract state of a data structure: a key and its value,
 //! a queue element) in persistent memory; every index stays in DRAM and is rebuilt after a
-//! restart. This crate provides the persistent half:
+//! restart. This crate is that persistent half, and its API comes in layers:
 //!
-//! * a [`Heap`]: one file, mapped shared, addressed by offsets ([`PBlock`]) so it can map
-//!   anywhere; a versioned superblock with the persistent epoch word and a directory of named
-//!   structures; an exclusive file lock;
-//! * a payload allocator: size classes carved from 64 KiB spans whose class is persistent,
-//!   per-thread free lists in DRAM, large blocks of whole spans, and a block header whose
-//!   validity is one checksummed 8-byte word;
-//! * persistence backends, chosen at open by [`BackendKind`]: real persistent memory
-//!   (`clwb`/`clflushopt`/`clflush` + `sfence`), eADR, `msync` of an ordinary file, no-op
-//!   (for measuring), and the power-failure [`Simulator`] that every crash test runs on;
-//! * recovery: a parallel scan of every valid block, a caller-supplied keep/drop decision,
-//!   durable invalidation of what is dropped, and free lists rebuilt from the rest.
-//!
-//! The epoch clock, operations and `sync()` that turn this heap into buffered durably
-//! linearizable structures build on these pieces.
+//! * **Operations** (the crate root): a [`Heap`] (a cheap clonable handle of one open heap
+//!   file, mapped shared and addressed by offsets, [`PBlock`]), configured by [`HeapConfig`]
+//!   and its [`BackendKind`]; [`OpGuard`], one operation in one epoch, which allocates,
+//!   reads, updates (in place or copy-on-write) and deletes payloads by the epoch rules;
+//!   [`Heap::sync`], which makes everything completed so far durable; the directory of named
+//!   structures and the [`scan`](Heap::scan) with which a structure rebuilds its index.
+//! * **Typed payloads** (the root, and [`payload`]): [`Payload`] structs (derived by
+//!   `#[derive(Payload)]`), their handles [`PRef`] and [`POff`], and [`Codec`] for values
+//!   stored as bytes.
+//! * **Verified DRAM structures** ([`verified`]): the epoch-verified compare-and-swap and the
+//!   lock-free list and queue built on it, for nonblocking indexes.
+//! * **Raw blocks** ([`raw`]): allocation, writes and write-back without operations or
+//!   epochs, and recovery by a caller's rule; outside the buffered-durable contract.
+//! * **The power-failure simulator** (`sim`, with the `sim` feature) that every crash test
+//!   runs on; `montage-testkit` holds what crash tests share beside it.
+//! * [`limits`]: the format's sizes and capacities.
 //!
 //! # Example
 //!
 //! ```
-//! use montage_core::{Heap, HeapConfig, ScanFilter, SimMode};
+//! use montage_core::sim::SimMode;
+//! use montage_core::{Heap, HeapConfig, ScanFilter};
 //!
-//! // A heap on the power-failure simulator (its clock moves only when asked).
+//! // A heap on the power-failure simulator (the `sim` feature; its clock moves only when
+//! // asked).
 //! let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
 //! let heap = Heap::create(&config)?;
 //! let owner = heap.register("greetings")?;
@@ -58,35 +62,45 @@ mod config;
 mod epoch;
 mod error;
 mod heap;
-mod payload;
+pub mod payload;
 mod persist;
 mod primitive;
 mod recovery;
 mod slot;
+pub mod verified;
 
 pub use alloc::AllocStats;
-pub use alloc::block::{BlockInfo, BlockKind, BlockSpec, OwnerId, PBlock};
-pub use config::{BackendKind, DEFAULT_HEAP_SIZE, HeapConfig, WriteBack};
+pub use alloc::block::{BlockInfo, BlockKind, OwnerId, PBlock};
+pub use config::{BackendKind, HeapConfig, WriteBack};
 pub use epoch::EpochLength;
 pub use epoch::op::OpGuard;
 pub use error::{Error, Result};
-pub use heap::layout::{
-    DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX, REGISTRY_CAPACITY,
-    SPAN_SIZE,
-};
-pub use heap::{Heap, INITIAL_EPOCH, ScanFilter};
-pub use payload::cas::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
-pub use payload::codec::Codec;
-pub use payload::fingerprint::Fingerprint;
-pub use payload::list::{MAX_LIST_VALUE, VerifiedList};
-pub use payload::queue::VerifiedQueue;
-pub use payload::{CasField, POff, PRef, Payload, PayloadField};
-pub use persist::harness::{
-    Crashed, Ended, SyncRecord, check_synced, crash_generation, run_against_clock, run_with_clock,
-};
-pub use persist::sim::{CrashImage, SimMode, Simulator, SplitMix64, crash_seeds, for_each_seed};
-pub use persist::{CACHE_LINE, PAGE_SIZE};
-pub use recovery::{BlockView, RecoveryReport, Verdict};
+pub use heap::raw;
+pub use heap::{Heap, ScanFilter};
+pub use payload::{Codec, POff, PRef, Payload};
+pub use recovery::{BlockView, RecoveryReport};
+
+/// The fixed sizes and limits of the heap format and the runtime.
+pub mod limits {
+    pub use crate::config::DEFAULT_HEAP_SIZE;
+    pub use crate::heap::INITIAL_EPOCH;
+    pub use crate::heap::layout::{
+        DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX, REGISTRY_CAPACITY,
+        SPAN_SIZE,
+    };
+    pub use crate::persist::{CACHE_LINE, PAGE_SIZE};
+}
+
+/// The power-failure simulator every crash test runs on (the `sim` feature): a backend that
+/// logs every store, write-back and fence, and builds any post-crash image the persistence
+/// model allows from a seed. Choose it with [`HeapConfig::simulated`]; take an image with
+/// [`Simulator::crash`](sim::Simulator::crash) and recover it with [`Heap::open_image`].
+/// `montage-testkit` has the seed loops and sync checks that crash tests share.
+#[cfg(feature = "sim")]
+pub mod sim {
+    pub use crate::config::SimMode;
+    pub use crate::persist::sim::{CrashImage, Simulator, SplitMix64};
+}
 
 /// What `#[derive(Payload)]` expands to. Not part of the API: no semver promise.
 #[doc(hidden)]
@@ -96,17 +110,17 @@ pub mod __private {
     pub use zerocopy;
 
     /// Writes `value` into `out` at byte `offset` (a payload's field, during
-    /// [`PayloadField::write_field`](crate::PayloadField::write_field)).
+    /// [`PayloadField::write_field`](crate::payload::PayloadField::write_field)).
     ///
     /// # Panics
     ///
     /// If the field does not lie inside `out`.
-    pub fn write_at<F: crate::PayloadField>(out: &mut [u8], offset: usize, value: &F) {
+    pub fn write_at<F: crate::payload::PayloadField>(out: &mut [u8], offset: usize, value: &F) {
         value.write_field(&mut out[offset..offset + size_of::<F>()]);
     }
 
     /// Reads the `F` at byte `offset` of `bytes`; `None` if it lies outside or is invalid.
-    pub fn read_at<F: crate::PayloadField>(bytes: &[u8], offset: usize) -> Option<F> {
+    pub fn read_at<F: crate::payload::PayloadField>(bytes: &[u8], offset: usize) -> Option<F> {
         F::read_field(bytes.get(offset..offset.checked_add(size_of::<F>())?)?)
     }
 }

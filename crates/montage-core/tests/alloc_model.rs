@@ -7,9 +7,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use montage_core::{
-    BlockSpec, Error, HEADER_LEN, Heap, HeapConfig, PBlock, ScanFilter, SplitMix64,
-};
+use montage_core::limits::HEADER_LEN;
+use montage_core::raw;
+use montage_core::raw::BlockSpec;
+use montage_core::sim::SplitMix64;
+use montage_core::{Error, Heap, HeapConfig, PBlock, ScanFilter};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -71,9 +73,9 @@ fn run(ops: &[Op]) {
         match *op {
             Op::Alloc { len } => {
                 let data = bytes(next_uid, len);
-                match heap.alloc_bytes(BlockSpec::new(1, next_uid), &data) {
+                match heap.raw().alloc_bytes(BlockSpec::new(1, next_uid), &data) {
                     Ok(block) => {
-                        heap.persist_block(block).unwrap();
+                        heap.raw().persist_block(block).unwrap();
                         assert!(!live.contains_key(&block), "handed out a live block");
                         live.insert(block, (next_uid, data));
                         next_uid += 1;
@@ -86,17 +88,17 @@ fn run(ops: &[Op]) {
                 let count = live.len();
                 let (block, (_, data)) = live.iter_mut().nth(pick % count).unwrap();
                 *data = bytes(seed, data.len() as u64);
-                heap.write(*block, 0, data).unwrap();
-                heap.persist_block(*block).unwrap();
+                heap.raw().write(*block, 0, data).unwrap();
+                heap.raw().persist_block(*block).unwrap();
             }
             Op::Free { pick } if !live.is_empty() => {
                 let block = *live.keys().nth(pick % live.len()).unwrap();
-                heap.free(block).unwrap();
+                heap.raw().free(block).unwrap();
                 live.remove(&block);
             }
             Op::Reopen => {
                 heap.close().unwrap();
-                heap = Heap::open_with(&config, |_| montage_core::Verdict::Keep).unwrap();
+                heap = raw::open_with(&config, |_| montage_core::raw::Verdict::Keep).unwrap();
                 let found: BTreeMap<PBlock, (u64, Vec<u8>)> = heap
                     .collect(ScanFilter::all())
                     .unwrap()
@@ -152,7 +154,10 @@ fn stress(config: &HeapConfig, threads: u64, ops: u64) {
                                 1 + rng.next_u64() % 600
                             };
                             let data = bytes(t << 32 | i, len);
-                            match heap.alloc_bytes(BlockSpec::new(1, t << 32 | i), &data) {
+                            match heap
+                                .raw()
+                                .alloc_bytes(BlockSpec::new(1, t << 32 | i), &data)
+                            {
                                 Ok(block) => mine.push((block, data)),
                                 Err(Error::OutOfSpace { .. }) => {}
                                 Err(e) => panic!("alloc: {e}"),
@@ -165,7 +170,7 @@ fn stress(config: &HeapConfig, threads: u64, ops: u64) {
                                 data,
                                 "block shared by two owners"
                             );
-                            heap.free(block).unwrap();
+                            heap.raw().free(block).unwrap();
                         }
                     }
                     mine
@@ -200,7 +205,7 @@ fn concurrent_alloc_and_free_on_a_nearly_full_heap_never_share_a_block() {
 #[test]
 fn concurrent_alloc_and_free_on_the_simulator_never_share_a_block() {
     stress(
-        &HeapConfig::simulated(4 << 20, montage_core::SimMode::Prefix),
+        &HeapConfig::simulated(4 << 20, montage_core::sim::SimMode::Prefix),
         2,
         2_000,
     );

@@ -8,17 +8,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use montage_core::{
-    BlockInfo, BlockSpec, Error, HEADER_LEN, Heap, HeapConfig, PBlock, ScanFilter, SimMode,
-    SplitMix64, Verdict, for_each_seed,
-};
+use montage_core::limits::HEADER_LEN;
+use montage_core::raw;
+use montage_core::raw::{BlockSpec, Verdict};
+use montage_core::sim::{SimMode, SplitMix64};
+use montage_core::{BlockInfo, Error, Heap, HeapConfig, PBlock, ScanFilter};
+use montage_testkit::for_each_seed;
 
 const HEAP: u64 = 1 << 20;
 
 /// These tests exercise the raw block layer, whose blocks carry epochs the test chose: recover
 /// keeping every valid block rather than applying the epoch rule.
-fn open_raw(image: montage_core::CrashImage, config: &HeapConfig) -> montage_core::Result<Heap> {
-    Heap::open_image_with(image, config, |_| Verdict::Keep)
+fn open_raw(
+    image: montage_core::sim::CrashImage,
+    config: &HeapConfig,
+) -> montage_core::Result<Heap> {
+    raw::open_image_with(image, config, |_| Verdict::Keep)
 }
 
 fn config(mode: SimMode) -> HeapConfig {
@@ -65,7 +70,10 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
                 let uid = next_uid;
                 next_uid += 1;
                 let started = sim.events();
-                let block = match heap.alloc_bytes(BlockSpec::new(1, uid), &content(uid, 0, len)) {
+                let block = match heap
+                    .raw()
+                    .alloc_bytes(BlockSpec::new(1, uid), &content(uid, 0, len))
+                {
                     Ok(block) => block,
                     Err(Error::OutOfSpace { .. }) => continue,
                     Err(e) => panic!("alloc failed: {e}"),
@@ -73,7 +81,7 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
                 let persisted = if rng.next_u64().is_multiple_of(4) {
                     None
                 } else {
-                    heap.persist_block(block).unwrap();
+                    heap.raw().persist_block(block).unwrap();
                     Some(sim.events())
                 };
                 payloads.insert(
@@ -93,12 +101,13 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
                 let p = payloads.get_mut(&uid).unwrap();
                 let version = p.versions.len() as u64;
                 let started = sim.events();
-                heap.write(p.block, 0, &content(uid, version, p.len))
+                heap.raw()
+                    .write(p.block, 0, &content(uid, version, p.len))
                     .unwrap();
                 let persisted = if rng.next_u64().is_multiple_of(3) {
                     None
                 } else {
-                    heap.persist_block(p.block).unwrap();
+                    heap.raw().persist_block(p.block).unwrap();
                     Some(sim.events())
                 };
                 p.versions.push((version, started, persisted));
@@ -108,7 +117,7 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
                 let uid = live.swap_remove(at);
                 let p = payloads.get_mut(&uid).unwrap();
                 p.free_started = Some(sim.events());
-                heap.free(p.block).unwrap();
+                heap.raw().free(p.block).unwrap();
             }
             _ => {}
         }
@@ -196,7 +205,10 @@ fn fill_and_check_no_overlap(heap: &Heap, seed: u64) -> Vec<BlockInfo> {
         } else {
             1 + rng.next_u64() % 500
         };
-        match heap.alloc(BlockSpec::new(9, 1_000_000 + fresh.len() as u64), len) {
+        match heap
+            .raw()
+            .alloc(BlockSpec::new(9, 1_000_000 + fresh.len() as u64), len)
+        {
             Ok(block) => fresh.push(heap.info(block).unwrap()),
             Err(Error::OutOfSpace { .. }) => failures += 1,
             Err(e) => panic!("alloc after recovery failed: {e}"),
@@ -262,12 +274,12 @@ fn crash_once(mode: SimMode, seed: u64) {
     // Free everything; after a clean close and reopen, the whole heap is free again: no
     // block was lost to the allocator.
     for info in recovered.collect(ScanFilter::all()).unwrap() {
-        recovered.free(info.block).unwrap();
+        recovered.raw().free(info.block).unwrap();
     }
     assert!(!fresh.is_empty() || !before_fill.is_empty() || recovered.stats().free_spans == 0);
     let sim = recovered.simulator().unwrap();
     recovered.close().unwrap();
-    let image = montage_core::CrashImage::from_bytes(sim.durable_image());
+    let image = montage_core::sim::CrashImage::from_bytes(sim.durable_image());
     let reopened = open_raw(image, &config(mode)).unwrap();
     assert!(reopened.recovery_report().clean_shutdown);
     assert!(contents(&reopened).is_empty());
@@ -300,14 +312,14 @@ fn crash_during_recovery(mode: SimMode, seed: u64) {
     drop(heap);
 
     // The reference: recovery of the image, run to the end.
-    let first = Heap::open_image_with(image.clone(), &config(mode), decide).unwrap();
+    let first = raw::open_image_with(image.clone(), &config(mode), decide).unwrap();
     let want = contents(&first);
     assert!(want.keys().all(|uid| uid % 3 != 0));
     let first_sim = first.simulator().unwrap();
     let recovery_events = first_sim.events();
     // INV-REC-2: what recovery dropped is durably gone when open returns: even a recovery
     // that would keep everything does not see it again.
-    let durable = montage_core::CrashImage::from_bytes(first_sim.durable_image());
+    let durable = montage_core::sim::CrashImage::from_bytes(first_sim.durable_image());
     let keep_all = open_raw(durable, &config(mode)).unwrap();
     assert_eq!(contents(&keep_all), want, "a dropped block came back");
     drop(keep_all);
@@ -317,10 +329,10 @@ fn crash_during_recovery(mode: SimMode, seed: u64) {
     let mut rng = SplitMix64::new(seed ^ 0x5EC0);
     let step = rng.below_or_equal(recovery_events);
     let interrupted =
-        Heap::open_image_with(image, &config(mode).sim_crash_at(step), decide).unwrap();
+        raw::open_image_with(image, &config(mode).sim_crash_at(step), decide).unwrap();
     let second_image = interrupted.simulator().unwrap().crash(seed.wrapping_add(1));
     drop(interrupted);
-    let second = Heap::open_image_with(second_image, &config(mode), decide).unwrap();
+    let second = raw::open_image_with(second_image, &config(mode), decide).unwrap();
     assert_eq!(
         contents(&second),
         want,
@@ -330,8 +342,8 @@ fn crash_during_recovery(mode: SimMode, seed: u64) {
     // And recovery is idempotent: recovering the recovered heap changes nothing.
     let sim = second.simulator().unwrap();
     drop(second);
-    let third_image = montage_core::CrashImage::from_bytes(sim.durable_image());
-    let third = Heap::open_image_with(third_image, &config(mode), decide).unwrap();
+    let third_image = montage_core::sim::CrashImage::from_bytes(sim.durable_image());
+    let third = raw::open_image_with(third_image, &config(mode), decide).unwrap();
     assert_eq!(contents(&third), want);
     assert_eq!(third.recovery_report().blocks_dropped, 0);
     fill_and_check_no_overlap(&third, seed);

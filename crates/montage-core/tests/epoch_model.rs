@@ -17,10 +17,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use common::{Key, TYPE_KV, decode, encode, kv_state, write_key};
-use montage_core::{
-    CrashImage, Ended, Error, Heap, HeapConfig, OwnerId, PBlock, SimMode, SplitMix64, SyncRecord,
-    crash_generation, for_each_seed, run_against_clock,
-};
+use montage_core::sim::{CrashImage, SimMode, SplitMix64};
+use montage_core::{Error, Heap, HeapConfig, OwnerId, PBlock};
+use montage_testkit::{Ended, SyncRecord, crash_generation, for_each_seed, run_against_clock};
 
 const KEYS: u64 = 8;
 const THREADS: u64 = 3;

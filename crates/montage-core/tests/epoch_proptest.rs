@@ -8,7 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use montage_core::{CrashImage, Heap, HeapConfig, OwnerId, PBlock, ScanFilter, SimMode};
+use montage_core::sim::{CrashImage, SimMode};
+use montage_core::{Heap, HeapConfig, OwnerId, PBlock, ScanFilter};
 use proptest::prelude::*;
 
 const TYPE_KV: u64 = 0x4B56;

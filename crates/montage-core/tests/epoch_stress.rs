@@ -12,7 +12,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::{Key, kv_state, write_key};
-use montage_core::{BackendKind, EpochLength, Heap, HeapConfig, OwnerId, SplitMix64};
+use montage_core::sim::SplitMix64;
+use montage_core::{BackendKind, EpochLength, Heap, HeapConfig, OwnerId};
 
 const KEYS: u64 = 64;
 #[derive(Default)]

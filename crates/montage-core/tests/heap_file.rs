@@ -5,17 +5,17 @@
 
 use std::path::{Path, PathBuf};
 
-use montage_core::{
-    BlockSpec, DIRECTORY_CAPACITY, Error, Heap, HeapConfig, MIN_HEAP_SIZE, NAME_MAX, OwnerId,
-    ScanFilter,
-};
+use montage_core::limits::{DIRECTORY_CAPACITY, MIN_HEAP_SIZE, NAME_MAX};
+use montage_core::raw;
+use montage_core::raw::BlockSpec;
+use montage_core::{Error, Heap, HeapConfig, OwnerId, ScanFilter};
 
 const SIZE: u64 = 4 << 20;
 
 /// These tests exercise the file and the raw block layer, whose blocks carry epochs the test
 /// chose: recover keeping every valid block rather than applying the epoch rule.
 fn open_raw(config: &HeapConfig) -> montage_core::Result<Heap> {
-    Heap::open_with(config, |_| montage_core::Verdict::Keep)
+    raw::open_with(config, |_| montage_core::raw::Verdict::Keep)
 }
 
 fn heap_path(dir: &tempfile::TempDir) -> PathBuf {
@@ -33,9 +33,10 @@ fn make_heap(path: &Path) {
     for uid in 1..=3u64 {
         let payload = vec![uid as u8; uid as usize * 10];
         let block = heap
+            .raw()
             .alloc_bytes(BlockSpec::new(1, uid).owner(owner), &payload)
             .unwrap();
-        heap.persist_block(block).unwrap();
+        heap.raw().persist_block(block).unwrap();
     }
     heap.close().unwrap();
 }
@@ -78,7 +79,7 @@ fn create_refuses_an_existing_file_and_leaves_it_untouched() {
 fn open_rejects_random_bytes_as_bad_magic_and_leaves_the_file_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
-    let mut rng = montage_core::SplitMix64::new(7);
+    let mut rng = montage_core::sim::SplitMix64::new(7);
     let bytes: Vec<u8> = (0..SIZE).map(|_| rng.next_u64() as u8).collect();
     std::fs::write(&path, &bytes).unwrap();
     let err = open_raw(&config(&path)).unwrap_err();
@@ -195,7 +196,10 @@ fn a_full_heap_returns_out_of_space_and_recovers_after_a_free() {
     let heap = Heap::create(&HeapConfig::new(&path).size(MIN_HEAP_SIZE * 2)).unwrap();
     let mut blocks = Vec::new();
     let err = loop {
-        match heap.alloc(BlockSpec::new(1, blocks.len() as u64), 1000) {
+        match heap
+            .raw()
+            .alloc(BlockSpec::new(1, blocks.len() as u64), 1000)
+        {
             Ok(block) => blocks.push(block),
             Err(err) => break err,
         }
@@ -205,10 +209,10 @@ fn a_full_heap_returns_out_of_space_and_recovers_after_a_free() {
         "{err}"
     );
     assert!(!blocks.is_empty());
-    let big = heap.alloc(BlockSpec::new(1, 0), 1 << 20).unwrap_err();
+    let big = heap.raw().alloc(BlockSpec::new(1, 0), 1 << 20).unwrap_err();
     assert!(matches!(big, Error::OutOfSpace { .. }), "{big}");
-    heap.free(blocks.pop().unwrap()).unwrap();
-    heap.alloc(BlockSpec::new(1, 99), 1000).unwrap();
+    heap.raw().free(blocks.pop().unwrap()).unwrap();
+    heap.raw().alloc(BlockSpec::new(1, 99), 1000).unwrap();
 }
 
 #[test]
@@ -217,8 +221,11 @@ fn large_payloads_survive_reopen() {
     let path = heap_path(&dir);
     let heap = Heap::create(&config(&path)).unwrap();
     let payload: Vec<u8> = (0..(1u32 << 20) + 17).map(|i| (i % 251) as u8).collect();
-    let block = heap.alloc_bytes(BlockSpec::new(3, 5), &payload).unwrap();
-    heap.persist_block(block).unwrap();
+    let block = heap
+        .raw()
+        .alloc_bytes(BlockSpec::new(3, 5), &payload)
+        .unwrap();
+    heap.raw().persist_block(block).unwrap();
     let free_with_block = heap.stats().free_spans;
     heap.close().unwrap();
 
@@ -235,13 +242,14 @@ fn the_spans_of_a_freed_large_block_are_reused() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
     // Room for 20 spans: one block of 17 spans fits, two do not.
-    let heap = Heap::create(&HeapConfig::new(&path).size(21 * montage_core::SPAN_SIZE)).unwrap();
+    let heap =
+        Heap::create(&HeapConfig::new(&path).size(21 * montage_core::limits::SPAN_SIZE)).unwrap();
     let len = (1 << 20) + 17;
-    let first = heap.alloc(BlockSpec::new(1, 1), len).unwrap();
-    let second = heap.alloc(BlockSpec::new(1, 2), len).unwrap_err();
+    let first = heap.raw().alloc(BlockSpec::new(1, 1), len).unwrap();
+    let second = heap.raw().alloc(BlockSpec::new(1, 2), len).unwrap_err();
     assert!(matches!(second, Error::OutOfSpace { .. }), "{second}");
-    heap.free(first).unwrap();
-    let again = heap.alloc(BlockSpec::new(1, 3), len).unwrap();
+    heap.raw().free(first).unwrap();
+    let again = heap.raw().alloc(BlockSpec::new(1, 3), len).unwrap();
     assert_eq!(again, first);
     assert_eq!(heap.info(again).unwrap().spec.uid, 3);
 }
@@ -250,26 +258,27 @@ fn the_spans_of_a_freed_large_block_are_reused() {
 fn spans_freed_by_another_thread_are_reused() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
-    let heap = Heap::create(&HeapConfig::new(&path).size(21 * montage_core::SPAN_SIZE)).unwrap();
+    let heap =
+        Heap::create(&HeapConfig::new(&path).size(21 * montage_core::limits::SPAN_SIZE)).unwrap();
     let len = (1 << 20) + 17;
-    let first = heap.alloc(BlockSpec::new(1, 1), len).unwrap();
+    let first = heap.raw().alloc(BlockSpec::new(1, 1), len).unwrap();
     std::thread::scope(|s| {
-        s.spawn(|| heap.free(first).unwrap());
+        s.spawn(|| heap.raw().free(first).unwrap());
     });
     // The freeing thread left its invalidation pending; the allocator drains it.
-    assert_eq!(heap.alloc(BlockSpec::new(1, 2), len).unwrap(), first);
+    assert_eq!(heap.raw().alloc(BlockSpec::new(1, 2), len).unwrap(), first);
     // Small blocks too: fill the heap, free everything from another thread, fill again.
-    heap.free(first).unwrap();
+    heap.raw().free(first).unwrap();
     let mut small = Vec::new();
-    while let Ok(block) = heap.alloc(BlockSpec::new(2, small.len() as u64), 100) {
+    while let Ok(block) = heap.raw().alloc(BlockSpec::new(2, small.len() as u64), 100) {
         small.push(block);
     }
     let count = small.len();
     std::thread::scope(|s| {
-        s.spawn(|| small.drain(..).for_each(|b| heap.free(b).unwrap()));
+        s.spawn(|| small.drain(..).for_each(|b| heap.raw().free(b).unwrap()));
     });
     let mut again = 0;
-    while heap.alloc(BlockSpec::new(3, again), 100).is_ok() {
+    while heap.raw().alloc(BlockSpec::new(3, again), 100).is_ok() {
         again += 1;
     }
     assert_eq!(again as usize, count);
@@ -280,7 +289,10 @@ fn block_handles_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
     let heap = Heap::create(&config(&path)).unwrap();
-    let block = heap.alloc_bytes(BlockSpec::new(1, 1), b"abc").unwrap();
+    let block = heap
+        .raw()
+        .alloc_bytes(BlockSpec::new(1, 1), b"abc")
+        .unwrap();
     assert_eq!(heap.block_at(block.offset()).unwrap(), block);
     assert!(matches!(
         heap.block_at(block.offset() + 8),
@@ -292,18 +304,21 @@ fn block_handles_are_checked() {
         Err(Error::InvalidBlock { .. })
     ));
     let capacity = heap.info(block).unwrap().capacity;
-    assert!(heap.write(block, capacity - 1, b"x").is_ok());
+    assert!(heap.raw().write(block, capacity - 1, b"x").is_ok());
     assert!(matches!(
-        heap.write(block, capacity, b"x"),
+        heap.raw().write(block, capacity, b"x"),
         Err(Error::OutOfBounds { .. })
     ));
     let mut buf = [0u8; 2];
     assert!(matches!(
-        heap.read(block, u64::MAX, &mut buf),
+        heap.raw().read(block, u64::MAX, &mut buf),
         Err(Error::OutOfBounds { .. })
     ));
-    heap.free(block).unwrap();
-    assert!(matches!(heap.free(block), Err(Error::InvalidBlock { .. })));
+    heap.raw().free(block).unwrap();
+    assert!(matches!(
+        heap.raw().free(block),
+        Err(Error::InvalidBlock { .. })
+    ));
     assert!(matches!(heap.info(block), Err(Error::InvalidBlock { .. })));
 }
 
@@ -360,8 +375,11 @@ fn every_backend_creates_and_reopens_a_file_heap() {
         let path = dir.path().join(format!("backend-{i}.heap"));
         let config = HeapConfig::new(&path).size(SIZE).backend(backend);
         let heap = Heap::create(&config).unwrap();
-        let block = heap.alloc_bytes(BlockSpec::new(1, 1), b"payload").unwrap();
-        heap.persist_block(block).unwrap();
+        let block = heap
+            .raw()
+            .alloc_bytes(BlockSpec::new(1, 1), b"payload")
+            .unwrap();
+        heap.raw().persist_block(block).unwrap();
         heap.close().unwrap();
         let heap = open_raw(&config).unwrap();
         let found = heap.collect(ScanFilter::all()).unwrap();

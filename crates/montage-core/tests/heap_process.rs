@@ -5,7 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use montage_core::{BlockSpec, Error, Heap, HeapConfig, ScanFilter};
+use montage_core::raw;
+use montage_core::raw::BlockSpec;
+use montage_core::{Error, Heap, HeapConfig, ScanFilter};
 
 const SIZE: u64 = 4 << 20;
 
@@ -22,9 +24,10 @@ fn make_heap(path: &Path) {
     let heap = Heap::create(&config(path)).unwrap();
     for uid in 1..=3u64 {
         let block = heap
+            .raw()
             .alloc_bytes(BlockSpec::new(1, uid), &[uid as u8; 8])
             .unwrap();
-        heap.persist_block(block).unwrap();
+        heap.raw().persist_block(block).unwrap();
     }
     heap.close().unwrap();
 }
@@ -42,11 +45,12 @@ fn child_probe() {
     };
     let path = Path::new(&path);
     let code = if mode == "die" {
-        let heap = Heap::open_with(&config(path), |_| montage_core::Verdict::Keep).unwrap();
+        let heap = raw::open_with(&config(path), |_| montage_core::raw::Verdict::Keep).unwrap();
         let block = heap
+            .raw()
             .alloc_bytes(BlockSpec::new(1, 77), b"from the child")
             .unwrap();
-        heap.persist_block(block).unwrap();
+        heap.raw().persist_block(block).unwrap();
         std::process::exit(0);
     } else {
         match Heap::open(&config(path)) {
@@ -100,7 +104,7 @@ fn a_process_that_exits_without_closing_leaves_an_unclean_heap_with_its_durable_
     let path = heap_path(&dir);
     make_heap(&path);
     assert_eq!(run_child("die", &path), Some(0));
-    let heap = Heap::open_with(&config(&path), |_| montage_core::Verdict::Keep).unwrap();
+    let heap = raw::open_with(&config(&path), |_| montage_core::raw::Verdict::Keep).unwrap();
     assert!(!heap.recovery_report().clean_shutdown);
     let found = heap.collect(ScanFilter::all()).unwrap();
     let child = found.iter().find(|b| b.spec.uid == 77).unwrap();

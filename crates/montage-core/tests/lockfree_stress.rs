@@ -16,9 +16,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use montage_core::{
-    EpochLength, Error, Heap, HeapConfig, SplitMix64, VerifiedList, VerifiedQueue, run_with_clock,
-};
+use montage_core::sim::SplitMix64;
+use montage_core::verified::{VerifiedList, VerifiedQueue};
+use montage_core::{EpochLength, Error, Heap, HeapConfig};
+use montage_testkit::run_with_clock;
 
 const THREADS: u64 = 3;
 

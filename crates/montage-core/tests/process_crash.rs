@@ -14,7 +14,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{Key, kv_state, write_key};
-use montage_core::{BackendKind, EpochLength, Heap, HeapConfig, SplitMix64};
+use montage_core::sim::SplitMix64;
+use montage_core::{BackendKind, EpochLength, Heap, HeapConfig};
 
 const KEYS: u64 = 16;
 const ROUNDS: u64 = 20;

@@ -1,9 +1,10 @@
-//! `WriteBack::EachOp`: an operation's writes are durable when it ends, not only when its
+//! `WriteBack::MeasureEachOp`: an operation's writes are durable when it ends, not only when its
 //! epoch is written back; `WriteBack::Epoch` (the default) leaves them to the advance.
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
-use montage_core::{Heap, HeapConfig, PBlock, SimMode, WriteBack};
+use montage_core::sim::SimMode;
+use montage_core::{Heap, HeapConfig, PBlock, WriteBack};
 
 /// Runs one operation that allocates a payload of distinctive bytes on a simulated heap with
 /// `write_back`, and returns the heap, the block and the bytes.
@@ -26,7 +27,7 @@ fn durable_payload(heap: &Heap, block: PBlock, len: usize) -> Vec<u8> {
 
 #[test]
 fn each_op_write_back_makes_an_operation_durable_as_it_ends() {
-    let (heap, block, bytes) = one_op(WriteBack::EachOp);
+    let (heap, block, bytes) = one_op(WriteBack::MeasureEachOp);
     assert_eq!(heap.advances(), 0);
     assert_eq!(durable_payload(&heap, block, bytes.len()), bytes);
 }
@@ -42,11 +43,12 @@ fn epoch_write_back_leaves_an_operation_to_the_advance() {
 
 #[test]
 fn each_op_write_back_recovers_like_epoch_write_back() {
-    let (heap, block, bytes) = one_op(WriteBack::EachOp);
+    let (heap, block, bytes) = one_op(WriteBack::MeasureEachOp);
     heap.sync().unwrap();
     let image = heap.simulator().unwrap().crash(7);
     drop(heap);
-    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix).write_back(WriteBack::EachOp);
+    let config =
+        HeapConfig::simulated(1 << 20, SimMode::Prefix).write_back(WriteBack::MeasureEachOp);
     let heap = Heap::open_image(image, &config).unwrap();
     assert_eq!(heap.read_payload(block).unwrap(), bytes);
 }

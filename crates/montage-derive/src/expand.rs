@@ -44,7 +44,7 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
     // about a field point at that field.
     let twin_fields = input.fields.iter().map(|f| {
         let (name, ty) = (f.ident, f.ty);
-        quote_spanned!(ty.span()=> #name: <#ty as #krate::PayloadField>::Repr)
+        quote_spanned!(ty.span()=> #name: <#ty as #krate::payload::PayloadField>::Repr)
     });
     // Every generated item that needs the fields to be payload fields states it as a
     // where-clause spanned on the field's type: a field that is not fails once per item, at
@@ -59,7 +59,7 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
             .str(#name_str)
             .str(#ty_str)
             .u64(::core::mem::offset_of!(#ident, #name) as u64)
-            .u64(<#ty as #krate::PayloadField>::LAYOUT)
+            .u64(<#ty as #krate::payload::PayloadField>::LAYOUT)
         }
     });
 
@@ -108,7 +108,7 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
             };
 
             #[automatically_derived]
-            impl #krate::PayloadField for #ident where #(#bounds)* {
+            impl #krate::payload::PayloadField for #ident where #(#bounds)* {
                 type Repr = #twin;
                 const LAYOUT: u64 = <#ident as #krate::Payload>::TYPE_ID;
 
@@ -139,7 +139,7 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
             #[automatically_derived]
             impl #krate::Payload for #ident where #(#bounds)* {
                 const TYPE_NAME: &'static str = #registry_name;
-                const TYPE_ID: u64 = #krate::Fingerprint::new()
+                const TYPE_ID: u64 = #krate::payload::Fingerprint::new()
                     .str(#registry_name)
                     #(#fingerprint)*
                     .u64(::core::mem::size_of::<#ident>() as u64)
@@ -156,7 +156,7 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
 fn codec_impl(ident: &syn::Ident, krate: &syn::Path, bounds: &[TokenStream]) -> TokenStream {
     quote! {
         #[automatically_derived]
-        impl #krate::Codec for #ident where #(#bounds)* {
+        impl #krate::payload::Codec for #ident where #(#bounds)* {
             const CODEC_ID: u64 = <#ident as #krate::Payload>::TYPE_ID;
 
             fn encode(&self, out: &mut ::std::vec::Vec<u8>) {
@@ -164,7 +164,7 @@ fn codec_impl(ident: &syn::Ident, krate: &syn::Path, bounds: &[TokenStream]) -> 
             }
 
             fn decode(bytes: &[u8]) -> ::core::option::Option<Self> {
-                <#ident as #krate::PayloadField>::read_field(bytes)
+                <#ident as #krate::payload::PayloadField>::read_field(bytes)
             }
         }
     }
@@ -179,9 +179,9 @@ fn field_bounds(fields: &[Field<'_>], krate: &syn::Path) -> Vec<TokenStream> {
             let ty = f.ty;
             let krate = respan(krate, ty.span());
             if f.attrs.atomic {
-                quote_spanned!(ty.span()=> #ty: #krate::PayloadField + #krate::CasField,)
+                quote_spanned!(ty.span()=> #ty: #krate::payload::PayloadField + #krate::payload::CasField,)
             } else {
-                quote_spanned!(ty.span()=> #ty: #krate::PayloadField,)
+                quote_spanned!(ty.span()=> #ty: #krate::payload::PayloadField,)
             }
         })
         .collect()
@@ -256,7 +256,7 @@ fn field_methods(
                  the payload was written in `op`'s epoch and the epoch clock has not moved on."
             ),
             quote!(fn #cas(&self, #op, current: #ty, new: #ty)
-                -> #krate::Result<::core::result::Result<(), #krate::CasError<#ty>>>),
+                -> #krate::Result<::core::result::Result<(), #krate::verified::CasError<#ty>>>),
             body(
                 quote!(#krate::__private::cas_field::<#ident, #ty>(op, *self, #offset, current, new)),
                 quote!((op, current, new)),

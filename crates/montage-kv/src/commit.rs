@@ -201,7 +201,8 @@ mod tests {
 
     use super::*;
     use montage_collections::HashMap;
-    use montage_core::{EpochLength, Heap, HeapConfig, SimMode};
+    use montage_core::sim::SimMode;
+    use montage_core::{EpochLength, Heap, HeapConfig};
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()

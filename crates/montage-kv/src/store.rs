@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use montage_collections::{Change, HashMap};
-use montage_core::{Codec, Fingerprint, Heap, Result};
+use montage_core::payload::Fingerprint;
+use montage_core::{Codec, Heap, Result};
 
 use crate::protocol::StoreMode;
 
@@ -410,7 +411,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use montage_core::{HeapConfig, SimMode};
+    use montage_core::HeapConfig;
+    use montage_core::sim::SimMode;
     use std::sync::Arc;
 
     /// A clock the test moves by hand.

@@ -19,7 +19,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::Server;
-use montage_core::SplitMix64;
+use montage_core::sim::SplitMix64;
 
 const CLIENTS: u64 = 4;
 const KEYS_PER_CLIENT: u64 = 64;

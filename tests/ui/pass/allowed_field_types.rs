@@ -2,7 +2,8 @@
 
 #![deny(missing_docs, warnings)]
 
-use montage::{Heap, HeapConfig, POff, Payload, SimMode};
+use montage::sim::SimMode;
+use montage::{Heap, HeapConfig, POff, Payload};
 use zerocopy::{Immutable, IntoBytes, TryFromBytes};
 
 /// An enum with a fixed representation and zerocopy's derives.

@@ -19,7 +19,8 @@ use std::alloc::System;
 use std::path::PathBuf;
 
 use montage_collections::{HashMap, NbHashMap};
-use montage_core::{BackendKind, HEADER_LEN, Heap, HeapConfig, SPAN_SIZE, ScanFilter};
+use montage_core::limits::{HEADER_LEN, SPAN_SIZE};
+use montage_core::{BackendKind, Heap, HeapConfig, ScanFilter};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]

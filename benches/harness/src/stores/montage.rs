@@ -34,7 +34,7 @@ fn with_heap<R>(
         Backend::None => return Err(format!("{} needs a montage backend", contender.name()).into()),
     };
     let write_back = if contender == Contender::StrictDurableHashMap {
-        WriteBack::EachOp
+        WriteBack::MeasureEachOp
     } else {
         WriteBack::Epoch
     };

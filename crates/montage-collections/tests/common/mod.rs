@@ -207,7 +207,7 @@ pub fn record_history<Op, Ret>(
     seed: u64,
     threads: u64,
     ops: u64,
-    make: impl Fn(&mut montage_core::SplitMix64, u64, u64) -> Op + Sync,
+    make: impl Fn(&mut montage_core::sim::SplitMix64, u64, u64) -> Op + Sync,
     run: impl Fn(&Op) -> Ret + Sync,
 ) -> Vec<Event<Op, Ret>>
 where
@@ -220,9 +220,9 @@ where
         heap.advance_epoch().unwrap();
         std::thread::yield_now();
     };
-    montage_core::run_with_clock(threads as usize, tick, |t| {
+    montage_testkit::run_with_clock(threads as usize, tick, |t| {
         let t = t as u64;
-        let mut rng = montage_core::SplitMix64::new(seed.wrapping_mul(31) + t);
+        let mut rng = montage_core::sim::SplitMix64::new(seed.wrapping_mul(31) + t);
         for i in 0..ops {
             let op = make(&mut rng, t, i);
             let call = ticks.now();
@@ -425,7 +425,7 @@ pub fn check_queue_against_vecdeque(
     steps: &[u8],
 ) -> Result<(), proptest::test_runner::TestCaseError> {
     use proptest::prop_assert_eq;
-    let config = montage_core::HeapConfig::simulated(4 << 20, montage_core::SimMode::Prefix);
+    let config = montage_core::HeapConfig::simulated(4 << 20, montage_core::sim::SimMode::Prefix);
     let heap = montage_core::Heap::create(&config).unwrap();
     let queue = open(&heap, "q");
     let mut model = std::collections::VecDeque::new();

@@ -451,8 +451,8 @@ impl<'h> OpGuard<'h> {
             }
             log.victims.push(block);
         }
-        if shared.write_back == WriteBack::EachOp {
-            // PERSIST: durable before the operation returns (WriteBack::EachOp). The ranges
+        if shared.write_back == WriteBack::MeasureEachOp {
+            // PERSIST: durable before the operation returns (WriteBack::MeasureEachOp). The ranges
             // still go to the advancer: they are how `sync` knows an epoch has writes to cover
             // (the advance finds the lines clean). A failure poisons the heap, and every later
             // write reports it.

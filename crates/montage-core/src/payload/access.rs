@@ -6,8 +6,8 @@ use crate::alloc::block::{BlockInfo, OwnerId, PBlock};
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
 use crate::heap::Heap;
-use crate::payload::cas::{CasError, CasErrorKind};
 use crate::payload::{CasField, PRef, Payload, PayloadField};
+use crate::verified::atomic::{CasError, CasErrorKind};
 
 /// Payload bytes up to this size are staged on the stack.
 const STACK_BYTES: usize = 256;

@@ -95,7 +95,7 @@ impl Codec for () {
 
 /// The `Codec` of a payload type (what the derive's `impl Codec` calls).
 #[doc(hidden)]
-pub fn encode_payload<T: crate::PayloadField>(value: &T, out: &mut Vec<u8>) {
+pub fn encode_payload<T: crate::payload::PayloadField>(value: &T, out: &mut Vec<u8>) {
     let start = out.len();
     out.resize(start + size_of::<T>(), 0);
     value.write_field(&mut out[start..]);

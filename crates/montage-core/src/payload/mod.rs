@@ -5,7 +5,7 @@
 //! A payload type is a `#[repr(C)]` struct of plain-old-data fields. Its bytes in the heap
 //! are its fields' bytes at their `offset_of!` offsets; every read goes through
 //! [`PayloadField::read_field`], which validates the bytes (a `bool` must be 0 or 1), so a
-//! damaged heap gives [`Error::Corrupted`], never an invalid value. No reference into the
+//! damaged heap gives [`Error::Corrupted`](crate::Error::Corrupted), never an invalid value. No reference into the
 //! heap is ever formed: fields are copied out and in through the heap's atomic accessors.
 //!
 //! Which field types are plain old data is zerocopy's judgement, not ours: every type that
@@ -15,15 +15,12 @@
 //! struct's fields' `PayloadField::Repr` types).
 
 pub(crate) mod access;
-#[allow(unsafe_code)]
-pub(crate) mod cas;
 pub(crate) mod codec;
 pub(crate) mod fingerprint;
-#[allow(unsafe_code)]
-pub(crate) mod list;
-#[allow(unsafe_code)]
-pub(crate) mod queue;
 pub(crate) mod registry;
+
+pub use codec::Codec;
+pub use fingerprint::Fingerprint;
 
 use std::marker::PhantomData;
 

@@ -6,13 +6,14 @@
 //! the mapping. Only the simulator intercepts stores (it must log them), and only the msync
 //! backend checks its poison flag on the write path.
 
-pub(crate) mod harness;
 pub(crate) mod msync;
+#[cfg(any(test, feature = "sim"))]
 pub(crate) mod sim;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 pub(crate) mod x86;
 
+#[cfg(any(test, feature = "sim"))]
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -20,6 +21,7 @@ use crate::config::{BackendKind, HeapConfig};
 use crate::error::{Error, Result};
 use crate::heap::region::Region;
 use msync::MsyncState;
+#[cfg(any(test, feature = "sim"))]
 use sim::Simulator;
 
 /// The size of a cache line: the unit of write-back on persistent memory.
@@ -35,6 +37,7 @@ pub(crate) enum Backend {
     Eadr,
     Msync(MsyncState),
     Volatile,
+    #[cfg(any(test, feature = "sim"))]
     Simulated(Arc<Simulator>),
 }
 
@@ -42,6 +45,7 @@ impl Backend {
     /// The backend `config` asks for; `initial` is the simulator's starting durable image.
     /// Fails only where the backend cannot run (the pmem backend off x86-64).
     #[cfg_attr(target_arch = "x86_64", allow(clippy::unnecessary_wraps))]
+    #[cfg_attr(not(any(test, feature = "sim")), allow(unused_variables))]
     pub(crate) fn new(config: &HeapConfig, initial: impl FnOnce() -> Vec<u8>) -> Result<Backend> {
         Ok(match config.backend {
             #[cfg(target_arch = "x86_64")]
@@ -55,6 +59,7 @@ impl Backend {
             BackendKind::Eadr => Backend::Eadr,
             BackendKind::Msync => Backend::Msync(MsyncState::default()),
             BackendKind::Volatile => Backend::Volatile,
+            #[cfg(any(test, feature = "sim"))]
             BackendKind::Simulated(mode) => {
                 let sim = Simulator::new(mode, initial());
                 if let Some(step) = config.sim_crash_at {
@@ -82,6 +87,7 @@ impl Media {
         &self.region
     }
 
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn simulator(&self) -> Option<&Arc<Simulator>> {
         match &self.backend {
             Backend::Simulated(sim) => Some(sim),
@@ -112,6 +118,7 @@ impl Media {
     #[inline]
     pub(crate) fn store(&self, offset: u64, value: u64) -> Result<()> {
         let value = value.to_le();
+        #[cfg(any(test, feature = "sim"))]
         if let Backend::Simulated(sim) = &self.backend {
             // ORDERING: Release pairs with the Acquire in `load`.
             return sim.store(&self.region, offset, value, Ordering::Release);
@@ -131,18 +138,19 @@ impl Media {
         new: u64,
     ) -> Result<Result<u64, u64>> {
         let (current, new) = (current.to_le(), new.to_le());
-        let result = if let Backend::Simulated(sim) = &self.backend {
-            sim.compare_exchange(&self.region, offset, current, new)?
-        } else {
-            self.check_poison()?;
-            // ORDERING: AcqRel publishes like `store` and observes like `load`.
-            self.region.word(offset)?.compare_exchange(
-                current,
-                new,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-        };
+        #[cfg(any(test, feature = "sim"))]
+        if let Backend::Simulated(sim) = &self.backend {
+            let result = sim.compare_exchange(&self.region, offset, current, new)?;
+            return Ok(result.map(u64::from_le).map_err(u64::from_le));
+        }
+        self.check_poison()?;
+        // ORDERING: AcqRel publishes like `store` and observes like `load`.
+        let result = self.region.word(offset)?.compare_exchange(
+            current,
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         Ok(result.map(u64::from_le).map_err(u64::from_le))
     }
 
@@ -155,6 +163,7 @@ impl Media {
     /// Copies `bytes` into the heap at `offset`.
     #[inline]
     pub(crate) fn write(&self, offset: u64, bytes: &[u8]) -> Result<()> {
+        #[cfg(any(test, feature = "sim"))]
         if let Backend::Simulated(sim) = &self.backend {
             return sim.write(&self.region, offset, bytes);
         }
@@ -176,6 +185,7 @@ impl Media {
             }
             Backend::Eadr | Backend::Volatile => Ok(()),
             Backend::Msync(state) => state.record(offset, len),
+            #[cfg(any(test, feature = "sim"))]
             Backend::Simulated(sim) => {
                 sim.flush(offset, len);
                 Ok(())
@@ -205,6 +215,7 @@ impl Media {
             }
             Backend::Volatile => Ok(()),
             Backend::Msync(state) => state.fence(self.region.mapping()),
+            #[cfg(any(test, feature = "sim"))]
             Backend::Simulated(sim) => {
                 sim.fence();
                 Ok(())

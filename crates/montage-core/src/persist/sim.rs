@@ -33,40 +33,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 
+use crate::config::SimMode;
 use crate::error::Result;
 use crate::heap::region::Region;
-
-/// How the simulator decides what a crash preserves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SimMode {
-    /// Per cache line, a random prefix of the stores not yet durable (x86 with ADR).
-    Prefix,
-    /// Per cache line, each 8-byte word independently old or new: a stricter superset of
-    /// `Prefix` that also breaks same-line ordering.
-    WordTear,
-    /// One global store order, flushes irrelevant: a random prefix of every store not yet
-    /// folded into the durable image (platforms with eADR).
-    Eadr,
-    /// Per 4 KiB page, a random prefix of its stores (an ordinary file under `msync`).
-    Msync,
-}
-
-impl SimMode {
-    /// Every mode, for tests that sweep them all.
-    pub const ALL: [SimMode; 4] = [
-        SimMode::Prefix,
-        SimMode::WordTear,
-        SimMode::Eadr,
-        SimMode::Msync,
-    ];
-
-    fn unit(self) -> u64 {
-        match self {
-            SimMode::Msync => 4096,
-            _ => 64,
-        }
-    }
-}
 
 /// The most stores the eADR mode keeps undecided; older ones are folded into the durable
 /// image, which only narrows the set of images a crash can produce; every one stays legal.
@@ -511,59 +480,6 @@ fn build_image(mode: SimMode, persisted: &Persisted, seed: u64) -> Vec<u8> {
         }
     }
     image
-}
-
-/// The seeds a crash test should run: `MONTAGE_CRASH_SEED=<n>` selects exactly one (to replay
-/// a failure), `MONTAGE_CRASH_SEEDS=<count>` changes how many, and otherwise `0..default`.
-pub fn crash_seeds(default: u64) -> Vec<u64> {
-    if let Some(seed) = std::env::var("MONTAGE_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-    {
-        return vec![seed];
-    }
-    let count = std::env::var("MONTAGE_CRASH_SEEDS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(default);
-    (0..count).collect()
-}
-
-/// Runs `test` once per seed of [`crash_seeds`]. When one panics, prints the seed and how to
-/// replay it, then lets the panic continue; with `MONTAGE_CRASH_KEEP_GOING=1` it runs every
-/// seed first and fails at the end. Either way it ends with a line
-/// ``crash test `name`: N passed, M failed`` on standard error.
-///
-/// # Panics
-///
-/// When `test` panics for a seed.
-pub fn for_each_seed(name: &str, default: u64, mut test: impl FnMut(u64)) {
-    let keep_going = std::env::var_os("MONTAGE_CRASH_KEEP_GOING").is_some_and(|v| v == "1");
-    let (mut passed, mut failed) = (0u64, Vec::new());
-    for seed in crash_seeds(default) {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(seed)));
-        match result {
-            Ok(()) => passed += 1,
-            Err(panic) => {
-                eprintln!(
-                    "crash test `{name}` failed at seed {seed}; replay with MONTAGE_CRASH_SEED={seed}"
-                );
-                failed.push(seed);
-                if !keep_going {
-                    eprintln!("crash test `{name}`: {passed} passed, 1 failed");
-                    std::panic::resume_unwind(panic);
-                }
-            }
-        }
-    }
-    eprintln!(
-        "crash test `{name}`: {passed} passed, {} failed",
-        failed.len()
-    );
-    assert!(
-        failed.is_empty(),
-        "crash test `{name}` failed at seeds {failed:?}"
-    );
 }
 
 #[cfg(test)]

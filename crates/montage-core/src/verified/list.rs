@@ -27,10 +27,10 @@ use std::ptr::NonNull;
 
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
-use crate::payload::cas::{
+use crate::primitive::{AtomicUsize, Ordering};
+use crate::verified::atomic::{
     CasErrorKind, Clock, VerifiedAtomic, free_chain, load_raw, publish_node, reclaim,
 };
-use crate::primitive::{AtomicUsize, Ordering};
 
 /// Value-word states above any live value (live values are below 2^61).
 const REMOVED: u64 = 1 << 61;
@@ -395,7 +395,8 @@ impl<K> Drop for VerifiedList<K> {
 #[cfg(all(test, not(montage_loom)))]
 mod tests {
     use super::*;
-    use crate::{Heap, HeapConfig, SimMode};
+    use crate::config::SimMode;
+    use crate::{Heap, HeapConfig};
 
     fn length(list: &VerifiedList<u64>) -> usize {
         let guard = reclaim::pin();

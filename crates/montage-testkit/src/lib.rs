@@ -1,14 +1,49 @@
-//! What every buffered-durability crash test needs beside the simulator: worker threads
-//! running operations while another thread moves the clock ([`run_with_clock`]; for crash
-//! tests a random mix of `sync` and plain advances), a record of which syncs returned and
-//! what they covered, and the check that the recovered clock covers every sync that
-//! returned before the crash.
+//! Crash-test support for montage heaps: what every buffered-durability crash test needs
+//! beside the power-failure simulator (`montage_core::sim`, which this crate turns on and
+//! re-exports).
+//!
+//! * seeds: [`crash_seeds`] and [`for_each_seed`], which read `MONTAGE_CRASH_SEED`,
+//!   `MONTAGE_CRASH_SEEDS` and `MONTAGE_CRASH_KEEP_GOING`, print the seed of a failure and
+//!   how to replay it, and end with `N passed, M failed`;
+//! * worker threads running operations while another thread moves the clock
+//!   ([`run_with_clock`]; for crash tests a random mix of `sync` and plain advances,
+//!   [`run_against_clock`]);
+//! * a record of which syncs returned and what they covered, and the check that the
+//!   recovered clock covers every sync that returned before the crash ([`check_synced`],
+//!   [`crash_generation`]).
+//!
+//! It is a separate crate so that the runtime carries none of this: it reads environment
+//! variables, catches panics and prints. Depend on it from `[dev-dependencies]`.
+//!
+//! ```
+//! use montage_core::{Heap, HeapConfig, ScanFilter};
+//! use montage_testkit::for_each_seed;
+//! use montage_testkit::sim::SimMode;
+//!
+//! for_each_seed("doc", 8, |seed| {
+//!     let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+//!     let heap = Heap::create(&config).unwrap();
+//!     let owner = heap.register("log").unwrap();
+//!     heap.run_op(|op| op.alloc(owner, 0, b"synced")).unwrap();
+//!     heap.sync().unwrap();
+//!     heap.run_op(|op| op.alloc(owner, 0, b"not synced")).unwrap();
+//!     let image = heap.simulator().unwrap().crash(seed);
+//!     let heap = Heap::open_image(image, &config).unwrap();
+//!     let kept = heap.collect(ScanFilter::all().owner(owner)).unwrap();
+//!     assert_eq!(kept.len(), 1, "seed {seed}");
+//! });
+//! ```
+
+#![forbid(unsafe_code)]
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::heap::Heap;
-use crate::persist::sim::{CrashImage, SplitMix64};
+use montage_core::Heap;
+use montage_core::sim::{CrashImage, SplitMix64};
+
+/// The power-failure simulator, re-exported so that a crash test needs this crate only.
+pub use montage_core::sim;
 
 /// A sync that returned during [`run_against_clock`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +207,59 @@ pub fn check_synced(syncs: &[SyncRecord], crash_step: u64, cut: u64) -> Result<(
         )),
         None => Ok(()),
     }
+}
+
+/// The seeds a crash test should run: `MONTAGE_CRASH_SEED=<n>` selects exactly one (to replay
+/// a failure), `MONTAGE_CRASH_SEEDS=<count>` changes how many, and otherwise `0..default`.
+pub fn crash_seeds(default: u64) -> Vec<u64> {
+    if let Some(seed) = std::env::var("MONTAGE_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        return vec![seed];
+    }
+    let count = std::env::var("MONTAGE_CRASH_SEEDS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default);
+    (0..count).collect()
+}
+
+/// Runs `test` once per seed of [`crash_seeds`]. When one panics, prints the seed and how to
+/// replay it, then lets the panic continue; with `MONTAGE_CRASH_KEEP_GOING=1` it runs every
+/// seed first and fails at the end. Either way it ends with a line
+/// ``crash test `name`: N passed, M failed`` on standard error.
+///
+/// # Panics
+///
+/// When `test` panics for a seed.
+pub fn for_each_seed(name: &str, default: u64, mut test: impl FnMut(u64)) {
+    let keep_going = std::env::var_os("MONTAGE_CRASH_KEEP_GOING").is_some_and(|v| v == "1");
+    let (mut passed, mut failed) = (0u64, Vec::new());
+    for seed in crash_seeds(default) {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(seed)));
+        match result {
+            Ok(()) => passed += 1,
+            Err(panic) => {
+                eprintln!(
+                    "crash test `{name}` failed at seed {seed}; replay with MONTAGE_CRASH_SEED={seed}"
+                );
+                failed.push(seed);
+                if !keep_going {
+                    eprintln!("crash test `{name}`: {passed} passed, 1 failed");
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "crash test `{name}`: {passed} passed, {} failed",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "crash test `{name}` failed at seeds {failed:?}"
+    );
 }
 
 #[cfg(test)]

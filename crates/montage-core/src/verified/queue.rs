@@ -17,8 +17,8 @@ use std::ptr::NonNull;
 
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
-use crate::payload::cas::{Clock, dcss, free_chain, load_raw, publish_node, reclaim};
 use crate::primitive::{AtomicU64, AtomicUsize, Ordering};
+use crate::verified::atomic::{Clock, dcss, free_chain, load_raw, publish_node, reclaim};
 
 /// Node words are DCSS words holding `address << 1` (bit 0 tags descriptors).
 fn enc(addr: usize) -> usize {
@@ -253,7 +253,8 @@ impl Drop for VerifiedQueue {
 #[cfg(all(test, not(montage_loom)))]
 mod tests {
     use super::*;
-    use crate::{Heap, HeapConfig, SimMode};
+    use crate::config::SimMode;
+    use crate::{Heap, HeapConfig};
 
     #[test]
     fn fifo_order_sequence_numbers_and_an_older_empty_read_aborts() {

@@ -1,0 +1,161 @@
+//! Reading blocks outside operations: a block's header, its payload, and the parallel scan
+//! with which a structure finds its payloads when it opens.
+
+use std::sync::{Mutex, PoisonError};
+
+use super::Heap;
+use crate::alloc::block::{BlockInfo, OwnerId, PBlock};
+use crate::error::Result;
+use crate::recovery::BlockView;
+use crate::recovery::scan::{self, UnitVisit};
+
+/// Which blocks a [`Heap::scan`] visits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanFilter {
+    /// Only blocks of this owner.
+    pub owner: Option<OwnerId>,
+    /// Only blocks of this type id.
+    pub type_id: Option<u64>,
+}
+
+impl ScanFilter {
+    /// Every valid block.
+    pub fn all() -> ScanFilter {
+        ScanFilter::default()
+    }
+
+    /// Only blocks of `owner`.
+    #[must_use]
+    pub fn owner(mut self, owner: OwnerId) -> ScanFilter {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Only blocks of `type_id`.
+    #[must_use]
+    pub fn type_id(mut self, type_id: u64) -> ScanFilter {
+        self.type_id = Some(type_id);
+        self
+    }
+
+    pub(crate) fn matches(&self, info: &BlockInfo) -> bool {
+        self.owner.is_none_or(|o| o == info.spec.owner)
+            && self.type_id.is_none_or(|t| t == info.spec.type_id)
+    }
+}
+
+impl Heap {
+    /// The handle of the live block whose header is at `offset` (for handles stored as
+    /// plain offsets, for example inside other payloads).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) unless a live block starts at `offset`.
+    pub fn block_at(&self, offset: u64) -> Result<PBlock> {
+        let block = PBlock(offset);
+        self.info(block).map(|_| block)
+    }
+
+    /// The header of a live block.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) if `block` is not a live block of this heap.
+    pub fn info(&self, block: PBlock) -> Result<BlockInfo> {
+        self.shared().alloc.header(&self.shared().media, block)
+    }
+
+    /// The payload of a live block (its recorded length).
+    ///
+    /// Outside an operation this reads whatever the block holds now: possibly bytes an
+    /// operation is writing, possibly a version a crash would drop. It is always memory-safe
+    /// but promises no consistency; structures read inside operations
+    /// ([`OpGuard::read`](crate::OpGuard::read)), which also check epochs.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) if `block` is not a live block.
+    pub fn read_payload(&self, block: PBlock) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.read_payload_into(block, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// [`read_payload`](Self::read_payload) into `buf` (resized to the payload's length), so
+    /// that a caller with a buffer of its own allocates nothing.
+    ///
+    /// A structure may read this way, outside any operation, when the block cannot change
+    /// or be retired while it reads: when every write to the block and the block's removal
+    /// from the structure's index happen under a lock the reader holds (see "Reads outside
+    /// operations" in `docs/design.md`).
+    ///
+    /// # Errors
+    ///
+    /// As [`read_payload`](Self::read_payload).
+    pub fn read_payload_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
+        let info = self.info(block)?;
+        buf.resize(info.len as usize, 0);
+        self.shared().media.read(block.payload_offset(), buf)
+    }
+
+    /// Visits every valid block matching `filter`, in parallel over the heap's spans. Blocks
+    /// allocated or freed while the scan runs may or may not be seen. Returns how many blocks
+    /// were visited.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupted`](crate::Error::Corrupted) if the span table is damaged; any error `visit` returns.
+    pub fn scan(
+        &self,
+        filter: ScanFilter,
+        threads: usize,
+        visit: impl Fn(&BlockView<'_>) -> Result<()> + Sync,
+    ) -> Result<u64> {
+        let units = scan::read_span_table(&self.shared().media, &self.shared().geometry)?;
+        let progress = std::sync::atomic::AtomicU64::new(0);
+        let work = |unit: UnitVisit<'_>| -> Result<u64> {
+            let mut seen = 0;
+            for view in unit.blocks.iter().filter_map(|(_, v)| v.as_ref()) {
+                if filter.matches(view.info()) {
+                    visit(view)?;
+                    seen += 1;
+                }
+            }
+            Ok(seen)
+        };
+        let options = scan::ScanOptions {
+            threads,
+            settle: false,
+            progress: None,
+        };
+        let counts = scan::scan(
+            &self.shared().media,
+            &self.shared().geometry,
+            &units,
+            options,
+            &progress,
+            &work,
+            &|| Ok(()),
+        )?;
+        Ok(counts.into_iter().sum())
+    }
+
+    /// The headers of every valid block matching `filter`, in heap order.
+    ///
+    /// # Errors
+    ///
+    /// As [`scan`](Self::scan).
+    pub fn collect(&self, filter: ScanFilter) -> Result<Vec<BlockInfo>> {
+        let found = Mutex::new(Vec::new());
+        self.scan(filter, 1, |view| {
+            found
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(*view.info());
+            Ok(())
+        })?;
+        let mut found = found.into_inner().unwrap_or_else(PoisonError::into_inner);
+        found.sort_unstable_by_key(|info| info.block);
+        Ok(found)
+    }
+}

@@ -1,0 +1,318 @@
+//! Creating, formatting and opening heaps: the file, its lock and mapping, the superblock,
+//! and the recovery every open runs before the heap is handed out.
+
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::Read;
+use std::path::Path;
+use std::sync::Mutex;
+
+use zerocopy::IntoBytes;
+
+use super::directory::read_directory;
+use super::layout::{
+    CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, MAGIC_OFFSET,
+    SUPERBLOCK_HEAD_LEN,
+};
+use super::mapping::Mapping;
+use super::region::Region;
+use super::{Heap, INITIAL_EPOCH, Shared};
+use crate::alloc::{Allocator, FreeState};
+use crate::config::{BackendKind, HeapConfig, Location};
+use crate::epoch::Epochs;
+use crate::error::{Error, Result};
+use crate::payload::registry::Registry;
+#[cfg(any(test, feature = "sim"))]
+use crate::persist::sim::CrashImage;
+use crate::persist::{Backend, Media};
+use crate::recovery::{self, BlockView, RecoveryReport, Verdict};
+
+/// How recovery decides which blocks live.
+#[derive(Clone, Copy)]
+pub(super) enum Policy<'a> {
+    /// The epoch rule (DESIGN.md section 5).
+    Epochs,
+    /// The caller's decision.
+    Custom(&'a (dyn Fn(&BlockView<'_>) -> Verdict + Sync)),
+}
+
+/// Where an opened heap's bytes came from.
+enum Source<'a> {
+    File(&'a Path),
+    #[cfg(any(test, feature = "sim"))]
+    Image(Vec<u8>),
+}
+
+impl Heap {
+    /// Creates a new heap as `config` describes. A file heap is created at the configured
+    /// path, which must not exist yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyExists`] if the file exists (it is left untouched), [`Error::BadSize`]
+    /// for a size that cannot hold a heap, [`Error::Io`] if the file cannot be created or
+    /// sized, [`Error::InvalidConfig`] for an inconsistent configuration.
+    pub fn create(config: &HeapConfig) -> Result<Heap> {
+        config.validate()?;
+        let creation_id = random_id();
+        let geometry = Geometry::for_new(config.size, creation_id)?;
+        let len = usize::try_from(geometry.heap_size).map_err(|_| Error::BadSize {
+            size: geometry.heap_size,
+            why: "larger than the address space",
+        })?;
+        let (mapping, file) = match &config.location {
+            Location::File(path) => {
+                let file = match OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        return Err(Error::AlreadyExists { path: path.clone() });
+                    }
+                    Err(e) => return Err(Error::io("create", path, e)),
+                };
+                let made = lock_file(&file, path)
+                    .and_then(|()| {
+                        file.set_len(geometry.heap_size)
+                            .map_err(|e| Error::io("set_len", path, e))
+                    })
+                    .and_then(|()| {
+                        Mapping::file(&file, len, wants_map_sync(config.backend))
+                            .map_err(|e| Error::io("mmap", path, e))
+                    });
+                match made {
+                    Ok(mapping) => (mapping, Some((file, path.clone()))),
+                    Err(err) => {
+                        // We made this file a moment ago and it holds nothing yet.
+                        drop(file);
+                        let _ = std::fs::remove_file(path);
+                        return Err(err);
+                    }
+                }
+            }
+            Location::Memory => (
+                Mapping::anonymous(len).map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?,
+                None,
+            ),
+        };
+        let region = Region::new(mapping);
+        let backend = Backend::new(config, || vec![0u8; len])?;
+        let media = Media::new(region, backend);
+        format(&media, &geometry)?;
+        let free = FreeState {
+            free_spans: (0..geometry.span_count).collect(),
+            ..FreeState::new(geometry.span_count)
+        };
+        let shared = Shared {
+            alloc: Allocator::new(geometry, config.thread_slots, free),
+            epochs: Epochs::new(INITIAL_EPOCH, 1, config.thread_slots, config.epoch_length),
+            media,
+            geometry,
+            directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
+            types: Registry::empty(),
+            report: RecoveryReport {
+                clean_shutdown: true,
+                ..RecoveryReport::default()
+            },
+            backend: config.backend,
+            write_back: config.write_back,
+            file,
+        };
+        Heap::start(shared)
+    }
+
+    /// Opens an existing heap file and recovers it: with `w` the stored epoch word, keeps
+    /// the blocks of epochs `<= w - 2`, the newest version of each uid, none whose newest
+    /// version is an anti-block, and durably invalidates everything else before returning.
+    /// Each named structure then finds its payloads with [`scan`](Self::scan).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Locked`] if the heap is open elsewhere; [`Error::BadMagic`],
+    /// [`Error::FormatVersion`], [`Error::Truncated`] or [`Error::Corrupted`] if the file is
+    /// not a heap this build can read (the file is left untouched); [`Error::Io`] if it
+    /// cannot be opened or mapped.
+    pub fn open(config: &HeapConfig) -> Result<Heap> {
+        Self::open_file(config, Policy::Epochs)
+    }
+
+    pub(super) fn open_file(config: &HeapConfig, policy: Policy<'_>) -> Result<Heap> {
+        config.validate()?;
+        match &config.location {
+            Location::File(path) => Self::open_source(config, Source::File(path), policy),
+            Location::Memory => Err(Error::InvalidConfig {
+                what: "an in-memory heap cannot be opened; use open_image",
+            }),
+        }
+    }
+
+    #[cfg(any(test, feature = "sim"))]
+    /// Opens a heap from a crash image (or any saved heap bytes) into memory, on the
+    /// configured in-memory backend (usually the simulator, so recovery can itself be
+    /// crashed), and recovers it as [`open`](Self::open) does.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open), for the image's contents.
+    pub fn open_image(image: CrashImage, config: &HeapConfig) -> Result<Heap> {
+        Self::open_image_policy(image, config, Policy::Epochs)
+    }
+
+    #[cfg(any(test, feature = "sim"))]
+    pub(super) fn open_image_policy(
+        image: CrashImage,
+        config: &HeapConfig,
+        policy: Policy<'_>,
+    ) -> Result<Heap> {
+        config.validate()?;
+        if config.location != Location::Memory {
+            return Err(Error::InvalidConfig {
+                what: "open_image needs an in-memory configuration",
+            });
+        }
+        Self::open_source(config, Source::Image(image.into_bytes()), policy)
+    }
+
+    fn open_source(config: &HeapConfig, source: Source<'_>, policy: Policy<'_>) -> Result<Heap> {
+        let (geometry, mapping, file, initial) = match source {
+            Source::File(path) => {
+                let mut file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| Error::io("open", path, e))?;
+                lock_file(&file, path)?;
+                let file_len = file
+                    .metadata()
+                    .map_err(|e| Error::io("stat", path, e))?
+                    .len();
+                let mut head = Vec::with_capacity(SUPERBLOCK_HEAD_LEN as usize);
+                (&mut file)
+                    .take(SUPERBLOCK_HEAD_LEN)
+                    .read_to_end(&mut head)
+                    .map_err(|e| Error::io("read", path, e))?;
+                let geometry = Geometry::from_superblock(&head, file_len)?;
+                let len = usize::try_from(geometry.heap_size).map_err(|_| Error::BadSize {
+                    size: geometry.heap_size,
+                    why: "larger than the address space",
+                })?;
+                let mapping = Mapping::file(&file, len, wants_map_sync(config.backend))
+                    .map_err(|e| Error::io("mmap", path, e))?;
+                (
+                    geometry,
+                    mapping,
+                    Some((file, path.to_path_buf())),
+                    None::<Vec<u8>>,
+                )
+            }
+            #[cfg(any(test, feature = "sim"))]
+            Source::Image(bytes) => {
+                let geometry = Geometry::from_superblock(&bytes, bytes.len() as u64)?;
+                let mapping = Mapping::anonymous(bytes.len())
+                    .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?;
+                (geometry, mapping, None, Some(bytes))
+            }
+        };
+        let region = Region::new(mapping);
+        if let Some(bytes) = &initial {
+            // Loading the image is not a store the simulator should see: it is the durable
+            // state the simulator starts from.
+            region.write(0, bytes)?;
+        }
+        let backend = Backend::new(config, || initial.unwrap_or_default())?;
+        let media = Media::new(region, backend);
+
+        // PERSIST: INV-REC-1: recovery decides on the durable image, so whatever a crashed
+        // process left dirty is written back before it is read.
+        media.settle_before_recovery(geometry.data_offset)?;
+        let clean = media.load(CLEAN_SHUTDOWN_OFFSET)? == 1;
+        let epoch = media.load(EPOCH_OFFSET)?;
+        if epoch < INITIAL_EPOCH {
+            return Err(Error::Corrupted {
+                offset: EPOCH_OFFSET,
+                what: "the epoch word is below the first epoch",
+            });
+        }
+        let options = recovery::Options {
+            threads: config.recovery_threads,
+            progress: config.progress.as_ref().map(|p| &*p.0),
+        };
+        let recovered = match policy {
+            Policy::Epochs => recovery::recover_epochs(&media, &geometry, options, epoch)?,
+            Policy::Custom(decide) => recovery::recover(&media, &geometry, options, decide)?,
+        };
+        let recovery::Recovered {
+            free,
+            mut report,
+            max_uid,
+            antis,
+        } = recovered;
+        let next_uid = max_uid + 1;
+        report.clean_shutdown = clean;
+        let directory = read_directory(&media, &geometry)?;
+        let types = Registry::load(&media, geometry.creation_id)?;
+        media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
+        // PERSIST: the heap is marked open (not cleanly shut down) before it is used.
+        media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
+        let shared = Shared {
+            alloc: Allocator::new(geometry, config.thread_slots, free),
+            epochs: Epochs::new(epoch, next_uid, config.thread_slots, config.epoch_length),
+            media,
+            geometry,
+            directory: Mutex::new(directory),
+            types,
+            report,
+            backend: config.backend,
+            write_back: config.write_back,
+            file,
+        };
+        let heap = Heap::start(shared)?;
+        // The anti-blocks recovery kept shadow versions it has durably invalidated; they can
+        // go now (INV-EP-3), in a fence of their own after the one that covered the victims.
+        heap.shared().alloc.release(&heap.shared().media, &antis)?;
+        Ok(heap)
+    }
+}
+
+fn wants_map_sync(backend: BackendKind) -> bool {
+    matches!(backend, BackendKind::Pmem | BackendKind::Eadr)
+}
+
+fn lock_file(file: &File, path: &Path) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked {
+            path: path.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io("flock", path, e)),
+    }
+}
+
+fn random_id() -> u64 {
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+/// Writes a new heap's superblock. The magic goes last, so a crash while formatting leaves
+/// a file that open rejects as "not a heap" rather than a half-made heap.
+fn format(media: &Media, geometry: &Geometry) -> Result<()> {
+    let head = geometry.superblock();
+    let bytes = head.as_bytes();
+    media.write(8, &bytes[8..])?;
+    media.store(EPOCH_OFFSET, INITIAL_EPOCH)?;
+    media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
+    // PERSIST: every superblock field is durable before the magic that makes it a heap.
+    media.persist(0, geometry.data_offset)?;
+    media.write(MAGIC_OFFSET, &bytes[..8])?;
+    // PERSIST: the heap exists once the magic is durable.
+    media.persist(MAGIC_OFFSET, 8)
+}

@@ -1,0 +1,19 @@
+//! Epoch-verified DRAM structures for nonblocking indexes: [`VerifiedAtomic`], a word whose
+//! compare-and-swap succeeds only while the clock still reads the calling operation's epoch
+//! (Montage's DCSS), and the two lock-free structures built on it, [`VerifiedList`] (a
+//! sorted list of keys with value words) and [`VerifiedQueue`] (a Michael-Scott queue).
+//!
+//! They live in DRAM: they are indexes, rebuilt from payloads after a restart. What makes
+//! them safe to use for a buffered durably linearizable structure is that every change a
+//! structure's state depends on linearizes inside the operation's epoch (INV-CAS-1).
+
+#[allow(unsafe_code)]
+pub(crate) mod atomic;
+#[allow(unsafe_code)]
+pub(crate) mod list;
+#[allow(unsafe_code)]
+pub(crate) mod queue;
+
+pub use atomic::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
+pub use list::{MAX_LIST_VALUE, VerifiedList};
+pub use queue::VerifiedQueue;
