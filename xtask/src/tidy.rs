@@ -7,8 +7,8 @@ use crate::Result;
 
 /// The only files allowed to contain `unsafe` (STYLE.md 3.4).
 const UNSAFE_ALLOWED: &[&str] = &[
-    "crates/montage-core/src/heap/region.rs",
-    "crates/montage-core/src/heap/mapping.rs",
+    "crates/montage-core/src/base/region.rs",
+    "crates/montage-core/src/base/mapping.rs",
     "crates/montage-core/src/persist/x86.rs",
     "crates/montage-core/src/verified/atomic.rs",
     "crates/montage-core/src/verified/list.rs",
@@ -16,6 +16,25 @@ const UNSAFE_ALLOWED: &[&str] = &[
     // Opening an LMDB environment (heed) is an `unsafe` call; the harness has no other.
     "benches/harness/src/stores/peers.rs",
 ];
+
+/// The layers of `montage-core`, lowest first (docs/ARCHITECTURE.md draws them). A module
+/// may use only modules of lower layers; modules of one layer do not use each other. The
+/// crate root (`lib.rs`) sits on top and may use any.
+const CORE_LAYERS: &[&[&str]] = &[
+    &["error", "primitive", "thread_id", "fingerprint"],
+    &["config"],
+    &["base"],
+    &["persist"],
+    &["meta"],
+    &["alloc"],
+    &["recovery", "epoch"],
+    &["verified"],
+    &["heap"],
+    &["payload"],
+];
+
+/// Where the core's modules live.
+const CORE_SRC: &str = "crates/montage-core/src/";
 
 pub(crate) fn run(root: &Path) -> Result {
     let mut problems = Vec::new();
@@ -68,6 +87,9 @@ fn check_rust(rel: &str, text: &str, problems: &mut Vec<String>) {
         .windows(2)
         .position(|w| w[0] == "#[cfg(test)]" && w[1].starts_with("mod tests"))
         .unwrap_or(lines.len());
+    if rel.starts_with(CORE_SRC) {
+        check_layers(rel, &lines, problems);
+    }
     let persist_rule = rel.starts_with("crates/montage-core/src/")
         && !rel.starts_with("crates/montage-core/src/persist/");
     let unsafe_token = ["un", "safe"].concat();
@@ -101,6 +123,68 @@ fn check_rust(rel: &str, text: &str, problems: &mut Vec<String>) {
             problems.push(format!(
                 "{at}: flush/fence/persist call without a `// PERSIST:` comment"
             ));
+        }
+    }
+}
+
+/// The layer of the core module `name`, if it has one.
+fn layer_of(name: &str) -> Option<usize> {
+    CORE_LAYERS.iter().position(|layer| layer.contains(&name))
+}
+
+/// Checks that a `montage-core` source file uses no module of its own or a higher layer (see
+/// [`CORE_LAYERS`]), and no item through the crate root, which would hide the module it
+/// comes from. Unit-test modules at the end of a file may use anything.
+fn check_layers(rel: &str, lines: &[&str], problems: &mut Vec<String>) {
+    let path = &rel[CORE_SRC.len()..];
+    if path == "lib.rs" {
+        return;
+    }
+    let module = path
+        .split('/')
+        .next()
+        .unwrap_or(path)
+        .trim_end_matches(".rs");
+    let Some(own) = layer_of(module) else {
+        problems.push(format!(
+            "{rel}: module `{module}` is in no layer; add it to CORE_LAYERS in xtask/src/tidy.rs"
+        ));
+        return;
+    };
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let next = lines.get(i + 1).map_or("", |l| l.trim_start());
+        if trimmed.starts_with("#[cfg(") && trimmed.contains("test") && next.starts_with("mod ") {
+            break;
+        }
+        let code = line.split("//").next().unwrap_or("");
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            let used: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let line_no = i + 1;
+            if used.is_empty() {
+                problems.push(format!(
+                    "{rel}:{line_no}: import from one module per `use crate::...` line, so the \
+                     layer check can see it"
+                ));
+                continue;
+            }
+            if used == module {
+                continue;
+            }
+            match layer_of(&used) {
+                Some(layer) if layer < own => {}
+                Some(_) => problems.push(format!(
+                    "{rel}:{line_no}: `{module}` uses `{used}`, which is not in a lower layer"
+                )),
+                None => problems.push(format!(
+                    "{rel}:{line_no}: `crate::{used}` is not a layered module; name the module \
+                     it comes from"
+                )),
+            }
         }
     }
 }

@@ -1,10 +1,10 @@
-//! `HeapConfig`: where a heap lives, how big it is, and which persistence backend writes it back.
+//! `HeapConfig`: where a heap lives, how big it is, which persistence backend writes it back,
+//! and how its clock advances. A leaf: every layer reads its configuration from here.
 
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::epoch::EpochLength;
 use crate::error::{Error, Result};
 
 /// How the simulator decides what a crash preserves.
@@ -91,6 +91,21 @@ pub enum WriteBack {
     /// the stored clock), so this mode costs what strict durability costs without promising
     /// more than [`Epoch`](Self::Epoch). Use it to measure, not to serve.
     MeasureEachOp,
+}
+
+/// How the clock advances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochLength {
+    /// A background thread advances the clock this often (and `sync` advances it at once).
+    Every(Duration),
+    /// No background thread: the clock moves only when `sync` or
+    /// [`Heap::advance_epoch`](crate::Heap::advance_epoch) moves it. For deterministic tests.
+    Manual,
+}
+
+impl EpochLength {
+    /// The default: 50 ms, as in the Montage paper's configuration.
+    pub const DEFAULT: EpochLength = EpochLength::Every(Duration::from_millis(50));
 }
 
 /// Where a heap's bytes live.

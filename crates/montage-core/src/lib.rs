@@ -57,22 +57,27 @@
 // Errors are therefore built lazily, which this lint would undo.
 #![allow(clippy::unnecessary_lazy_evaluations)]
 
+// The layers, lowest first; a module uses only those above it in this list (`cargo xtask
+// tidy` checks it). See docs/ARCHITECTURE.md.
 mod alloc;
+mod base;
 mod config;
 mod epoch;
 mod error;
+mod fingerprint;
 mod heap;
+mod meta;
 pub mod payload;
 mod persist;
 mod primitive;
 mod recovery;
-mod slot;
+mod thread_id;
 pub mod verified;
 
 pub use alloc::AllocStats;
 pub use alloc::block::{BlockInfo, BlockKind, OwnerId, PBlock};
-pub use config::{BackendKind, HeapConfig, WriteBack};
-pub use epoch::EpochLength;
+pub use config::{BackendKind, EpochLength, HeapConfig, WriteBack};
+
 pub use epoch::op::OpGuard;
 pub use error::{Error, Result};
 pub use heap::raw;
@@ -82,13 +87,11 @@ pub use recovery::{BlockView, RecoveryReport};
 
 /// The fixed sizes and limits of the heap format and the runtime.
 pub mod limits {
-    pub use crate::config::DEFAULT_HEAP_SIZE;
-    pub use crate::heap::INITIAL_EPOCH;
-    pub use crate::heap::layout::{
-        DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX, REGISTRY_CAPACITY,
-        SPAN_SIZE,
+    pub use crate::base::layout::{
+        CACHE_LINE, DIRECTORY_CAPACITY, HEADER_LEN, INITIAL_EPOCH, MAX_HEAP_SIZE, MIN_HEAP_SIZE,
+        NAME_MAX, PAGE_SIZE, REGISTRY_CAPACITY, SPAN_SIZE,
     };
-    pub use crate::persist::{CACHE_LINE, PAGE_SIZE};
+    pub use crate::config::DEFAULT_HEAP_SIZE;
 }
 
 /// The power-failure simulator every crash test runs on (the `sim` feature): a backend that

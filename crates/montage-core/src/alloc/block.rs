@@ -1,6 +1,6 @@
 //! The public vocabulary of blocks: handles (`PBlock`), owners, kinds, and what a header says.
 
-use crate::heap::layout::{HEADER_LEN, RawHeader};
+use crate::base::layout::{HEADER_LEN, RawHeader};
 
 /// A handle to one block in a heap: the byte offset of its header. Offsets, never addresses,
 /// so a handle stays valid when the heap is mapped elsewhere, and can itself be stored in

@@ -23,8 +23,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::CachePadded;
 
+use crate::base::layout::{Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_SIZE, SpanEntry};
 use crate::error::{Error, Result};
-use crate::heap::layout::{Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_SIZE, SpanEntry};
 use crate::persist::Media;
 use block::{BlockInfo, BlockSpec, PBlock};
 use size_class::{NUM_CLASSES, blocks_per_span, class_for, class_size, spans_for};
@@ -177,7 +177,7 @@ impl Allocator {
     }
 
     fn cache(&self) -> &Mutex<ThreadCache> {
-        let index = crate::slot::current() % self.caches.len();
+        let index = crate::thread_id::current() % self.caches.len();
         &self.caches[index]
     }
 

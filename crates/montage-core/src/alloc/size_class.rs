@@ -6,7 +6,7 @@
     clippy::cast_possible_truncation
 )]
 
-use crate::heap::layout::SPAN_SIZE;
+use crate::base::layout::SPAN_SIZE;
 
 /// Block sizes (header included), all multiples of the 64-byte cache line so that blocks
 /// never share a line: 64 B to 1 KiB in 64-byte steps, then four steps per doubling to 16 KiB.

@@ -55,26 +55,14 @@ use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
+use crate::alloc::Allocator;
 use crate::alloc::block::PBlock;
+use crate::base::layout::EPOCH_OFFSET;
+use crate::config::{EpochLength, WriteBack};
 use crate::error::{Error, Result};
-use crate::heap::Shared;
-use crate::heap::layout::EPOCH_OFFSET;
+use crate::meta::registry::Registry;
+use crate::persist::Media;
 use tracker::Tracker;
-
-/// How the clock advances.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EpochLength {
-    /// A background thread advances the clock this often (and `sync` advances it at once).
-    Every(Duration),
-    /// No background thread: the clock moves only when `sync` or
-    /// [`Heap::advance_epoch`](crate::Heap::advance_epoch) moves it. For deterministic tests.
-    Manual,
-}
-
-impl EpochLength {
-    /// The default: 50 ms, as in the Montage paper's configuration.
-    pub const DEFAULT: EpochLength = EpochLength::Every(Duration::from_millis(50));
-}
 
 /// What operations of one epoch left for the advancer, in one thread slot.
 #[derive(Debug, Default)]
@@ -229,17 +217,17 @@ impl Epochs {
     }
 
     /// Moves the clock forward once (see the module docs); returns the new epoch.
-    pub(crate) fn advance(&self, shared: &Shared) -> Result<u64> {
+    pub(crate) fn advance(&self, media: &Media, alloc: &Allocator) -> Result<u64> {
         self.check_open()?;
         let mut advances = self.lock_advance()?;
-        self.advance_held(&mut advances, shared)
+        self.advance_held(&mut advances, media, alloc)
     }
 
     /// One advance, with the advance lock held (`advances` is its guarded count). A failure
     /// stops the clock.
-    fn advance_held(&self, advances: &mut u64, shared: &Shared) -> Result<u64> {
+    fn advance_held(&self, advances: &mut u64, media: &Media, alloc: &Allocator) -> Result<u64> {
         self.check_running()?;
-        let result = self.advance_locked(shared);
+        let result = self.advance_locked(media, alloc);
         if result.is_err() {
             self.stop();
         } else {
@@ -265,19 +253,19 @@ impl Epochs {
     /// already so and nothing is advanced; otherwise the clock moves two epochs past the call.
     /// Callers queue on the advance lock, so one advance serves every caller whose target it
     /// reaches (group commit).
-    pub(crate) fn sync(&self, shared: &Shared) -> Result<()> {
+    pub(crate) fn sync(&self, media: &Media, alloc: &Allocator) -> Result<()> {
         self.check_open()?;
-        self.sync_closing(shared)
+        self.sync_closing(media, alloc)
     }
 
     /// [`sync`](Self::sync) for the closer, which has closed the heap already.
-    pub(crate) fn sync_closing(&self, shared: &Shared) -> Result<()> {
+    pub(crate) fn sync_closing(&self, media: &Media, alloc: &Allocator) -> Result<()> {
         self.check_running()?;
         let target = self.current() + 2;
         let mut advances = self.lock_advance()?;
         if !self.nothing_pending(false) {
             while self.current() < target {
-                self.advance_held(&mut advances, shared)?;
+                self.advance_held(&mut advances, media, alloc)?;
             }
         }
         self.check_running()
@@ -286,17 +274,16 @@ impl Epochs {
     /// One tick of the background advancer: an advance, unless it would have nothing to
     /// write back or reclaim (then it would only rewrite the epoch word, an msync of a page
     /// on a file heap), so an idle heap stops writing.
-    fn tick(&self, shared: &Shared) -> Result<()> {
+    fn tick(&self, media: &Media, alloc: &Allocator) -> Result<()> {
         let mut advances = self.lock_advance()?;
         if !self.nothing_pending(true) {
-            self.advance_held(&mut advances, shared)?;
+            self.advance_held(&mut advances, media, alloc)?;
         }
         Ok(())
     }
 
-    fn advance_locked(&self, shared: &Shared) -> Result<u64> {
+    fn advance_locked(&self, media: &Media, alloc: &Allocator) -> Result<u64> {
         let e = self.current();
-        let media = &shared.media;
         // 1. Every operation of e - 1 has ended (INV-EP-1).
         self.tracker.wait_quiescent(e.wrapping_sub(1));
         // 2-3. Collect the write-backs of e - 1 and the reclamation owed.
@@ -319,8 +306,8 @@ impl Epochs {
         // PERSIST: the write-backs above become durable; the victims' invalidation below
         // carries its own fence, before the anti-blocks that shadow them are released.
         media.fence()?;
-        shared.alloc.release(media, &victims)?;
-        shared.alloc.release(media, &antis)?;
+        alloc.release(media, &victims)?;
+        alloc.release(media, &antis)?;
         // 5. The new epoch word.
         let next = e + 1;
         media.store(EPOCH_OFFSET, next)?;
@@ -356,10 +343,46 @@ impl Epochs {
 
 /// The background advancer: advances the clock every epoch length until shutdown, or
 /// until an advance fails (the clock then stays stopped and `sync` reports it).
-pub(crate) fn run_advancer(shared: &Shared, length: Duration) {
-    while !shared.epochs.sleep_epoch(length) {
-        if shared.epochs.tick(shared).is_err() {
+pub(crate) fn run_advancer(runtime: &Runtime, length: Duration) {
+    let Runtime {
+        media,
+        alloc,
+        epochs,
+        ..
+    } = runtime;
+    while !epochs.sleep_epoch(length) {
+        if epochs.tick(media, alloc).is_err() {
             return;
         }
+    }
+}
+
+/// What operations run on: the media, the allocator, the clock and the type registry of one
+/// open heap. The heap owns one; every [`OpGuard`](op::OpGuard) borrows it.
+#[derive(Debug)]
+pub(crate) struct Runtime {
+    pub(crate) media: Media,
+    pub(crate) alloc: Allocator,
+    pub(crate) epochs: Epochs,
+    /// The payload types the heap holds, checked when an operation stores one.
+    pub(crate) types: Registry,
+    /// When operations' writes are written back.
+    pub(crate) write_back: WriteBack,
+}
+
+impl Runtime {
+    /// Advances the clock once (see the module docs).
+    pub(crate) fn advance(&self) -> Result<u64> {
+        self.epochs.advance(&self.media, &self.alloc)
+    }
+
+    /// Makes every ended operation durable (see [`Epochs::sync`]).
+    pub(crate) fn sync(&self) -> Result<()> {
+        self.epochs.sync(&self.media, &self.alloc)
+    }
+
+    /// [`sync`](Self::sync) for the closer, after [`Epochs::close`].
+    pub(crate) fn sync_closing(&self) -> Result<()> {
+        self.epochs.sync_closing(&self.media, &self.alloc)
     }
 }

@@ -6,11 +6,11 @@
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 
+use super::Runtime;
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, OwnerId, PBlock};
+use crate::base::layout::HEADER_LEN;
 use crate::config::WriteBack;
 use crate::error::{Error, Result};
-use crate::heap::Heap;
-use crate::heap::layout::HEADER_LEN;
 
 /// What a thread keeps between its operations.
 #[derive(Default)]
@@ -74,7 +74,7 @@ struct OpLog {
 /// new operation. Make every access that can abort before the operation's first write:
 /// an abort undoes allocations and retirements, but not bytes written in place.
 pub struct OpGuard<'h> {
-    heap: &'h Heap,
+    runtime: &'h Runtime,
     epoch: u64,
     slot: usize,
     log: RefCell<OpLog>,
@@ -91,8 +91,8 @@ impl std::fmt::Debug for OpGuard<'_> {
 }
 
 impl<'h> OpGuard<'h> {
-    pub(crate) fn begin(heap: &'h Heap) -> Result<OpGuard<'h>> {
-        let id = heap.shared().epochs.instance();
+    pub(crate) fn begin(runtime: &'h Runtime) -> Result<OpGuard<'h>> {
+        let id = runtime.epochs.instance();
         let log = LOCAL.with(|local| {
             let mut local = local.borrow_mut();
             if local.active.contains(&id) {
@@ -105,10 +105,10 @@ impl<'h> OpGuard<'h> {
         let Some(log) = log else {
             return Err(Error::NestedOperation);
         };
-        let slot = crate::slot::current();
-        match heap.shared().epochs.announce(slot) {
+        let slot = crate::thread_id::current();
+        match runtime.epochs.announce(slot) {
             Ok(epoch) => Ok(OpGuard {
-                heap,
+                runtime,
                 epoch,
                 slot,
                 log: RefCell::new(log),
@@ -154,7 +154,7 @@ impl<'h> OpGuard<'h> {
     ///
     /// [`Error::OutOfSpace`] when the heap is full.
     pub fn alloc(&self, owner: OwnerId, type_id: u64, bytes: &[u8]) -> Result<PBlock> {
-        let shared = self.heap.shared();
+        let shared = self.runtime;
         let spec = BlockSpec {
             kind: BlockKind::Alloc,
             epoch: self.epoch,
@@ -166,7 +166,7 @@ impl<'h> OpGuard<'h> {
     }
 
     fn alloc_spec(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
-        let shared = self.heap.shared();
+        let shared = self.runtime;
         let block = shared
             .alloc
             .alloc(&shared.media, spec, bytes.len() as u64)?;
@@ -186,7 +186,7 @@ impl<'h> OpGuard<'h> {
     /// [`Error::Aborted`] if the block was written in a newer epoch;
     /// [`Error::InvalidBlock`] if it is not a live block.
     pub fn info(&self, block: PBlock) -> Result<BlockInfo> {
-        let info = self.heap.info(block)?;
+        let info = self.runtime.alloc.header(&self.runtime.media, block)?;
         if info.spec.epoch > self.epoch {
             return Err(Error::Aborted);
         }
@@ -214,7 +214,7 @@ impl<'h> OpGuard<'h> {
         let info = self.info(block)?;
         buf.resize(info.len as usize, 0);
         // `info` validated the block and its length against its capacity.
-        self.heap.shared().media.read(block.payload_offset(), buf)
+        self.runtime.media.read(block.payload_offset(), buf)
     }
 
     /// Replaces `block`'s payload with `bytes` and returns the handle to use from now on: the
@@ -227,7 +227,7 @@ impl<'h> OpGuard<'h> {
     /// or deleted it; [`Error::OutOfSpace`].
     pub fn update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
         let info = self.info(block)?;
-        let shared = self.heap.shared();
+        let shared = self.runtime;
         let len = bytes.len() as u64;
         if info.spec.epoch == self.epoch && len <= info.capacity {
             shared.media.write(block.payload_offset(), bytes)?;
@@ -286,8 +286,7 @@ impl<'h> OpGuard<'h> {
         }
         if info.spec.epoch == self.epoch {
             // Inside the recorded length, which `info` checked against the capacity.
-            self.heap
-                .shared()
+            self.runtime
                 .media
                 .write(block.payload_offset() + at, bytes)?;
             self.log
@@ -297,8 +296,7 @@ impl<'h> OpGuard<'h> {
             return Ok(block);
         }
         let mut payload = vec![0u8; info.len as usize];
-        self.heap
-            .shared()
+        self.runtime
             .media
             .read(block.payload_offset(), &mut payload)?;
         payload[at as usize..(at + len) as usize].copy_from_slice(bytes);
@@ -311,16 +309,15 @@ impl<'h> OpGuard<'h> {
         self.log.borrow_mut().persist.push((offset, len));
     }
 
-    /// The heap this operation runs on.
-    pub(crate) fn heap(&self) -> &'h Heap {
-        self.heap
+    /// What this operation runs on.
+    pub(crate) fn runtime(&self) -> &'h Runtime {
+        self.runtime
     }
 
     /// Runs `f` only if the clock still reads this operation's epoch, and keeps the clock
     /// from moving on until `f` returns (INV-EP-4): `None` if the epoch has moved.
     pub(crate) fn verified<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        self.heap
-            .shared()
+        self.runtime
             .epochs
             .tracker()
             .verify(self.slot, self.epoch, f)
@@ -329,12 +326,15 @@ impl<'h> OpGuard<'h> {
     /// Checks that `type_id` may be stored under `name` in this heap, registering it the
     /// first time (a per-thread cache makes repeated checks cheap).
     pub(crate) fn ensure_type(&self, name: &'static str, type_id: u64) -> Result<()> {
-        let instance = self.heap.shared().epochs.instance();
+        let instance = self.runtime.epochs.instance();
         let known = LOCAL.with(|local| local.borrow().types.contains(&(instance, type_id)));
         if known {
             return Ok(());
         }
-        self.heap.check_type(name, type_id)?;
+        let runtime = self.runtime;
+        runtime
+            .types
+            .check_or_register(&runtime.media, name, type_id)?;
         LOCAL.with(|local| {
             let mut local = local.borrow_mut();
             // Entries of heaps this thread no longer uses are dropped wholesale now and then.
@@ -362,7 +362,7 @@ impl<'h> OpGuard<'h> {
     /// reclaimed as a superseded version otherwise; if the write fails, the retirement is
     /// undone.
     fn supersede(&self, old: &BlockInfo, kind: BlockKind, bytes: &[u8]) -> Result<PBlock> {
-        let shared = self.heap.shared();
+        let shared = self.runtime;
         shared.alloc.mark_retired(&shared.media, old.block)?;
         let spec = BlockSpec {
             kind,
@@ -395,7 +395,7 @@ impl<'h> OpGuard<'h> {
     pub fn delete(&self, block: PBlock) -> Result<()> {
         let info = self.info(block)?;
         if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
-            let shared = self.heap.shared();
+            let shared = self.runtime;
             shared.alloc.mark_retired(&shared.media, block)?;
             self.log.borrow_mut().kills.push(block);
             return Ok(());
@@ -418,7 +418,7 @@ impl<'h> OpGuard<'h> {
     }
 
     fn rollback(&self) -> Result<()> {
-        let shared = self.heap.shared();
+        let shared = self.runtime;
         let mut log = self.log.borrow_mut();
         let log = &mut *log;
         let mut first_error = Ok(());
@@ -440,7 +440,7 @@ impl<'h> OpGuard<'h> {
         if self.done.replace(true) {
             return;
         }
-        let shared = self.heap.shared();
+        let shared = self.runtime;
         let mut log = self.log.borrow_mut();
         let log = &mut *log;
         for block in log.kills.drain(..) {
@@ -488,7 +488,7 @@ impl<'h> OpGuard<'h> {
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
         if !self.done.get() {
-            let commit = (self.heap.shared().epochs.instance(), self.epoch);
+            let commit = (self.runtime.epochs.instance(), self.epoch);
             // During thread teardown the state may be gone already; nobody can ask then.
             let _ = LOCAL.try_with(|local| local.borrow_mut().last_commit = commit);
         }
@@ -518,54 +518,11 @@ fn fresh_uid(epochs: &super::Epochs) -> u64 {
     })
 }
 
-impl Heap {
-    /// Begins an operation in the current epoch. Dropping the guard ends it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NestedOperation`] if this thread already has an operation open on this heap;
-    /// [`Error::ClockStopped`] if an epoch advance failed.
-    pub fn begin_op(&self) -> Result<OpGuard<'_>> {
-        OpGuard::begin(self)
-    }
-
-    /// The epoch of the last operation the calling thread committed on this heap, if any.
-    ///
-    /// A structure's methods run their own operations; this tells the caller which epoch
-    /// the last one took effect in (for example to record what a later crash may keep, or
-    /// to know that a `sync` returning after the clock passed that epoch plus two covers it).
-    pub fn last_op_epoch(&self) -> Option<u64> {
-        let instance = self.shared().epochs.instance();
-        LOCAL.with(|local| {
-            let (heap, epoch) = local.borrow().last_commit;
-            (heap == instance).then_some(epoch)
-        })
-    }
-
-    /// Runs `op` in an operation until it commits: when it fails with [`Error::Aborted`], the
-    /// attempt is rolled back and `op` runs again in a new operation. Any other error rolls
-    /// the attempt back and is returned.
-    ///
-    /// # Errors
-    ///
-    /// The first error `op` returns other than `Aborted`, or an error from `begin_op`.
-    pub fn run_op<T>(&self, mut op: impl FnMut(&OpGuard<'_>) -> Result<T>) -> Result<T> {
-        loop {
-            let guard = self.begin_op()?;
-            match op(&guard) {
-                Ok(value) => {
-                    drop(guard);
-                    return Ok(value);
-                }
-                Err(Error::Aborted) => {
-                    guard.abort()?;
-                    std::thread::yield_now();
-                }
-                Err(err) => {
-                    guard.abort()?;
-                    return Err(err);
-                }
-            }
-        }
-    }
+/// The epoch of the last operation the calling thread committed on the heap with this
+/// instance id, if any.
+pub(crate) fn last_commit(instance: u64) -> Option<u64> {
+    LOCAL.with(|local| {
+        let (heap, epoch) = local.borrow().last_commit;
+        (heap == instance).then_some(epoch)
+    })
 }

@@ -62,7 +62,10 @@ impl Heap {
     ///
     /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) if `block` is not a live block of this heap.
     pub fn info(&self, block: PBlock) -> Result<BlockInfo> {
-        self.shared().alloc.header(&self.shared().media, block)
+        self.shared()
+            .runtime
+            .alloc
+            .header(&self.shared().runtime.media, block)
     }
 
     /// The payload of a live block (its recorded length).
@@ -95,7 +98,10 @@ impl Heap {
     pub fn read_payload_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
         let info = self.info(block)?;
         buf.resize(info.len as usize, 0);
-        self.shared().media.read(block.payload_offset(), buf)
+        self.shared()
+            .runtime
+            .media
+            .read(block.payload_offset(), buf)
     }
 
     /// Visits every valid block matching `filter`, in parallel over the heap's spans. Blocks
@@ -111,7 +117,7 @@ impl Heap {
         threads: usize,
         visit: impl Fn(&BlockView<'_>) -> Result<()> + Sync,
     ) -> Result<u64> {
-        let units = scan::read_span_table(&self.shared().media, &self.shared().geometry)?;
+        let units = scan::read_span_table(&self.shared().runtime.media, &self.shared().geometry)?;
         let progress = std::sync::atomic::AtomicU64::new(0);
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
             let mut seen = 0;
@@ -129,7 +135,7 @@ impl Heap {
             progress: None,
         };
         let counts = scan::scan(
-            &self.shared().media,
+            &self.shared().runtime.media,
             &self.shared().geometry,
             &units,
             options,

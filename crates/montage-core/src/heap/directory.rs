@@ -4,12 +4,12 @@
 use std::sync::{MutexGuard, PoisonError};
 
 use super::Heap;
-use super::layout::{
+use crate::alloc::block::OwnerId;
+use crate::base::layout::{
     DIR_OWNER_OFFSET, DIRECTORY, DIRECTORY_CAPACITY, ENTRY_VALID_OFFSET, Geometry, NAME_MAX,
 };
-use super::table;
-use crate::alloc::block::OwnerId;
 use crate::error::{Error, Result};
+use crate::meta::table;
 use crate::persist::Media;
 
 impl Heap {
@@ -22,7 +22,7 @@ impl Heap {
     /// [`Error::DirectoryFull`] when every slot is taken.
     pub fn register(&self, name: &str) -> Result<OwnerId> {
         check_name(name)?;
-        self.shared().epochs.check_open()?;
+        self.shared().runtime.epochs.check_open()?;
         let mut dir = self.directory();
         if let Some(index) = dir.iter().position(|n| n.as_deref() == Some(name)) {
             return Ok(owner_of(index));
@@ -41,7 +41,7 @@ impl Heap {
         let creation_id = self.shared().geometry.creation_id;
         // The name is durable before its owner id is handed out.
         table::write_entry(
-            &self.shared().media,
+            &self.shared().runtime.media,
             DIRECTORY,
             creation_id,
             index as u64,

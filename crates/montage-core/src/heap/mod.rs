@@ -5,34 +5,25 @@
 
 mod blocks;
 mod directory;
-pub(crate) mod layout;
-#[allow(unsafe_code)]
-pub(crate) mod mapping;
 mod open;
 pub mod raw;
-#[allow(unsafe_code)]
-pub(crate) mod region;
-pub(crate) mod table;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::alloc::{AllocStats, Allocator};
-use crate::config::{BackendKind, WriteBack};
-use crate::epoch::{EpochLength, Epochs};
+use crate::alloc::AllocStats;
+use crate::base::layout::{CLEAN_SHUTDOWN_OFFSET, Geometry};
+use crate::config::BackendKind;
+use crate::config::EpochLength;
+use crate::epoch::Runtime;
+use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
-use crate::payload::registry::Registry;
-use crate::persist::Media;
 #[cfg(any(test, feature = "sim"))]
 use crate::persist::sim::Simulator;
 use crate::recovery::RecoveryReport;
-use layout::{CLEAN_SHUTDOWN_OFFSET, Geometry};
 
 pub use blocks::ScanFilter;
-
-/// The epoch a new heap starts in.
-pub const INITIAL_EPOCH: u64 = 1;
 
 /// A persistent heap: a mapped file (or, for tests, memory) holding payload blocks.
 ///
@@ -85,17 +76,14 @@ struct Inner {
 /// The state of an open heap, shared with its background advancer.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) media: Media,
+    /// The media, the allocator, the clock and the type registry: what operations run on.
+    pub(crate) runtime: Runtime,
     pub(crate) geometry: Geometry,
-    pub(crate) alloc: Allocator,
-    pub(crate) epochs: Epochs,
     pub(crate) directory: Mutex<Vec<Option<String>>>,
-    pub(crate) types: Registry,
     pub(crate) report: RecoveryReport,
     pub(crate) backend: BackendKind,
-    /// When operations' writes are written back.
-    pub(crate) write_back: WriteBack,
-    /// Holds the `flock`; dropped after `media`, so the file is unmapped before it unlocks.
+    /// Holds the `flock`; dropped after the runtime's media, so the file is unmapped before
+    /// it unlocks.
     pub(crate) file: Option<(File, PathBuf)>,
 }
 
@@ -128,18 +116,18 @@ impl Heap {
     /// Whether the heap is mapped with `MAP_SYNC` on a DAX file system, so that cache-line
     /// write-back reaches the media without `msync`.
     pub fn is_dax(&self) -> bool {
-        self.shared().media.region().mapping().is_dax()
+        self.shared().runtime.media.region().mapping().is_dax()
     }
 
     #[cfg(any(test, feature = "sim"))]
     /// The power-failure simulator, if this heap runs on [`BackendKind::Simulated`].
     pub fn simulator(&self) -> Option<Arc<Simulator>> {
-        self.shared().media.simulator().cloned()
+        self.shared().runtime.media.simulator().cloned()
     }
 
     /// Space statistics.
     pub fn stats(&self) -> AllocStats {
-        self.shared().alloc.stats()
+        self.shared().runtime.alloc.stats()
     }
 
     // ---- shutdown --------------------------------------------------------------------
@@ -156,27 +144,27 @@ impl Heap {
     /// (the heap is then left open); any write-back failure, after which the heap is not
     /// marked clean and its next open runs a full recovery as after a crash.
     pub fn close(self) -> Result<()> {
-        if crate::epoch::op::has_active_op(self.shared().epochs.instance()) {
+        if crate::epoch::op::has_active_op(self.shared().runtime.epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
         self.inner.shutdown()
     }
 
     #[cfg(test)]
-    pub(crate) fn media(&self) -> &Media {
-        &self.shared().media
+    pub(crate) fn media(&self) -> &crate::persist::Media {
+        &self.shared().runtime.media
     }
 
     /// Wraps the shared state and starts the background advancer, if any.
     pub(crate) fn start(shared: Shared) -> Result<Heap> {
         let shared = Arc::new(shared);
-        let advancer = match shared.epochs.length {
+        let advancer = match shared.runtime.epochs.length {
             EpochLength::Manual => None,
             EpochLength::Every(length) => {
                 let for_thread = Arc::clone(&shared);
                 let handle = std::thread::Builder::new()
                     .name("montage-epoch".to_owned())
-                    .spawn(move || crate::epoch::run_advancer(&for_thread, length))
+                    .spawn(move || crate::epoch::run_advancer(&for_thread.runtime, length))
                     .map_err(|e| Error::io("spawn the epoch advancer", Path::new("<thread>"), e))?;
                 Some(handle)
             }
@@ -198,7 +186,7 @@ impl Heap {
     /// The current epoch: the one new operations join, and the value of the stored epoch
     /// word.
     pub fn epoch(&self) -> u64 {
-        self.shared().epochs.current()
+        self.shared().runtime.epochs.current()
     }
 
     /// Makes everything that completed before this call durable: returns once the stored
@@ -211,10 +199,10 @@ impl Heap {
     /// [`Error::SyncInOperation`] if called inside an operation on this heap (it would wait
     /// for itself); [`Error::ClockStopped`] if an advance failed, or the advance's own error.
     pub fn sync(&self) -> Result<()> {
-        if crate::epoch::op::has_active_op(self.shared().epochs.instance()) {
+        if crate::epoch::op::has_active_op(self.shared().runtime.epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
-        self.shared().epochs.sync(self.shared())
+        self.shared().runtime.sync()
     }
 
     /// Advances the clock by one epoch now (the background advancer does this every epoch
@@ -224,15 +212,62 @@ impl Heap {
     ///
     /// As [`sync`](Self::sync).
     pub fn advance_epoch(&self) -> Result<u64> {
-        if crate::epoch::op::has_active_op(self.shared().epochs.instance()) {
+        if crate::epoch::op::has_active_op(self.shared().runtime.epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
-        self.shared().epochs.advance(self.shared())
+        self.shared().runtime.advance()
+    }
+
+    /// Begins an operation in the current epoch. Dropping the guard ends it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NestedOperation`] if this thread already has an operation open on this heap;
+    /// [`Error::ClockStopped`] if an epoch advance failed; [`Error::Closed`] once the heap is
+    /// closed.
+    pub fn begin_op(&self) -> Result<OpGuard<'_>> {
+        OpGuard::begin(&self.shared().runtime)
+    }
+
+    /// The epoch of the last operation the calling thread committed on this heap, if any.
+    ///
+    /// A structure's methods run their own operations; this tells the caller which epoch
+    /// the last one took effect in (for example to record what a later crash may keep, or
+    /// to know that a `sync` returning after the clock passed that epoch plus two covers it).
+    pub fn last_op_epoch(&self) -> Option<u64> {
+        crate::epoch::op::last_commit(self.shared().runtime.epochs.instance())
+    }
+
+    /// Runs `op` in an operation until it commits: when it fails with [`Error::Aborted`], the
+    /// attempt is rolled back and `op` runs again in a new operation. Any other error rolls
+    /// the attempt back and is returned.
+    ///
+    /// # Errors
+    ///
+    /// The first error `op` returns other than `Aborted`, or an error from `begin_op`.
+    pub fn run_op<T>(&self, mut op: impl FnMut(&OpGuard<'_>) -> Result<T>) -> Result<T> {
+        loop {
+            let guard = self.begin_op()?;
+            match op(&guard) {
+                Ok(value) => {
+                    drop(guard);
+                    return Ok(value);
+                }
+                Err(Error::Aborted) => {
+                    guard.abort()?;
+                    std::thread::yield_now();
+                }
+                Err(err) => {
+                    guard.abort()?;
+                    return Err(err);
+                }
+            }
+        }
     }
 
     /// How many epoch advances this heap has made since it was opened.
     pub fn advances(&self) -> u64 {
-        self.shared().epochs.advances()
+        self.shared().runtime.epochs.advances()
     }
 }
 
@@ -246,7 +281,7 @@ impl std::fmt::Debug for Heap {
                 "creation_id",
                 &format_args!("{:#018x}", self.shared().geometry.creation_id),
             )
-            .field("stats", &self.shared().alloc.stats())
+            .field("stats", &self.shared().runtime.alloc.stats())
             .finish_non_exhaustive()
     }
 }
@@ -257,10 +292,10 @@ impl Inner {
     fn shutdown(&self) -> Result<()> {
         let shared = &*self.shared;
         // From here on no operation begins, and the ones running are waited for.
-        if !shared.epochs.close() {
+        if !shared.runtime.epochs.close() {
             return Err(Error::Closed);
         }
-        shared.epochs.request_shutdown();
+        shared.runtime.epochs.request_shutdown();
         let advancer = self
             .advancer
             .lock()
@@ -271,12 +306,12 @@ impl Inner {
             let _ = advancer.join();
         }
         // A final sync: everything completed so far becomes durable.
-        shared.epochs.sync_closing(shared)?;
-        shared.alloc.drain_all(&shared.media)?;
-        shared.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
+        shared.runtime.sync_closing()?;
+        shared.runtime.alloc.drain_all(&shared.runtime.media)?;
+        shared.runtime.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
         // PERSIST: the clean flag is the last thing written; everything before it is durable
         // by the drains above and by the callers' own persists.
-        shared.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)
+        shared.runtime.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)
     }
 }
 

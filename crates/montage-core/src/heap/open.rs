@@ -10,18 +10,18 @@ use std::sync::Mutex;
 use zerocopy::IntoBytes;
 
 use super::directory::read_directory;
-use super::layout::{
-    CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, MAGIC_OFFSET,
+use super::{Heap, Shared};
+use crate::alloc::{Allocator, FreeState};
+use crate::base::layout::{
+    CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, INITIAL_EPOCH, MAGIC_OFFSET,
     SUPERBLOCK_HEAD_LEN,
 };
-use super::mapping::Mapping;
-use super::region::Region;
-use super::{Heap, INITIAL_EPOCH, Shared};
-use crate::alloc::{Allocator, FreeState};
+use crate::base::mapping::Mapping;
+use crate::base::region::Region;
 use crate::config::{BackendKind, HeapConfig, Location};
-use crate::epoch::Epochs;
+use crate::epoch::{Epochs, Runtime};
 use crate::error::{Error, Result};
-use crate::payload::registry::Registry;
+use crate::meta::registry::Registry;
 #[cfg(any(test, feature = "sim"))]
 use crate::persist::sim::CrashImage;
 use crate::persist::{Backend, Media};
@@ -107,18 +107,20 @@ impl Heap {
             ..FreeState::new(geometry.span_count)
         };
         let shared = Shared {
-            alloc: Allocator::new(geometry, config.thread_slots, free),
-            epochs: Epochs::new(INITIAL_EPOCH, 1, config.thread_slots, config.epoch_length),
-            media,
+            runtime: Runtime {
+                alloc: Allocator::new(geometry, config.thread_slots, free),
+                epochs: Epochs::new(INITIAL_EPOCH, 1, config.thread_slots, config.epoch_length),
+                media,
+                types: Registry::empty(creation_id),
+                write_back: config.write_back,
+            },
             geometry,
             directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
-            types: Registry::empty(),
             report: RecoveryReport {
                 clean_shutdown: true,
                 ..RecoveryReport::default()
             },
             backend: config.backend,
-            write_back: config.write_back,
             file,
         };
         Heap::start(shared)
@@ -258,21 +260,24 @@ impl Heap {
         // PERSIST: the heap is marked open (not cleanly shut down) before it is used.
         media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
         let shared = Shared {
-            alloc: Allocator::new(geometry, config.thread_slots, free),
-            epochs: Epochs::new(epoch, next_uid, config.thread_slots, config.epoch_length),
-            media,
+            runtime: Runtime {
+                alloc: Allocator::new(geometry, config.thread_slots, free),
+                epochs: Epochs::new(epoch, next_uid, config.thread_slots, config.epoch_length),
+                media,
+                types,
+                write_back: config.write_back,
+            },
             geometry,
             directory: Mutex::new(directory),
-            types,
             report,
             backend: config.backend,
-            write_back: config.write_back,
             file,
         };
         let heap = Heap::start(shared)?;
         // The anti-blocks recovery kept shadow versions it has durably invalidated; they can
         // go now (INV-EP-3), in a fence of their own after the one that covered the victims.
-        heap.shared().alloc.release(&heap.shared().media, &antis)?;
+        let runtime = &heap.shared().runtime;
+        runtime.alloc.release(&runtime.media, &antis)?;
         Ok(heap)
     }
 }

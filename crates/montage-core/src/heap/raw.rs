@@ -3,8 +3,8 @@
 //! contract (see [`RawHeap`]); structures use operations instead.
 
 use super::Heap;
-use super::layout::{HEADER_LEN, LEN_WORD_OFFSET};
 use crate::alloc::block::PBlock;
+use crate::base::layout::{HEADER_LEN, LEN_WORD_OFFSET};
 use crate::config::HeapConfig;
 use crate::error::{Error, Result};
 #[cfg(any(test, feature = "sim"))]
@@ -45,11 +45,12 @@ impl RawHeap<'_> {
     /// [`Error::OutOfSpace`] when the heap cannot fit the block; [`Error::Poisoned`] after a
     /// failed write-back.
     pub fn alloc(&self, spec: BlockSpec, len: u64) -> Result<PBlock> {
-        self.heap.shared().epochs.check_open()?;
+        self.heap.shared().runtime.epochs.check_open()?;
         self.heap
             .shared()
+            .runtime
             .alloc
-            .alloc(&self.heap.shared().media, spec, len)
+            .alloc(&self.heap.shared().runtime.media, spec, len)
     }
 
     /// Allocates a block holding `bytes`.
@@ -61,6 +62,7 @@ impl RawHeap<'_> {
         let block = self.alloc(spec, bytes.len() as u64)?;
         self.heap
             .shared()
+            .runtime
             .media
             .write(block.payload_offset(), bytes)?;
         Ok(block)
@@ -73,11 +75,12 @@ impl RawHeap<'_> {
     ///
     /// [`Error::InvalidBlock`] if `block` is not a live block (a double free).
     pub fn free(&self, block: PBlock) -> Result<()> {
-        self.heap.shared().epochs.check_open()?;
+        self.heap.shared().runtime.epochs.check_open()?;
         self.heap
             .shared()
+            .runtime
             .alloc
-            .free(&self.heap.shared().media, block)
+            .free(&self.heap.shared().runtime.media, block)
     }
 
     /// Writes `bytes` into `block`'s payload at byte `at`.
@@ -87,9 +90,9 @@ impl RawHeap<'_> {
     /// [`Error::OutOfBounds`] if the range leaves the block's capacity;
     /// [`Error::InvalidBlock`] if `block` is not a block of this heap.
     pub fn write(&self, block: PBlock, at: u64, bytes: &[u8]) -> Result<()> {
-        self.heap.shared().epochs.check_open()?;
+        self.heap.shared().runtime.epochs.check_open()?;
         let offset = self.payload_range(block, at, bytes.len() as u64)?;
-        self.heap.shared().media.write(offset, bytes)
+        self.heap.shared().runtime.media.write(offset, bytes)
     }
 
     /// Reads `buf.len()` bytes of `block`'s payload from byte `at`.
@@ -99,11 +102,11 @@ impl RawHeap<'_> {
     /// As [`write`](Self::write).
     pub fn read(&self, block: PBlock, at: u64, buf: &mut [u8]) -> Result<()> {
         let offset = self.payload_range(block, at, buf.len() as u64)?;
-        self.heap.shared().media.read(offset, buf)
+        self.heap.shared().runtime.media.read(offset, buf)
     }
 
     fn payload_range(self, block: PBlock, at: u64, len: u64) -> Result<u64> {
-        let capacity = self.heap.shared().alloc.capacity(block)?;
+        let capacity = self.heap.shared().runtime.alloc.capacity(block)?;
         if at.checked_add(len).is_none_or(|end| end > capacity) {
             return Err(Error::OutOfBounds { offset: at, len });
         }
@@ -119,13 +122,17 @@ impl RawHeap<'_> {
     /// [`Error::Poisoned`] after a failed write-back.
     pub fn flush_block(&self, block: PBlock) -> Result<()> {
         let shared = self.heap.shared();
-        let capacity = shared.alloc.capacity(block)?;
+        let capacity = shared.runtime.alloc.capacity(block)?;
         // The recorded length bounds the write-back; the header is not validated here, which
         // a flush does not need (a bad length only flushes more or less of this block).
-        let recorded = shared.media.load(block.offset() + LEN_WORD_OFFSET)? >> 32;
+        let recorded = shared
+            .runtime
+            .media
+            .load(block.offset() + LEN_WORD_OFFSET)?
+            >> 32;
         let len = recorded.min(capacity);
         // PERSIST: header and payload start their write-back; the caller's fence completes it.
-        shared.media.flush(block.offset(), HEADER_LEN + len)
+        shared.runtime.media.flush(block.offset(), HEADER_LEN + len)
     }
 
     /// Waits until everything this thread flushed is durable.
@@ -136,7 +143,7 @@ impl RawHeap<'_> {
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn fence(&self) -> Result<()> {
         // PERSIST: completes this thread's earlier flushes.
-        self.heap.shared().media.fence()
+        self.heap.shared().runtime.media.fence()
     }
 
     /// Makes `block`'s header and payload durable.

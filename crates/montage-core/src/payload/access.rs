@@ -44,7 +44,7 @@ pub(crate) fn checked_info<T: Payload>(op: &OpGuard<'_>, block: PBlock) -> Resul
 fn read_at<F: PayloadField>(op: &OpGuard<'_>, info: &BlockInfo, offset: usize) -> Result<F> {
     let at = info.block.payload_offset() + offset as u64;
     with_buf(size_of::<F>(), |buf| {
-        op.heap().shared().media.read(at, buf)?;
+        op.runtime().media.read(at, buf)?;
         F::read_field(buf).ok_or(Error::Corrupted {
             offset: at,
             what: "stored bytes are not a valid value of the field's type",
@@ -120,7 +120,7 @@ pub fn cas_field<T: Payload, F: CasField>(
         return fail(CasErrorKind::OlderEpoch);
     }
     let at = info.block.payload_offset() + offset as u64;
-    let media = &op.heap().shared().media;
+    let media = &op.runtime().media;
     let Some(swap) = op.verified(|| media.compare_exchange(at, current.to_word(), new.to_word()))
     else {
         return fail(CasErrorKind::EpochAdvanced);
@@ -184,10 +184,10 @@ impl Heap {
     }
 
     pub(crate) fn check_type(&self, name: &'static str, type_id: u64) -> Result<()> {
-        let shared = self.shared();
-        shared
+        let runtime = &self.shared().runtime;
+        runtime
             .types
-            .check_or_register(&shared.media, shared.geometry.creation_id, name, type_id)
+            .check_or_register(&runtime.media, name, type_id)
     }
 
     /// Every payload of type `T` owned by `owner`, with its value, scanned in parallel on
@@ -209,10 +209,12 @@ impl Heap {
     ) -> Result<Vec<(PRef<T>, T)>> {
         self.register_type::<T>()?;
         let found = std::sync::Mutex::new(Vec::new());
-        let filter = crate::ScanFilter::all().owner(owner).type_id(T::TYPE_ID);
+        let filter = crate::heap::ScanFilter::all()
+            .owner(owner)
+            .type_id(T::TYPE_ID);
         self.scan(filter, threads, |view| {
             let info = view.info();
-            if info.spec.kind == crate::BlockKind::Delete {
+            if info.spec.kind == crate::alloc::block::BlockKind::Delete {
                 return Ok(());
             }
             let value = with_buf(info.len as usize, |buf| {

@@ -20,7 +20,7 @@ pub trait Codec: Sized + Send + Sync + 'static {
 }
 
 const fn id(name: &str) -> u64 {
-    super::fingerprint::Fingerprint::new()
+    crate::fingerprint::Fingerprint::new()
         .str("codec")
         .str(name)
         .finish()

@@ -16,11 +16,9 @@
 
 pub(crate) mod access;
 pub(crate) mod codec;
-pub(crate) mod fingerprint;
-pub(crate) mod registry;
 
+pub use crate::fingerprint::Fingerprint;
 pub use codec::Codec;
-pub use fingerprint::Fingerprint;
 
 use std::marker::PhantomData;
 
@@ -67,7 +65,7 @@ where
     T: TryFromBytes + IntoBytes + Immutable + Send + Sync + 'static,
 {
     type Repr = T;
-    const LAYOUT: u64 = fingerprint::Fingerprint::new()
+    const LAYOUT: u64 = Fingerprint::new()
         .u64(size_of::<T>() as u64)
         .u64(align_of::<T>() as u64)
         .finish();

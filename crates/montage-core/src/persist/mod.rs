@@ -17,17 +17,14 @@ pub(crate) mod x86;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::base::region::Region;
 use crate::config::{BackendKind, HeapConfig};
 use crate::error::{Error, Result};
-use crate::heap::region::Region;
 use msync::MsyncState;
 #[cfg(any(test, feature = "sim"))]
 use sim::Simulator;
 
-/// The size of a cache line: the unit of write-back on persistent memory.
-pub const CACHE_LINE: u64 = 64;
-/// The size of a page: the unit of write-back on a file.
-pub const PAGE_SIZE: u64 = 4096;
+pub(crate) use crate::base::layout::{CACHE_LINE, PAGE_SIZE};
 
 /// The backend of one open heap.
 #[derive(Debug)]
@@ -246,7 +243,7 @@ impl Media {
     pub(crate) fn settle_header(&self, offset: u64) -> Result<()> {
         match &self.backend {
             #[cfg(target_arch = "x86_64")]
-            Backend::Pmem(_) => self.flush(offset, crate::heap::layout::HEADER_LEN),
+            Backend::Pmem(_) => self.flush(offset, crate::base::layout::HEADER_LEN),
             _ => Ok(()),
         }
     }

@@ -18,8 +18,8 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::base::mapping::Mapping;
 use crate::error::{Error, Result};
-use crate::heap::mapping::Mapping;
 use crate::persist::PAGE_SIZE;
 
 /// Dirty-page bookkeeping and the poison flag of one file heap.

@@ -33,9 +33,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 
+use crate::base::region::Region;
 use crate::config::SimMode;
 use crate::error::Result;
-use crate::heap::region::Region;
 
 /// The most stores the eADR mode keeps undecided; older ones are folded into the durable
 /// image, which only narrows the set of images a crash can produce; every one stays legal.
@@ -122,7 +122,7 @@ impl CrashImage {
     /// The epoch word the image holds, which decides what recovery of it keeps (the blocks
     /// of epochs up to two below it); `None` if the image is too short to hold a superblock.
     pub fn epoch_word(&self) -> Option<u64> {
-        let at = crate::heap::layout::EPOCH_OFFSET as usize;
+        let at = crate::base::layout::EPOCH_OFFSET as usize;
         let bytes = self.bytes.get(at..at + 8)?;
         Some(u64::from_le_bytes(bytes.try_into().ok()?))
     }
@@ -488,7 +488,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::heap::mapping::Mapping;
+    use crate::base::mapping::Mapping;
     use crate::persist::{Backend, Media};
 
     const LEN: usize = 8192;

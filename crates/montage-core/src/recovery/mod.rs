@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use crate::alloc::FreeState;
 use crate::alloc::block::{BlockKind, PBlock};
+use crate::base::layout::{Geometry, META_RETIRED};
 use crate::error::Result;
-use crate::heap::layout::{Geometry, META_RETIRED};
 use crate::persist::Media;
 use scan::{Unit, UnitVisit};
 

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::alloc::block::BlockInfo;
 use crate::alloc::read_header;
 use crate::alloc::size_class::{blocks_per_span, class_size};
+use crate::base::layout::{Geometry, HEADER_LEN, SPAN_SIZE, SpanEntry};
 use crate::error::{Error, Result};
-use crate::heap::layout::{Geometry, HEADER_LEN, SPAN_SIZE, SpanEntry};
 use crate::persist::Media;
 
 /// One carved span (or large block) to scan.

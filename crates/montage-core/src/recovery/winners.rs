@@ -3,8 +3,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc::block::{BlockKind, PBlock};
+use crate::base::layout::Geometry;
 use crate::error::Result;
-use crate::heap::layout::Geometry;
 use crate::persist::Media;
 
 use super::Options;
@@ -100,7 +100,7 @@ pub(super) fn choose(
     for version in per_unit.into_iter().flatten() {
         parts[(version.0 % threads as u64) as usize].push(version);
     }
-    let positions = geometry.span_count * (crate::heap::layout::SPAN_SIZE / 64);
+    let positions = geometry.span_count * (crate::base::layout::SPAN_SIZE / 64);
     let winners = Winners {
         data_offset: geometry.data_offset,
         bits: (0..positions.div_ceil(64))

@@ -178,7 +178,7 @@ pub(crate) struct Clock<'a> {
 
 impl Clock<'_> {
     pub(crate) fn of<'a>(op: &'a OpGuard<'_>) -> Clock<'a> {
-        let epochs = &op.heap().shared().epochs;
+        let epochs = &op.runtime().epochs;
         Clock {
             tracker: epochs.tracker(),
             instance: epochs.instance(),
@@ -344,7 +344,7 @@ pub(crate) unsafe fn publish_node<T>(
     expected: usize,
     new: usize,
     node: NonNull<T>,
-) -> crate::Result<bool> {
+) -> crate::error::Result<bool> {
     match dcss(word, clock, epoch, expected, new) {
         Ok(_) => Ok(true),
         Err((_, kind)) => {
@@ -352,7 +352,7 @@ pub(crate) unsafe fn publish_node<T>(
             // reach it; the swap that would have published it failed.
             drop(unsafe { Box::from_raw(node.as_ptr()) });
             if kind == CasErrorKind::EpochAdvanced {
-                Err(crate::Error::Aborted)
+                Err(crate::error::Error::Aborted)
             } else {
                 Ok(false)
             }

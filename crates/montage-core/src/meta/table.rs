@@ -3,8 +3,8 @@
 //! and an entry torn by a crash reads as empty and is durably cleared before its slot can be
 //! reused.
 
+use crate::base::layout::{ENTRY_LEN, ENTRY_VALID_OFFSET, EntryTable};
 use crate::error::Result;
-use crate::heap::layout::{ENTRY_LEN, ENTRY_VALID_OFFSET, EntryTable};
 use crate::persist::Media;
 
 /// An entry's body: the bytes before its valid word.

@@ -2,18 +2,18 @@
 //! program whose `#[derive(Payload)]` struct changed shape gets
 //! [`Error::LayoutMismatch`] instead of reading old bytes as the new layout.
 //!
-//! Entries live in the heap's registry area (format in `heap/layout.rs`), keyed by a hash of
+//! Entries live in the heap's registry area (format in `base/layout.rs`), keyed by a hash of
 //! the type's name; a DRAM copy answers lookups. An entry is written and made durable before
 //! the first payload of its type is allocated, so a recovered payload always has one.
 
 use std::sync::{Mutex, PoisonError};
 
-use crate::error::{Error, Result};
-use crate::heap::layout::{
+use crate::base::layout::{
     ENTRY_VALID_OFFSET, REG_NAME_LEN, REG_NAME_OFFSET, REG_TYPE_ID_OFFSET, REGISTRY,
     REGISTRY_CAPACITY,
 };
-use crate::heap::table;
+use crate::error::{Error, Result};
+use crate::meta::table;
 use crate::persist::Media;
 
 /// One registered type, as the DRAM copy keeps it.
@@ -27,13 +27,16 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) struct Registry {
     entries: Mutex<Vec<Option<Entry>>>,
+    /// The heap's creation id, which every entry's checksum covers.
+    creation_id: u64,
 }
 
 impl Registry {
     /// An empty registry (a new heap).
-    pub(crate) fn empty() -> Registry {
+    pub(crate) fn empty(creation_id: u64) -> Registry {
         Registry {
             entries: Mutex::new(vec![None; REGISTRY_CAPACITY]),
+            creation_id,
         }
     }
 
@@ -49,6 +52,7 @@ impl Registry {
         })?;
         Ok(Registry {
             entries: Mutex::new(entries),
+            creation_id,
         })
     }
 
@@ -61,13 +65,10 @@ impl Registry {
     pub(crate) fn check_or_register(
         &self,
         media: &Media,
-        creation_id: u64,
         name: &'static str,
         type_id: u64,
     ) -> Result<()> {
-        let name_hash = crate::payload::fingerprint::Fingerprint::new()
-            .str(name)
-            .finish();
+        let name_hash = crate::fingerprint::Fingerprint::new().str(name).finish();
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = entries.iter().flatten().find(|e| e.name_hash == name_hash) {
             return if entry.type_id == type_id {
@@ -97,7 +98,7 @@ impl Registry {
         // Durable before any payload of the type is allocated (the caller allocates only
         // after this returns), so recovery never meets a payload whose layout it cannot
         // check.
-        table::write_entry(media, REGISTRY, creation_id, index as u64, &raw)?;
+        table::write_entry(media, REGISTRY, self.creation_id, index as u64, &raw)?;
         entries[index] = Some(Entry { name_hash, type_id });
         Ok(())
     }

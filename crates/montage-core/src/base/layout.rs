@@ -77,6 +77,14 @@ pub(crate) const SUPERBLOCK_HEAD_LEN: u64 = 0x40;
 pub(crate) const EPOCH_OFFSET: u64 = 0x40;
 pub(crate) const CLEAN_SHUTDOWN_OFFSET: u64 = 0x80;
 
+/// The size of a cache line: the unit of write-back on persistent memory.
+pub const CACHE_LINE: u64 = 64;
+/// The size of a page: the unit of write-back on a file.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// The epoch a new heap starts in.
+pub const INITIAL_EPOCH: u64 = 1;
+
 pub(crate) const DIRECTORY_OFFSET: u64 = 0x1000;
 /// The length of a directory or type-registry entry.
 pub(crate) const ENTRY_LEN: u64 = 64;
@@ -174,7 +182,7 @@ impl Geometry {
                 why: "larger than the maximum heap (64 TiB)",
             });
         }
-        if !size.is_multiple_of(crate::persist::PAGE_SIZE) {
+        if !size.is_multiple_of(PAGE_SIZE) {
             return Err(Error::BadSize {
                 size,
                 why: "not a multiple of the page size (4096)",
