@@ -12,6 +12,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use montage::Epoch;
 use montage::raw::BlockSpec;
 use montage::{BackendKind, Heap, HeapConfig};
 
@@ -21,7 +22,11 @@ const BATCH: usize = 1000;
 /// One round: allocate `BATCH` blocks, then free them all (exercises refill and spill).
 fn montage_round(heap: &Heap, blocks: &mut Vec<montage::PBlock>) {
     for uid in 0..BATCH as u64 {
-        blocks.push(heap.raw().alloc(BlockSpec::new(1, uid), PAYLOAD).unwrap());
+        blocks.push(
+            heap.raw()
+                .alloc(BlockSpec::new(Epoch::new(1), uid), PAYLOAD)
+                .unwrap(),
+        );
     }
     for block in blocks.drain(..) {
         heap.raw().free(block).unwrap();
@@ -94,7 +99,10 @@ fn recovery_scan(c: &mut Criterion) {
         let owner = heap.register("bench").unwrap();
         for uid in 0..blocks {
             heap.raw()
-                .alloc_bytes(BlockSpec::new(1, uid).owner(owner), &uid.to_le_bytes())
+                .alloc_bytes(
+                    BlockSpec::new(Epoch::new(1), uid).owner(owner),
+                    &uid.to_le_bytes(),
+                )
                 .unwrap();
         }
         heap.close().unwrap();

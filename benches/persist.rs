@@ -8,6 +8,7 @@
 mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use montage::Epoch;
 use montage::raw::BlockSpec;
 use montage::sim::SimMode;
 use montage::{BackendKind, Heap, HeapConfig, PBlock};
@@ -38,7 +39,10 @@ fn write_persist(c: &mut Criterion) {
         let heap = Heap::create(&config).unwrap();
         for len in [64usize, 256, 1024, 4096] {
             let data = vec![0x5Au8; len];
-            let block: PBlock = heap.raw().alloc(BlockSpec::new(1, 1), len as u64).unwrap();
+            let block: PBlock = heap
+                .raw()
+                .alloc(BlockSpec::new(Epoch::new(1), 1), len as u64)
+                .unwrap();
             group.throughput(Throughput::Bytes(len as u64));
             group.bench_function(BenchmarkId::new(name, len), |b| {
                 b.iter(|| {
@@ -59,7 +63,10 @@ fn write_only(c: &mut Criterion) {
     // The store path alone: what an operation pays before the epoch's batched write-back.
     let mut group = c.benchmark_group("write_64B_no_writeback");
     let heap = Heap::create(&HeapConfig::in_memory(16 << 20).backend(BackendKind::Pmem)).unwrap();
-    let block = heap.raw().alloc(BlockSpec::new(1, 1), 64).unwrap();
+    let block = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 1), 64)
+        .unwrap();
     let data = [7u8; 64];
     group.bench_function("montage-pmem", |b| {
         b.iter(|| heap.raw().write(block, 0, &data).unwrap());

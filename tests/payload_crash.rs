@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use common::{Counter, try_increment};
+use montage::Epoch;
 use montage::sim::{SimMode, SplitMix64};
 use montage::{Heap, HeapConfig, OwnerId, PRef};
 use montage_testkit::{SyncRecord, crash_generation, for_each_seed, run_against_clock};
@@ -49,7 +50,7 @@ fn generation(heap: &Heap, slots: &[Slot], seed: u64) -> Vec<SyncRecord> {
             let slot = &slots[(rng.next_u64() % COUNTERS) as usize];
             loop {
                 if let Some(epoch) = increment(heap, slot).unwrap() {
-                    ended.record(epoch);
+                    ended.record(Epoch::new(epoch));
                     break;
                 }
                 std::thread::yield_now();
@@ -119,7 +120,7 @@ fn run_seed(seed: u64) {
         .unwrap_or_else(|broken| panic!("generation {generation_index}: {broken}"));
         drop(heap);
         let (step, cut) = (crashed.step, crashed.cut);
-        let want = model(&state, &slots, cut);
+        let want = model(&state, &slots, cut.get());
         heap = Heap::open_image(crashed.image, &config).unwrap();
         found = recovered(&heap, owner);
         let got: BTreeMap<u64, u64> = found.iter().map(|(id, (_, v))| (*id, *v)).collect();

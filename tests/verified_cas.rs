@@ -89,7 +89,7 @@ fn verified_atomic_loses_nothing_and_keeps_epoch_order() {
         match word.compare_exchange(&op, current, current + 1) {
             Ok(previous) => {
                 assert_eq!(previous, current);
-                Ok(Some((op.epoch(), current + 1)))
+                Ok(Some((op.epoch().get(), current + 1)))
             }
             Err(err) if err.kind == CasErrorKind::Mismatch => {
                 assert_ne!(err.current, current);

@@ -40,7 +40,7 @@ pub fn try_increment(
         Err(err) => return Err(err),
     };
     match handle.cas_value(&op, value, value + 1)? {
-        Ok(()) => Ok(Some((op.epoch(), value + 1))),
+        Ok(()) => Ok(Some((op.epoch().get(), value + 1))),
         Err(err) => match err.kind {
             CasErrorKind::Mismatch | CasErrorKind::EpochAdvanced => Ok(None),
             CasErrorKind::OlderEpoch => {

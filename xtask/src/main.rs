@@ -5,6 +5,10 @@
 //! * `crash [--seeds N] [--heap]`: the epoch model crash test (or the heap layer's crash
 //!   suites) with many seeds, in release mode, ending with `N passed, M failed`;
 //! * `loom`: the loom tests of the epoch handshake and the verified CAS;
+//! * `asan`: the core's unit tests (the verified structures, the heap, the region), the
+//!   lock-free stress tests and the heap-file tests under the address sanitizer, on the nightly
+//!   toolchain (skipped, with a message, where `cargo +nightly` or its sanitizer runtime is
+//!   missing);
 //! * `ui [--bless]`: the derive's compile-fail tests (`--bless` rewrites the expected text);
 //! * `bench [--no-peers] [ARGS]`: the throughput harness with every contender (the embedded
 //!   stores too, unless `--no-peers`), passing `ARGS` on (`--quick` for a short run;
@@ -32,11 +36,12 @@ fn main() -> ExitCode {
         Some("crash") => crash(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("loom") => loom(),
+        Some("asan") => asan(),
         Some("ui") => ui(&args[1..]),
         Some("kv-conformance") => kv::conformance(),
         Some("bench-kv") => kv::bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [ARGS]>"
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | asan | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [ARGS]>"
                 .to_owned(),
         ),
     };
@@ -138,6 +143,7 @@ fn ci() -> Result {
     // The main example, which checks what it recovers.
     cargo(&["run", "--release", "--example", "ledger"], &[deny[0]])?;
     loom()?;
+    asan()?;
     cargo(&["doc", "--workspace", "--no-deps"], &deny)?;
     cargo(&["bench", "--workspace", "--no-run"], &deny)?;
     // The throughput harness and the memory measurement end to end, tiny and without the
@@ -226,6 +232,85 @@ fn ui(args: &[String]) -> Result {
         _ => return Err("usage: cargo xtask ui [--bless]".to_owned()),
     };
     cargo(&["test", "--test", "ui"], env)
+}
+
+/// The target triple the sanitizer build names explicitly, so that build scripts and
+/// proc-macros (which run on the host) are built without the sanitizer.
+const ASAN_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Runs the code with `unsafe` in it under the address sanitizer: the core's unit tests (the
+/// verified structures, the heap and the region among them), the lock-free stress tests and
+/// the heap-file tests, in a target directory of their own. Needs a nightly toolchain with
+/// the sanitizer runtime; without one it says so and succeeds, as CI machines without a nightly
+/// must still pass. Leak detection is off: crossbeam-epoch may still hold deferred garbage
+/// when a test process exits, which is not a leak.
+fn asan() -> Result {
+    if let Some(why) = asan_unavailable() {
+        println!("xtask asan: skipped: {why}");
+        return Ok(());
+    }
+    let target = project_root().join("target").join("asan");
+    let mut args = vec![
+        "+nightly",
+        "test",
+        "--target",
+        ASAN_TARGET,
+        "--package",
+        "montage-core",
+        "--lib",
+    ];
+    for test in [
+        "lockfree_stress",
+        "heap_file",
+        "alloc_model",
+        "epoch_stress",
+    ] {
+        args.extend(["--test", test]);
+    }
+    println!("$ cargo {}", args.join(" "));
+    // Through the rustup proxy, so that `+nightly` picks the toolchain for cargo and rustc
+    // alike, whatever toolchain runs this xtask.
+    let status = Command::new("cargo")
+        .args(&args)
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC")
+        .env("RUSTFLAGS", "-Zsanitizer=address")
+        .env("RUSTDOCFLAGS", "-Zsanitizer=address")
+        .env("CARGO_TARGET_DIR", &target)
+        .env("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1")
+        .current_dir(project_root())
+        .status()
+        .map_err(|e| format!("cannot run cargo +nightly: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err("step failed: the AddressSanitizer run".to_owned())
+    }
+}
+
+/// Why the sanitizer run cannot happen on this machine, if it cannot.
+fn asan_unavailable() -> Option<String> {
+    let version = Command::new("rustc")
+        .args(["+nightly", "--print", "sysroot"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .output();
+    let sysroot = match version {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        _ => return Some("no nightly toolchain (`rustc +nightly` failed)".to_owned()),
+    };
+    let runtime = Path::new(&sysroot)
+        .join("lib/rustlib")
+        .join(ASAN_TARGET)
+        .join("lib/librustc-nightly_rt.asan.a");
+    if runtime.exists() {
+        None
+    } else {
+        Some(format!(
+            "the nightly has no ASan runtime ({})",
+            runtime.display()
+        ))
+    }
 }
 
 /// Runs the loom tests of the epoch handshake (every interleaving up to three preemptions),

@@ -19,10 +19,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::PoisonError;
 
 use montage_core::payload::Fingerprint;
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedRwLock};
 
 use crate::structure::{self, lock};
 
@@ -38,8 +38,6 @@ struct Vertex {
 
 #[derive(Debug, Default)]
 struct State {
-    /// The epoch of the last operation that changed the graph.
-    stamp: u64,
     vertices: HashMap<u64, Vertex>,
     edges: usize,
 }
@@ -50,7 +48,7 @@ pub struct Graph<V, E> {
     owner: OwnerId,
     vertex_type: u64,
     edge_type: u64,
-    state: RwLock<State>,
+    state: StampedRwLock<State>,
     _values: PhantomData<fn() -> (V, E)>,
 }
 
@@ -112,12 +110,12 @@ impl<V: Codec, E: Codec> Graph<V, E> {
             id("graph-edge", E::CODEC_ID),
         );
         let (owner, existed) = structure::owner(heap, name)?;
-        let graph = Graph {
+        let mut graph = Graph {
             heap: heap.clone(),
             owner,
             vertex_type,
             edge_type,
-            state: RwLock::new(State::default()),
+            state: StampedRwLock::new(State::default()),
             _values: PhantomData,
         };
         if existed {
@@ -126,7 +124,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
         Ok(graph)
     }
 
-    fn rebuild(&self) -> Result<()> {
+    fn rebuild(&mut self) -> Result<()> {
         let vertices = std::sync::Mutex::new(Vec::new());
         let edges = std::sync::Mutex::new(Vec::new());
         let types = [self.vertex_type, self.edge_type];
@@ -150,7 +148,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
                 Ok(())
             },
         )?;
-        let mut state = self.write();
+        let state = self.state.get_mut();
         for (id, block) in vertices
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
@@ -186,14 +184,6 @@ impl<V: Codec, E: Codec> Graph<V, E> {
         Ok(())
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn write(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Adds vertex `id` with `value`; false (and nothing changes) if it exists.
     ///
     /// # Errors
@@ -202,8 +192,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     pub fn add_vertex(&self, id: u64, value: &V) -> Result<bool> {
         let bytes = encode(&[id], value);
         self.heap.run_op(|op| {
-            let mut state = self.write();
-            op.check_epoch(state.stamp)?;
+            let mut state = self.state.write(op)?;
             if state.vertices.contains_key(&id) {
                 return Ok(false);
             }
@@ -215,7 +204,6 @@ impl<V: Codec, E: Codec> Graph<V, E> {
                     ..Vertex::default()
                 },
             );
-            state.stamp = op.epoch();
             Ok(true)
         })
     }
@@ -230,8 +218,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     }
 
     fn remove_vertex_in(&self, op: &OpGuard<'_>, id: u64) -> Result<Option<V>> {
-        let mut state = self.write();
-        op.check_epoch(state.stamp)?;
+        let mut state = self.state.write(op)?;
         let Some(vertex) = state.vertices.get(&id) else {
             return Ok(None);
         };
@@ -267,7 +254,6 @@ impl<V: Codec, E: Codec> Graph<V, E> {
             }
         }
         state.edges -= removed_edges;
-        state.stamp = op.epoch();
         Ok(Some(old))
     }
 
@@ -280,8 +266,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     pub fn add_edge(&self, src: u64, dst: u64, value: &E) -> Result<bool> {
         let bytes = encode(&[src, dst], value);
         self.heap.run_op(|op| {
-            let mut state = self.write();
-            op.check_epoch(state.stamp)?;
+            let mut state = self.state.write(op)?;
             if !state.vertices.contains_key(&dst)
                 || state
                     .vertices
@@ -298,7 +283,6 @@ impl<V: Codec, E: Codec> Graph<V, E> {
                 target.incoming.insert(src);
             }
             state.edges += 1;
-            state.stamp = op.epoch();
             Ok(true)
         })
     }
@@ -310,8 +294,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// A heap error.
     pub fn remove_edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
         self.heap.run_op(|op| {
-            let mut state = self.write();
-            op.check_epoch(state.stamp)?;
+            let mut state = self.state.write(op)?;
             let Some(&block) = state.vertices.get(&src).and_then(|v| v.out.get(&dst)) else {
                 return Ok(None);
             };
@@ -324,7 +307,6 @@ impl<V: Codec, E: Codec> Graph<V, E> {
                 target.incoming.remove(&src);
             }
             state.edges -= 1;
-            state.stamp = op.epoch();
             Ok(Some(old))
         })
     }
@@ -336,8 +318,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// A heap error.
     pub fn vertex(&self, id: u64) -> Result<Option<V>> {
         self.heap.run_op(|op| {
-            let state = self.read();
-            op.check_epoch(state.stamp)?;
+            let state = self.state.read(op)?;
             match state.vertices.get(&id).and_then(|v| v.block) {
                 Some(block) => Ok(Some(value(&op.read(block)?, 8, block.offset())?)),
                 None => Ok(None),
@@ -352,8 +333,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// A heap error.
     pub fn edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
         self.heap.run_op(|op| {
-            let state = self.read();
-            op.check_epoch(state.stamp)?;
+            let state = self.state.read(op)?;
             match state.vertices.get(&src).and_then(|v| v.out.get(&dst)) {
                 Some(&block) => Ok(Some(value(&op.read(block)?, 16, block.offset())?)),
                 None => Ok(None),
@@ -369,8 +349,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// A heap error.
     pub fn neighbours(&self, id: u64) -> Result<Option<Vec<u64>>> {
         self.heap.run_op(|op| {
-            let state = self.read();
-            op.check_epoch(state.stamp)?;
+            let state = self.state.read(op)?;
             Ok(state.vertices.get(&id).map(|v| {
                 let mut out: Vec<u64> = v.out.keys().copied().collect();
                 out.sort_unstable();
@@ -381,19 +360,25 @@ impl<V: Codec, E: Codec> Graph<V, E> {
 
     /// Every vertex id, in increasing order.
     pub fn vertices(&self) -> Vec<u64> {
-        let mut ids: Vec<u64> = self.read().vertices.keys().copied().collect();
+        let mut ids: Vec<u64> = self
+            .state
+            .read_outside_op()
+            .vertices
+            .keys()
+            .copied()
+            .collect();
         ids.sort_unstable();
         ids
     }
 
     /// The number of vertices.
     pub fn vertex_count(&self) -> usize {
-        self.read().vertices.len()
+        self.state.read_outside_op().vertices.len()
     }
 
     /// The number of edges.
     pub fn edge_count(&self) -> usize {
-        self.read().edges
+        self.state.read_outside_op().edges
     }
 
     /// The heap the graph lives in.

@@ -10,9 +10,10 @@
 //! linearizes at that payload access (for a key that is absent, at the stripe lookup).
 //! Operations on one key are therefore totally ordered by the stripe lock.
 //!
-//! Every method that changes the map runs in one operation, and each stripe remembers the
-//! epoch of the last operation that changed it: an operation of an older epoch that meets it
-//! aborts and is retried in a new operation (`OpGuard::check_epoch`), so the lock order on
+//! Every method that changes the map runs in one operation, and each stripe is a
+//! `StampedLock`, which remembers the epoch of the last operation that changed it: an
+//! operation of an older epoch that meets it aborts and is retried in a new operation, so the
+//! lock order on
 //! every key agrees with epoch order, and recovery to any epoch boundary gives the state
 //! after a prefix of that order.
 //!
@@ -31,17 +32,16 @@ use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
-use montage_core::{Codec, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::{Codec, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
 use montage_core::Error;
 
 use crate::entry;
-use crate::structure::{self, lock};
+use crate::structure;
 
 /// What [`HashMap::compute`] does with the entry it looked at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,8 +60,6 @@ const STRIPES: usize = 1024;
 /// One stripe of the index.
 #[derive(Debug)]
 struct Stripe<K> {
-    /// The epoch of the last operation that changed this stripe.
-    stamp: u64,
     blocks: std::collections::HashMap<K, PBlock>,
 }
 
@@ -85,7 +83,7 @@ pub struct HashMap<K, V> {
     owner: OwnerId,
     type_id: u64,
     hasher: RandomState,
-    stripes: Box<[CachePadded<Mutex<Stripe<K>>>]>,
+    stripes: Box<[CachePadded<StampedLock<Stripe<K>>>]>,
     len: AtomicUsize,
     _value: PhantomData<fn() -> V>,
 }
@@ -138,8 +136,7 @@ where
             hasher: RandomState::new(),
             stripes: (0..STRIPES)
                 .map(|_| {
-                    CachePadded::new(Mutex::new(Stripe {
-                        stamp: 0,
+                    CachePadded::new(StampedLock::new(Stripe {
                         blocks: std::collections::HashMap::new(),
                     }))
                 })
@@ -164,12 +161,17 @@ where
             &self.len,
             |key, value, block| {
                 visit(&key, &value);
-                Ok(lock(self.stripe(&key)).blocks.insert(key, block).is_none())
+                Ok(self
+                    .stripe(&key)
+                    .lock_outside_op()
+                    .blocks
+                    .insert(key, block)
+                    .is_none())
             },
         )
     }
 
-    fn stripe<Q: Hash + ?Sized>(&self, key: &Q) -> &Mutex<Stripe<K>> {
+    fn stripe<Q: Hash + ?Sized>(&self, key: &Q) -> &StampedLock<Stripe<K>> {
         let hash = self.hasher.hash_one(key);
         // The high bits: the stripe's own table uses the low ones.
         &self.stripes[(hash >> 32) as usize & (self.stripes.len() - 1)]
@@ -188,7 +190,7 @@ where
     {
         // No operation: the stripe lock keeps the block live and its bytes still while it is
         // read (module docs).
-        let stripe = lock(self.stripe(key));
+        let stripe = self.stripe(key).lock_outside_op();
         match stripe.blocks.get(key) {
             Some(&block) => structure::with_buffer(|bytes| {
                 self.heap.read_payload_into(block, bytes)?;
@@ -208,7 +210,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        Ok(lock(self.stripe(key)).blocks.contains_key(key))
+        Ok(self.stripe(key).lock_outside_op().blocks.contains_key(key))
     }
 
     /// Sets `key` to `value`; returns the value it replaced.
@@ -225,8 +227,7 @@ where
     }
 
     fn insert_in(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<Option<V>> {
-        let mut stripe = lock(self.stripe(key));
-        op.check_epoch(stripe.stamp)?;
+        let mut stripe = self.stripe(key).lock(op)?;
         let old = if let Some(&block) = stripe.blocks.get(key) {
             let old = entry::read_value(op, block)?;
             let block = op.update(block, bytes)?;
@@ -239,7 +240,6 @@ where
             self.len.fetch_add(1, Ordering::Relaxed);
             None
         };
-        stripe.stamp = op.epoch();
         Ok(old)
     }
 
@@ -261,15 +261,13 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let mut stripe = lock(self.stripe(key));
-        op.check_epoch(stripe.stamp)?;
+        let mut stripe = self.stripe(key).lock(op)?;
         let Some(&block) = stripe.blocks.get(key) else {
             return Ok(None);
         };
         let old = entry::read_value(op, block)?;
         op.delete(block)?;
         stripe.blocks.remove(key);
-        stripe.stamp = op.epoch();
         // ORDERING: a statistic; the stripe lock orders the entry itself.
         self.len.fetch_sub(1, Ordering::Relaxed);
         Ok(Some(old))
@@ -315,8 +313,7 @@ where
         key: &K,
         f: &mut impl FnMut(Option<V>) -> (Change<V>, R),
     ) -> Result<R> {
-        let mut stripe = lock(self.stripe(key));
-        op.check_epoch(stripe.stamp)?;
+        let mut stripe = self.stripe(key).lock(op)?;
         let block = stripe.blocks.get(key).copied();
         let current = block.map(|b| entry::read_value(op, b)).transpose()?;
         let (change, result) = f(current);
@@ -339,7 +336,6 @@ where
                 self.len.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        stripe.stamp = op.epoch();
         Ok(result)
     }
 
@@ -357,8 +353,7 @@ where
         let bytes = entry::encode(key, &new);
         let stripe = self.stripe(key);
         self.heap.run_op(|op| {
-            let mut stripe = lock(stripe);
-            op.check_epoch(stripe.stamp)?;
+            let mut stripe = stripe.lock(op)?;
             let Some(&block) = stripe.blocks.get(key) else {
                 return Ok(Err(None));
             };
@@ -368,7 +363,6 @@ where
             }
             let block = op.update(block, &bytes)?;
             stripe.replace(key, block);
-            stripe.stamp = op.epoch();
             Ok(Ok(()))
         })
     }
@@ -393,8 +387,7 @@ where
     /// The entries of stripe `index`, read in one operation.
     fn stripe_entries(&self, index: usize) -> Result<Vec<(K, V)>> {
         self.heap.run_op(|op| {
-            let stripe = lock(&self.stripes[index]);
-            op.check_epoch(stripe.stamp)?;
+            let stripe = self.stripes[index].lock(op)?;
             stripe
                 .blocks
                 .iter()

@@ -10,8 +10,8 @@
 //! Every method runs in one operation and holds the queue lock; `push_back` linearizes at
 //! its allocation, `pop_front` at its deletion of the front element, `front` and `len` at
 //! their read. The queue remembers the epoch of the last operation that changed it; an
-//! operation of an older epoch that takes the lock after it aborts and is retried
-//! (`OpGuard::check_epoch`), so the lock order agrees with epoch order and recovery to any
+//! operation of an older epoch that takes the lock after it aborts and is retried (the lock
+//! is a `StampedLock`), so the lock order agrees with epoch order and recovery to any
 //! epoch boundary gives the queue after a prefix of it.
 
 use std::collections::VecDeque;
@@ -19,15 +19,13 @@ use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
 use montage_core::payload::Fingerprint;
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
 
 use crate::structure::{self, lock};
 
 /// The DRAM side of the queue.
 #[derive(Debug)]
 struct State {
-    /// The epoch of the last operation that changed the queue.
-    stamp: u64,
     /// The next sequence number to give out.
     next_seq: u64,
     elements: VecDeque<(u64, PBlock)>,
@@ -38,7 +36,7 @@ pub struct Queue<T> {
     heap: Heap,
     owner: OwnerId,
     type_id: u64,
-    state: Mutex<State>,
+    state: StampedLock<State>,
     _element: PhantomData<fn() -> T>,
 }
 
@@ -138,8 +136,7 @@ impl<T: Codec> Queue<T> {
             heap: heap.clone(),
             owner,
             type_id,
-            state: Mutex::new(State {
-                stamp: 0,
+            state: StampedLock::new(State {
                 next_seq,
                 elements: elements.into(),
             }),
@@ -160,14 +157,12 @@ impl<T: Codec> Queue<T> {
     }
 
     fn push_in(&self, op: &OpGuard<'_>, bytes: &mut [u8]) -> Result<()> {
-        let mut state = lock(&self.state);
-        op.check_epoch(state.stamp)?;
+        let mut state = self.state.lock(op)?;
         let seq = state.next_seq;
         bytes[..8].copy_from_slice(&seq.to_le_bytes());
         let block = op.alloc(self.owner, self.type_id, bytes)?;
         state.next_seq = seq + 1;
         state.elements.push_back((seq, block));
-        state.stamp = op.epoch();
         Ok(())
     }
 
@@ -181,15 +176,13 @@ impl<T: Codec> Queue<T> {
     }
 
     fn pop_in(&self, op: &OpGuard<'_>) -> Result<Option<T>> {
-        let mut state = lock(&self.state);
-        op.check_epoch(state.stamp)?;
+        let mut state = self.state.lock(op)?;
         let Some(&(_, block)) = state.elements.front() else {
             return Ok(None);
         };
         let (_, value) = decode(&op.read(block)?, block.offset())?;
         op.delete(block)?;
         state.elements.pop_front();
-        state.stamp = op.epoch();
         Ok(Some(value))
     }
 
@@ -200,8 +193,7 @@ impl<T: Codec> Queue<T> {
     /// As [`pop_front`](Self::pop_front).
     pub fn front(&self) -> Result<Option<T>> {
         self.heap.run_op(|op| {
-            let state = lock(&self.state);
-            op.check_epoch(state.stamp)?;
+            let state = self.state.lock(op)?;
             match state.elements.front() {
                 Some(&(_, block)) => Ok(Some(decode(&op.read(block)?, block.offset())?.1)),
                 None => Ok(None),
@@ -211,7 +203,7 @@ impl<T: Codec> Queue<T> {
 
     /// The number of elements.
     pub fn len(&self) -> usize {
-        lock(&self.state).elements.len()
+        self.state.lock_outside_op().elements.len()
     }
 
     /// Whether the queue is empty.
@@ -226,8 +218,7 @@ impl<T: Codec> Queue<T> {
     /// As [`pop_front`](Self::pop_front).
     pub fn to_vec(&self) -> Result<Vec<T>> {
         self.heap.run_op(|op| {
-            let state = lock(&self.state);
-            op.check_epoch(state.stamp)?;
+            let state = self.state.lock(op)?;
             state
                 .elements
                 .iter()

@@ -28,7 +28,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_skiplist::SkipMap;
-use montage_core::{Codec, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::stamped::StampedGuard;
+use montage_core::{Codec, Epoch, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
 use montage_core::Error;
@@ -41,11 +42,9 @@ use crate::structure::{self, lock};
 struct Slot {
     /// The payload's current block; `None` after a removal (until the slot is purged).
     block: Option<PBlock>,
-    /// The epoch of the last operation that changed the key.
-    stamp: u64,
 }
 
-type Index<K> = SkipMap<K, Mutex<Slot>>;
+type Index<K> = SkipMap<K, StampedLock<Slot>>;
 
 /// A concurrent ordered map whose entries survive crashes (module docs).
 pub struct SortedMap<K, V> {
@@ -55,7 +54,7 @@ pub struct SortedMap<K, V> {
     index: Index<K>,
     len: AtomicUsize,
     /// Removed keys, with the stamp of their removal, in removal order.
-    removed: Mutex<VecDeque<(K, u64)>>,
+    removed: Mutex<VecDeque<(K, Epoch)>>,
     _value: PhantomData<fn() -> V>,
 }
 
@@ -108,13 +107,10 @@ where
             "two live entries of a sorted map have the same key",
             &self.len,
             |key, _, block| {
-                let slot = self.index.get_or_insert_with(key, || {
-                    Mutex::new(Slot {
-                        block: Some(block),
-                        stamp: 0,
-                    })
-                });
-                Ok(lock(slot.value()).block == Some(block))
+                let slot = self
+                    .index
+                    .get_or_insert_with(key, || StampedLock::new(Slot { block: Some(block) }));
+                Ok(slot.value().lock_outside_op().block == Some(block))
             },
         )
     }
@@ -126,28 +122,25 @@ where
         op: &OpGuard<'_>,
         key: &K,
         create: bool,
-        mut f: impl FnMut(Option<&mut Slot>) -> Result<R>,
+        mut f: impl FnMut(Option<&mut StampedGuard<'_, Slot>>) -> Result<R>,
     ) -> Result<R> {
         loop {
             let found = if create {
-                Some(self.index.get_or_insert_with(key.clone(), || {
-                    Mutex::new(Slot {
-                        block: None,
-                        stamp: 0,
-                    })
-                }))
+                Some(
+                    self.index
+                        .get_or_insert_with(key.clone(), || StampedLock::new(Slot { block: None })),
+                )
             } else {
                 self.index.get(key)
             };
             let Some(found) = found else {
                 return f(None);
             };
-            let mut slot = lock(found.value());
+            let mut slot = found.value().lock(op)?;
             if found.is_removed() {
                 // Purged between the lookup and the lock: look again.
                 continue;
             }
-            op.check_epoch(slot.stamp)?;
             return f(Some(&mut slot));
         }
     }
@@ -195,7 +188,7 @@ where
         let result = self.heap.run_op(|op| self.insert_in(op, &key, &bytes));
         if result.is_err() {
             // A slot created for a failed insert holds nothing; let the purge drop it.
-            lock(&self.removed).push_back((key, 0));
+            lock(&self.removed).push_back((key, Epoch::ZERO));
         }
         result
     }
@@ -215,7 +208,6 @@ where
                 self.len.fetch_add(1, Ordering::Relaxed);
                 None
             };
-            slot.stamp = op.epoch();
             Ok(old)
         })
     }
@@ -235,7 +227,7 @@ where
     }
 
     /// Removes `key`, returning its value and the epoch of the removal.
-    fn remove_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<(V, u64)>> {
+    fn remove_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<(V, Epoch)>> {
         self.with_slot(op, key, false, |slot| {
             let Some(slot) = slot else { return Ok(None) };
             let Some(block) = slot.block else {
@@ -244,7 +236,6 @@ where
             let old = entry::read_value(op, block)?;
             op.delete(block)?;
             slot.block = None;
-            slot.stamp = op.epoch();
             // ORDERING: a statistic; the slot lock orders the entry itself.
             self.len.fetch_sub(1, Ordering::Relaxed);
             Ok(Some((old, op.epoch())))
@@ -257,11 +248,11 @@ where
     /// removal list; if another thread holds it, this one skips (a later removal purges).
     fn purge(&self) {
         let now = self.heap.epoch();
-        let due: Vec<(K, u64)> = match self.removed.try_lock() {
+        let due: Vec<(K, Epoch)> = match self.removed.try_lock() {
             Ok(mut removed) => {
                 let count = removed
                     .iter()
-                    .take_while(|(_, stamp)| stamp + 2 <= now)
+                    .take_while(|(_, stamp)| stamp.plus(2) <= now)
                     .count();
                 removed.drain(..count).collect()
             }
@@ -269,8 +260,8 @@ where
         };
         for (key, stamp) in due {
             if let Some(found) = self.index.get(&key) {
-                let slot = lock(found.value());
-                if slot.block.is_none() && slot.stamp == stamp {
+                let slot = found.value().lock_outside_op();
+                if slot.block.is_none() && slot.stamp() == stamp {
                     // Under the slot lock: whoever locks it next sees `is_removed`.
                     found.remove();
                 }
@@ -296,7 +287,6 @@ where
                 };
                 let new = f(&entry::read_value(op, block)?);
                 slot.block = Some(op.update(block, &entry::encode(key, &new))?);
-                slot.stamp = op.epoch();
                 Ok(Some(new))
             })
         })
@@ -348,10 +338,9 @@ where
     }
 
     /// Reads the entry of an index slot, in its own operation; `None` for a removed key.
-    fn read_slot(&self, key: &K, slot: &Mutex<Slot>) -> Result<Option<(K, V)>> {
+    fn read_slot(&self, key: &K, slot: &StampedLock<Slot>) -> Result<Option<(K, V)>> {
         self.heap.run_op(|op| {
-            let slot = lock(slot);
-            op.check_epoch(slot.stamp)?;
+            let slot = slot.lock(op)?;
             match slot.block {
                 Some(block) => Ok(Some((key.clone(), entry::read_value(op, block)?))),
                 None => Ok(None),
@@ -381,7 +370,7 @@ where
 /// The iterator of [`SortedMap::range`] and [`SortedMap::iter`].
 pub struct Range<'m, K: Ord, V, R: RangeBounds<K>> {
     map: &'m SortedMap<K, V>,
-    inner: crossbeam_skiplist::map::Range<'m, K, R, K, Mutex<Slot>>,
+    inner: crossbeam_skiplist::map::Range<'m, K, R, K, StampedLock<Slot>>,
     failed: bool,
 }
 

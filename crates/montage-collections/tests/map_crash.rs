@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use common::{Opener, TestMap};
+use montage_core::Epoch;
 use montage_core::sim::{SimMode, SplitMix64};
 use montage_core::{Heap, HeapConfig};
 use montage_testkit::{crash_generation, for_each_seed, run_against_clock};
@@ -49,7 +50,7 @@ fn insert_or_remove(
         Some(v) => map.insert(key, v),
         None => map.remove(key),
     };
-    (heap.last_op_epoch().unwrap(), replaced)
+    (heap.last_op_epoch().unwrap().get(), replaced)
 }
 
 fn model(start: &BTreeMap<u64, u64>, log: &[Done], cut: u64) -> BTreeMap<u64, u64> {
@@ -94,7 +95,7 @@ fn run_seed(open: Opener, seed: u64) {
                         .then_some((generation << 40) | ((t as u64) << 32) | i);
                     let (epoch, replaced) = insert_or_remove(&heap, &*map, key, value);
                     if value.is_some() || replaced.is_some() {
-                        ended.record(epoch);
+                        ended.record(Epoch::new(epoch));
                     }
                     log.lock().unwrap().push(Done {
                         epoch,
@@ -108,7 +109,7 @@ fn run_seed(open: Opener, seed: u64) {
         .unwrap_or_else(|broken| panic!("generation {generation}: {broken}"));
         drop(map);
         drop(heap);
-        let want = model(&state, &log.into_inner().unwrap(), crashed.cut);
+        let want = model(&state, &log.into_inner().unwrap(), crashed.cut.get());
         heap = Heap::open_image(crashed.image, &config).unwrap();
         let got = open(&heap, "m").entries();
         assert_eq!(

@@ -95,11 +95,11 @@ fn run_seed(open: common::QueueOpener, seed: u64) {
                         queue.push(v);
                         let epoch = heap.last_op_epoch().unwrap();
                         ended.record(epoch);
-                        pushes.lock().unwrap().push((epoch, v));
+                        pushes.lock().unwrap().push((epoch.get(), v));
                     } else if let Some(v) = queue.pop() {
                         let epoch = heap.last_op_epoch().unwrap();
                         ended.record(epoch);
-                        pops.lock().unwrap().push((epoch, v));
+                        pops.lock().unwrap().push((epoch.get(), v));
                     }
                 }
             })
@@ -113,7 +113,7 @@ fn run_seed(open: common::QueueOpener, seed: u64) {
             &before,
             &pushes.into_inner().unwrap(),
             &pops.into_inner().unwrap(),
-            crashed.cut,
+            crashed.cut.get(),
             &got,
         );
         before = got;

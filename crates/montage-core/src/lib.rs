@@ -76,20 +76,27 @@ pub mod verified;
 
 pub use alloc::AllocStats;
 pub use alloc::block::{BlockInfo, BlockKind, OwnerId, PBlock};
+pub use base::epoch::Epoch;
 pub use config::{BackendKind, EpochLength, HeapConfig, WriteBack};
 
 pub use epoch::op::OpGuard;
+pub use epoch::stamped::{StampedLock, StampedRwLock};
 pub use error::{Error, Result};
 pub use heap::raw;
 pub use heap::{Heap, ScanFilter};
 pub use payload::{Codec, POff, PRef, Payload};
 pub use recovery::{BlockView, RecoveryReport};
 
+/// The guards of [`StampedLock`] and [`StampedRwLock`].
+pub mod stamped {
+    pub use crate::epoch::stamped::{StampedGuard, StampedReadGuard, StampedWriteGuard, Unstamped};
+}
+
 /// The fixed sizes and limits of the heap format and the runtime.
 pub mod limits {
     pub use crate::base::layout::{
-        CACHE_LINE, DIRECTORY_CAPACITY, HEADER_LEN, INITIAL_EPOCH, MAX_HEAP_SIZE, MIN_HEAP_SIZE,
-        NAME_MAX, PAGE_SIZE, REGISTRY_CAPACITY, SPAN_SIZE,
+        CACHE_LINE, DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX,
+        PAGE_SIZE, REGISTRY_CAPACITY, SPAN_SIZE,
     };
     pub use crate::config::DEFAULT_HEAP_SIZE;
 }

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use montage_core::Epoch;
 use montage_core::limits::HEADER_LEN;
 use montage_core::raw;
 use montage_core::raw::BlockSpec;
@@ -73,7 +74,10 @@ fn run(ops: &[Op]) {
         match *op {
             Op::Alloc { len } => {
                 let data = bytes(next_uid, len);
-                match heap.raw().alloc_bytes(BlockSpec::new(1, next_uid), &data) {
+                match heap
+                    .raw()
+                    .alloc_bytes(BlockSpec::new(Epoch::new(1), next_uid), &data)
+                {
                     Ok(block) => {
                         heap.raw().persist_block(block).unwrap();
                         assert!(!live.contains_key(&block), "handed out a live block");
@@ -156,7 +160,7 @@ fn stress(config: &HeapConfig, threads: u64, ops: u64) {
                             let data = bytes(t << 32 | i, len);
                             match heap
                                 .raw()
-                                .alloc_bytes(BlockSpec::new(1, t << 32 | i), &data)
+                                .alloc_bytes(BlockSpec::new(Epoch::new(1), t << 32 | i), &data)
                             {
                                 Ok(block) => mine.push((block, data)),
                                 Err(Error::OutOfSpace { .. }) => {}

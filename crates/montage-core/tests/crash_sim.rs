@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use montage_core::Epoch;
 use montage_core::limits::HEADER_LEN;
 use montage_core::raw;
 use montage_core::raw::{BlockSpec, Verdict};
@@ -72,7 +73,7 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
                 let started = sim.events();
                 let block = match heap
                     .raw()
-                    .alloc_bytes(BlockSpec::new(1, uid), &content(uid, 0, len))
+                    .alloc_bytes(BlockSpec::new(Epoch::new(1), uid), &content(uid, 0, len))
                 {
                     Ok(block) => block,
                     Err(Error::OutOfSpace { .. }) => continue,
@@ -205,10 +206,10 @@ fn fill_and_check_no_overlap(heap: &Heap, seed: u64) -> Vec<BlockInfo> {
         } else {
             1 + rng.next_u64() % 500
         };
-        match heap
-            .raw()
-            .alloc(BlockSpec::new(9, 1_000_000 + fresh.len() as u64), len)
-        {
+        match heap.raw().alloc(
+            BlockSpec::new(Epoch::new(9), 1_000_000 + fresh.len() as u64),
+            len,
+        ) {
             Ok(block) => fresh.push(heap.info(block).unwrap()),
             Err(Error::OutOfSpace { .. }) => failures += 1,
             Err(e) => panic!("alloc after recovery failed: {e}"),

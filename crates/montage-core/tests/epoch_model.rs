@@ -49,7 +49,7 @@ fn apply(
             let mut slot = slots[key as usize].lock().unwrap();
             let wrote = slot.key.block.is_some() || value.is_some();
             write_key(op, owner, &mut slot.key, key, value)?;
-            slot.history.push((op.epoch(), value));
+            slot.history.push((op.epoch().get(), value));
             Ok((op.epoch(), wrote))
         })
         .unwrap();
@@ -133,7 +133,7 @@ fn run_seed(seed: u64) {
             .unwrap_or_else(|broken| panic!("generation {generation_index}: {broken}"));
         drop(heap);
         let (step, cut) = (crashed.step, crashed.cut);
-        let want = model(&state, &slots, cut);
+        let want = model(&state, &slots, cut.get());
         heap = Heap::open_image(crashed.image, &config).unwrap();
         let owner_now = heap.lookup("kv").unwrap();
         assert_eq!(owner_now, owner);
@@ -188,7 +188,7 @@ fn an_operation_meeting_a_newer_epoch_aborts_and_retries() {
     ));
     assert!(matches!(old.delete(newer), Err(Error::Aborted)));
     assert!(matches!(
-        old.check_epoch(old_epoch + 1),
+        old.check_epoch(old_epoch.next()),
         Err(Error::Aborted)
     ));
     old.abort().unwrap();

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use montage_core::Epoch;
 use montage_core::sim::{CrashImage, SimMode};
 use montage_core::{Heap, HeapConfig, OwnerId, PBlock, ScanFilter};
 use proptest::prelude::*;
@@ -84,7 +85,7 @@ impl Harness {
                     })
                     .unwrap();
                 self.index.insert(key, block);
-                self.log.push((epoch, key, Some(value)));
+                self.log.push((epoch.get(), key, Some(value)));
             }
             Step::Delete(key) => {
                 if let Some(block) = self.index.remove(&key) {
@@ -92,7 +93,7 @@ impl Harness {
                         .heap
                         .run_op(|op| op.delete(block).map(|()| op.epoch()))
                         .unwrap();
-                    self.log.push((epoch, key, None));
+                    self.log.push((epoch.get(), key, None));
                 }
             }
             Step::Advance => {
@@ -110,16 +111,16 @@ impl Harness {
     fn crash(&mut self, seed: u64) {
         let image = self.heap.simulator().unwrap().crash(seed);
         let word = image.epoch_word().unwrap();
-        let cut = word.saturating_sub(2);
+        let cut = word.durable_cut();
         if let Some(called) = self.synced {
             assert!(
-                cut >= called,
+                cut >= Epoch::new(called),
                 "a synced epoch ({called}) was lost: clock {word}"
             );
         }
         let mut want = self.base.clone();
         for &(epoch, key, value) in &self.log {
-            if epoch <= cut {
+            if epoch <= cut.get() {
                 match value {
                     Some(v) => want.insert(key, v),
                     None => want.remove(&key),

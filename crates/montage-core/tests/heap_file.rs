@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use montage_core::Epoch;
 use montage_core::limits::{DIRECTORY_CAPACITY, MIN_HEAP_SIZE, NAME_MAX};
 use montage_core::raw;
 use montage_core::raw::BlockSpec;
@@ -34,7 +35,7 @@ fn make_heap(path: &Path) {
         let payload = vec![uid as u8; uid as usize * 10];
         let block = heap
             .raw()
-            .alloc_bytes(BlockSpec::new(1, uid).owner(owner), &payload)
+            .alloc_bytes(BlockSpec::new(Epoch::new(1), uid).owner(owner), &payload)
             .unwrap();
         heap.raw().persist_block(block).unwrap();
     }
@@ -198,7 +199,7 @@ fn a_full_heap_returns_out_of_space_and_recovers_after_a_free() {
     let err = loop {
         match heap
             .raw()
-            .alloc(BlockSpec::new(1, blocks.len() as u64), 1000)
+            .alloc(BlockSpec::new(Epoch::new(1), blocks.len() as u64), 1000)
         {
             Ok(block) => blocks.push(block),
             Err(err) => break err,
@@ -209,10 +210,15 @@ fn a_full_heap_returns_out_of_space_and_recovers_after_a_free() {
         "{err}"
     );
     assert!(!blocks.is_empty());
-    let big = heap.raw().alloc(BlockSpec::new(1, 0), 1 << 20).unwrap_err();
+    let big = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 0), 1 << 20)
+        .unwrap_err();
     assert!(matches!(big, Error::OutOfSpace { .. }), "{big}");
     heap.raw().free(blocks.pop().unwrap()).unwrap();
-    heap.raw().alloc(BlockSpec::new(1, 99), 1000).unwrap();
+    heap.raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 99), 1000)
+        .unwrap();
 }
 
 #[test]
@@ -223,7 +229,7 @@ fn large_payloads_survive_reopen() {
     let payload: Vec<u8> = (0..(1u32 << 20) + 17).map(|i| (i % 251) as u8).collect();
     let block = heap
         .raw()
-        .alloc_bytes(BlockSpec::new(3, 5), &payload)
+        .alloc_bytes(BlockSpec::new(Epoch::new(3), 5), &payload)
         .unwrap();
     heap.raw().persist_block(block).unwrap();
     let free_with_block = heap.stats().free_spans;
@@ -245,11 +251,20 @@ fn the_spans_of_a_freed_large_block_are_reused() {
     let heap =
         Heap::create(&HeapConfig::new(&path).size(21 * montage_core::limits::SPAN_SIZE)).unwrap();
     let len = (1 << 20) + 17;
-    let first = heap.raw().alloc(BlockSpec::new(1, 1), len).unwrap();
-    let second = heap.raw().alloc(BlockSpec::new(1, 2), len).unwrap_err();
+    let first = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 1), len)
+        .unwrap();
+    let second = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 2), len)
+        .unwrap_err();
     assert!(matches!(second, Error::OutOfSpace { .. }), "{second}");
     heap.raw().free(first).unwrap();
-    let again = heap.raw().alloc(BlockSpec::new(1, 3), len).unwrap();
+    let again = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 3), len)
+        .unwrap();
     assert_eq!(again, first);
     assert_eq!(heap.info(again).unwrap().spec.uid, 3);
 }
@@ -261,16 +276,27 @@ fn spans_freed_by_another_thread_are_reused() {
     let heap =
         Heap::create(&HeapConfig::new(&path).size(21 * montage_core::limits::SPAN_SIZE)).unwrap();
     let len = (1 << 20) + 17;
-    let first = heap.raw().alloc(BlockSpec::new(1, 1), len).unwrap();
+    let first = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 1), len)
+        .unwrap();
     std::thread::scope(|s| {
         s.spawn(|| heap.raw().free(first).unwrap());
     });
     // The freeing thread left its invalidation pending; the allocator drains it.
-    assert_eq!(heap.raw().alloc(BlockSpec::new(1, 2), len).unwrap(), first);
+    assert_eq!(
+        heap.raw()
+            .alloc(BlockSpec::new(Epoch::new(1), 2), len)
+            .unwrap(),
+        first
+    );
     // Small blocks too: fill the heap, free everything from another thread, fill again.
     heap.raw().free(first).unwrap();
     let mut small = Vec::new();
-    while let Ok(block) = heap.raw().alloc(BlockSpec::new(2, small.len() as u64), 100) {
+    while let Ok(block) = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(2), small.len() as u64), 100)
+    {
         small.push(block);
     }
     let count = small.len();
@@ -278,7 +304,11 @@ fn spans_freed_by_another_thread_are_reused() {
         s.spawn(|| small.drain(..).for_each(|b| heap.raw().free(b).unwrap()));
     });
     let mut again = 0;
-    while heap.raw().alloc(BlockSpec::new(3, again), 100).is_ok() {
+    while heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(3), again), 100)
+        .is_ok()
+    {
         again += 1;
     }
     assert_eq!(again as usize, count);
@@ -291,7 +321,7 @@ fn block_handles_are_checked() {
     let heap = Heap::create(&config(&path)).unwrap();
     let block = heap
         .raw()
-        .alloc_bytes(BlockSpec::new(1, 1), b"abc")
+        .alloc_bytes(BlockSpec::new(Epoch::new(1), 1), b"abc")
         .unwrap();
     assert_eq!(heap.block_at(block.offset()).unwrap(), block);
     assert!(matches!(
@@ -377,7 +407,7 @@ fn every_backend_creates_and_reopens_a_file_heap() {
         let heap = Heap::create(&config).unwrap();
         let block = heap
             .raw()
-            .alloc_bytes(BlockSpec::new(1, 1), b"payload")
+            .alloc_bytes(BlockSpec::new(Epoch::new(1), 1), b"payload")
             .unwrap();
         heap.raw().persist_block(block).unwrap();
         heap.close().unwrap();

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use montage_core::Epoch;
 use montage_core::raw;
 use montage_core::raw::BlockSpec;
 use montage_core::{Error, Heap, HeapConfig, ScanFilter};
@@ -25,30 +26,35 @@ fn make_heap(path: &Path) {
     for uid in 1..=3u64 {
         let block = heap
             .raw()
-            .alloc_bytes(BlockSpec::new(1, uid), &[uid as u8; 8])
+            .alloc_bytes(BlockSpec::new(Epoch::new(1), uid), &[uid as u8; 8])
             .unwrap();
         heap.raw().persist_block(block).unwrap();
     }
     heap.close().unwrap();
 }
 
-/// Run as a child process by the tests below: `open` opens the heap named by the environment
-/// and reports the result through its exit code; `die` writes a payload, makes it durable
-/// and exits without closing the heap, as a crashing process would.
-#[test]
-fn child_probe() {
-    let (Some(mode), Some(path)) = (
+fn main() -> std::process::ExitCode {
+    if let (Some(mode), Some(path)) = (
         std::env::var_os("MONTAGE_CHILD_MODE"),
         std::env::var_os("MONTAGE_CHILD_HEAP"),
-    ) else {
-        return; // only meaningful when spawned by the tests below
-    };
-    let path = Path::new(&path);
+    ) {
+        child_probe(&mode, Path::new(&path));
+    }
+    montage_testkit::run_tests(&[(
+        "a_second_process_is_locked_out_and_a_dead_one_leaves_an_unclean_heap",
+        a_second_process_is_locked_out_and_a_dead_one_leaves_an_unclean_heap,
+    )])
+}
+
+/// The child process the tests start: `open` opens the heap at `path` and reports the
+/// result through its exit code; `die` writes a payload, makes it durable and exits without
+/// closing the heap, as a crashing process would.
+fn child_probe(mode: &std::ffi::OsStr, path: &Path) -> ! {
     let code = if mode == "die" {
         let heap = raw::open_with(&config(path), |_| montage_core::raw::Verdict::Keep).unwrap();
         let block = heap
             .raw()
-            .alloc_bytes(BlockSpec::new(1, 77), b"from the child")
+            .alloc_bytes(BlockSpec::new(Epoch::new(1), 77), b"from the child")
             .unwrap();
         heap.raw().persist_block(block).unwrap();
         std::process::exit(0);
@@ -64,7 +70,6 @@ fn child_probe() {
 
 fn run_child(mode: &str, path: &Path) -> Option<i32> {
     std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_probe", "--nocapture"])
         .env("MONTAGE_CHILD_MODE", mode)
         .env("MONTAGE_CHILD_HEAP", path)
         .status()
@@ -75,7 +80,6 @@ fn run_child(mode: &str, path: &Path) -> Option<i32> {
 /// One test, so that no other test of this binary forks a child while a heap is open: a
 /// forked child shares the parent's open file descriptions, and with them the heap lock,
 /// until it execs.
-#[test]
 fn a_second_process_is_locked_out_and_a_dead_one_leaves_an_unclean_heap() {
     a_second_process_is_locked_out();
     a_process_that_exits_without_closing_leaves_an_unclean_heap_with_its_durable_data();

@@ -27,17 +27,23 @@ fn config(path: &Path) -> HeapConfig {
         .epoch_length(EpochLength::Every(Duration::from_millis(5)))
 }
 
-/// The child: opens (or creates) the heap, then writes random keys forever, printing
-/// `MONTAGE begin <key> <value|-1>` before and `MONTAGE ack` after each synced operation.
-#[test]
-fn child_writer() {
-    let (Some(path), Some(seed)) = (
+fn main() -> std::process::ExitCode {
+    if let (Some(path), Some(seed)) = (
         std::env::var_os("MONTAGE_CHILD_HEAP"),
         std::env::var("MONTAGE_CHILD_SEED").ok(),
-    ) else {
-        return; // only meaningful when spawned by the test below
-    };
-    let path = Path::new(&path);
+    ) {
+        child_writer(Path::new(&path), &seed);
+    }
+    montage_testkit::run_tests(&[(
+        "every_acknowledged_write_survives_sigkill",
+        every_acknowledged_write_survives_sigkill,
+    )])
+}
+
+/// The child process the test starts: opens (or creates) the heap at `path`, then writes
+/// random keys until it is killed, printing `MONTAGE begin <key> <value|-1>` before and
+/// `MONTAGE ack` after each synced operation.
+fn child_writer(path: &Path, seed: &str) -> ! {
     let heap = if path.exists() {
         Heap::open(&config(path)).unwrap()
     } else {
@@ -82,7 +88,6 @@ fn child_writer() {
     }
 }
 
-#[test]
 fn every_acknowledged_write_survives_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kill.heap");
@@ -91,7 +96,6 @@ fn every_acknowledged_write_survives_sigkill() {
     let mut total_acks = 0;
     for round in 0..ROUNDS {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
             .env("MONTAGE_CHILD_HEAP", &path)
             .env("MONTAGE_CHILD_SEED", round.to_string())
             .stdout(std::process::Stdio::piped())
@@ -101,7 +105,6 @@ fn every_acknowledged_write_survives_sigkill() {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut lines = Vec::new();
-            // The test harness may print its own words before ours on the same line.
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(at) = line.find("MONTAGE ") {
                     if lines.is_empty() {

@@ -622,7 +622,7 @@ fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {
             stat("recovery_time_us", &shared.options.recovery.as_micros());
             stat("epoch", &heap.epoch());
             // Recovery after a crash keeps every epoch up to two before the stored one.
-            stat("durable_epoch", &heap.epoch().saturating_sub(2));
+            stat("durable_epoch", &heap.epoch().durable_cut());
             stat("sync_rounds", &shared.committer.rounds());
             stat(
                 "ack_before_durable",

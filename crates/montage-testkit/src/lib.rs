@@ -39,8 +39,8 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use montage_core::Heap;
 use montage_core::sim::{CrashImage, SplitMix64};
+use montage_core::{Epoch, Heap};
 
 /// The power-failure simulator, re-exported so that a crash test needs this crate only.
 pub use montage_core::sim;
@@ -50,7 +50,7 @@ pub use montage_core::sim;
 pub struct SyncRecord {
     /// The newest epoch of an operation reported [`Ended`] when the sync was called: the
     /// sync promises that epoch durable.
-    pub covered: u64,
+    pub covered: Epoch,
     /// The simulator's event count when the sync returned.
     pub returned_at: u64,
 }
@@ -61,10 +61,10 @@ pub struct Ended(AtomicU64);
 
 impl Ended {
     /// Reports an ended operation of `epoch` that wrote something.
-    pub fn record(&self, epoch: u64) {
+    pub fn record(&self, epoch: Epoch) {
         // ORDERING: SeqCst, so that a sync that reads this value was called after the
         // operation ended.
-        self.0.fetch_max(epoch, Ordering::SeqCst);
+        self.0.fetch_max(epoch.get(), Ordering::SeqCst);
     }
 }
 
@@ -122,7 +122,7 @@ pub fn run_against_clock(
     let tick = || {
         if rng.next_u64().is_multiple_of(3) {
             // ORDERING: SeqCst pairs with `Ended::record`.
-            let covered = ended.0.load(Ordering::SeqCst);
+            let covered = Epoch::new(ended.0.load(Ordering::SeqCst));
             heap.sync().expect("sync failed");
             let record = SyncRecord {
                 covered,
@@ -152,7 +152,7 @@ pub struct Crashed {
     /// The simulator event the crash was taken at.
     pub step: u64,
     /// Recovery keeps exactly the operations of epochs `<= cut`.
-    pub cut: u64,
+    pub cut: Epoch,
 }
 
 /// One crash-test generation: arms a crash at a point `rng` picks within the next `within`
@@ -184,7 +184,7 @@ pub fn crash_generation(
     let word = image
         .epoch_word()
         .ok_or_else(|| "the crash image has no epoch word".to_owned())?;
-    let cut = word.saturating_sub(2);
+    let cut = word.durable_cut();
     check_synced(&syncs, step, cut).map_err(|broken| format!("crash at event {step}: {broken}"))?;
     Ok(Crashed { image, step, cut })
 }
@@ -195,7 +195,7 @@ pub fn crash_generation(
 /// # Errors
 ///
 /// A description of the first sync whose promise was broken.
-pub fn check_synced(syncs: &[SyncRecord], crash_step: u64, cut: u64) -> Result<(), String> {
+pub fn check_synced(syncs: &[SyncRecord], crash_step: u64, cut: Epoch) -> Result<(), String> {
     match syncs
         .iter()
         .find(|s| s.returned_at <= crash_step && s.covered > cut)
@@ -262,6 +262,43 @@ pub fn for_each_seed(name: &str, default: u64, mut test: impl FnMut(u64)) {
     );
 }
 
+/// The `main` of a test binary with `harness = false` whose tests spawn the binary itself
+/// as a child process: runs each of `tests` (name, function) in order, reports each as
+/// `test <name> ... ok` or `FAILED`, and ends with `N passed, M failed`. Such a binary's
+/// `main` first checks whether it was started as a child (an environment variable its tests
+/// set) and, if so, does the child's work instead; so the child's entry point is not a test,
+/// and no test passes by returning early.
+///
+/// # Panics
+///
+/// Never; a test's panic is caught and counted. Returns a failing exit code if any test
+/// failed.
+#[must_use]
+pub fn run_tests(tests: &[(&str, fn())]) -> std::process::ExitCode {
+    let mut failed = Vec::new();
+    for &(name, test) in tests {
+        eprintln!("test {name} ...");
+        if std::panic::catch_unwind(test).is_ok() {
+            eprintln!("test {name} ... ok");
+        } else {
+            eprintln!("test {name} ... FAILED");
+            failed.push(name);
+        }
+    }
+    let passed = tests.len() - failed.len();
+    // The closing line a test runner's reader looks for, on standard output.
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{passed} passed, {} failed", failed.len());
+    }
+    if failed.is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        eprintln!("failed: {failed:?}");
+        std::process::ExitCode::FAILURE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,15 +306,15 @@ mod tests {
     #[test]
     fn a_sync_after_the_crash_point_promises_nothing() {
         let early = SyncRecord {
-            covered: 5,
+            covered: Epoch::new(5),
             returned_at: 10,
         };
         let late = SyncRecord {
-            covered: 9,
+            covered: Epoch::new(9),
             returned_at: 30,
         };
-        assert!(check_synced(&[early, late], 20, 5).is_ok());
-        assert!(check_synced(&[early, late], 20, 4).is_err());
-        assert!(check_synced(&[early, late], 30, 8).is_err());
+        assert!(check_synced(&[early, late], 20, Epoch::new(5)).is_ok());
+        assert!(check_synced(&[early, late], 20, Epoch::new(4)).is_err());
+        assert!(check_synced(&[early, late], 30, Epoch::new(8)).is_err());
     }
 }

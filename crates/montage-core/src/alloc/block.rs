@@ -1,5 +1,6 @@
 //! The public vocabulary of blocks: handles (`PBlock`), owners, kinds, and what a header says.
 
+use crate::base::epoch::Epoch;
 use crate::base::layout::{HEADER_LEN, RawHeader};
 
 /// A handle to one block in a heap: the byte offset of its header. Offsets, never addresses,
@@ -71,7 +72,7 @@ pub struct BlockSpec {
     /// Alloc, update or anti-block.
     pub kind: BlockKind,
     /// The epoch the block was written in.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// The logical payload id every version of one payload shares.
     pub uid: u64,
     /// The payload's type id (0 for untyped bytes).
@@ -82,7 +83,7 @@ pub struct BlockSpec {
 
 impl BlockSpec {
     /// A spec for a first version of payload `uid` in `epoch`, untyped and unowned.
-    pub fn new(epoch: u64, uid: u64) -> BlockSpec {
+    pub fn new(epoch: Epoch, uid: u64) -> BlockSpec {
         BlockSpec {
             kind: BlockKind::Alloc,
             epoch,
@@ -116,7 +117,7 @@ impl BlockSpec {
     pub(crate) fn raw(self, len: u32) -> RawHeader {
         RawHeader {
             kind: self.kind as u8,
-            epoch: self.epoch,
+            epoch: self.epoch.get(),
             uid: self.uid,
             type_id: self.type_id,
             owner: self.owner.0,
@@ -148,7 +149,7 @@ impl BlockInfo {
             block,
             spec: BlockSpec {
                 kind,
-                epoch: raw.epoch,
+                epoch: Epoch::new(raw.epoch),
                 uid: raw.uid,
                 type_id: raw.type_id,
                 owner: OwnerId(raw.owner),

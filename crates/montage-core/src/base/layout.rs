@@ -82,9 +82,6 @@ pub const CACHE_LINE: u64 = 64;
 /// The size of a page: the unit of write-back on a file.
 pub const PAGE_SIZE: u64 = 4096;
 
-/// The epoch a new heap starts in.
-pub const INITIAL_EPOCH: u64 = 1;
-
 pub(crate) const DIRECTORY_OFFSET: u64 = 0x1000;
 /// The length of a directory or type-registry entry.
 pub(crate) const ENTRY_LEN: u64 = 64;

@@ -3,6 +3,7 @@
 //! region every access goes through. Nothing here knows about write-back, allocation or
 //! epochs.
 
+pub(crate) mod epoch;
 pub(crate) mod layout;
 #[allow(unsafe_code)]
 pub(crate) mod mapping;

@@ -47,6 +47,7 @@
 //! has the handshake and its argument, and loom tests that explore it.
 
 pub(crate) mod op;
+pub(crate) mod stamped;
 pub(crate) mod tracker;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,6 +58,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::alloc::Allocator;
 use crate::alloc::block::PBlock;
+use crate::base::epoch::Epoch;
 use crate::base::layout::EPOCH_OFFSET;
 use crate::config::{EpochLength, WriteBack};
 use crate::error::{Error, Result};
@@ -109,7 +111,7 @@ pub(crate) struct Epochs {
 }
 
 impl Epochs {
-    pub(crate) fn new(epoch: u64, next_uid: u64, slots: usize, length: EpochLength) -> Epochs {
+    pub(crate) fn new(epoch: Epoch, next_uid: u64, slots: usize, length: EpochLength) -> Epochs {
         Epochs {
             tracker: Tracker::new(epoch, slots),
             slots: (0..slots.max(1))
@@ -126,7 +128,7 @@ impl Epochs {
     }
 
     /// The epoch new operations join, which is also the durable epoch word.
-    pub(crate) fn current(&self) -> u64 {
+    pub(crate) fn current(&self) -> Epoch {
         self.tracker.current()
     }
 
@@ -166,7 +168,7 @@ impl Epochs {
     }
 
     /// Announces an operation in the calling thread's slot; returns its epoch (INV-EP-1).
-    pub(crate) fn announce(&self, slot: usize) -> Result<u64> {
+    pub(crate) fn announce(&self, slot: usize) -> Result<Epoch> {
         self.check_running()?;
         self.tracker.announce(slot).ok_or(Error::Closed)
     }
@@ -191,7 +193,7 @@ impl Epochs {
     pub(crate) fn retire_op(
         &self,
         slot: usize,
-        epoch: u64,
+        epoch: Epoch,
         persist: &mut Vec<(u64, u64)>,
         victims: &mut Vec<PBlock>,
         antis: &mut Vec<PBlock>,
@@ -199,7 +201,7 @@ impl Epochs {
         let s = self.slot(slot);
         if !(persist.is_empty() && victims.is_empty() && antis.is_empty()) {
             let mut buckets = lock(&s.buckets);
-            let bucket = &mut buckets[(epoch % 4) as usize];
+            let bucket = &mut buckets[epoch.slot4()];
             bucket.persist.append(persist);
             bucket.victims.append(victims);
             bucket.antis.append(antis);
@@ -217,7 +219,7 @@ impl Epochs {
     }
 
     /// Moves the clock forward once (see the module docs); returns the new epoch.
-    pub(crate) fn advance(&self, media: &Media, alloc: &Allocator) -> Result<u64> {
+    pub(crate) fn advance(&self, media: &Media, alloc: &Allocator) -> Result<Epoch> {
         self.check_open()?;
         let mut advances = self.lock_advance()?;
         self.advance_held(&mut advances, media, alloc)
@@ -225,7 +227,7 @@ impl Epochs {
 
     /// One advance, with the advance lock held (`advances` is its guarded count). A failure
     /// stops the clock.
-    fn advance_held(&self, advances: &mut u64, media: &Media, alloc: &Allocator) -> Result<u64> {
+    fn advance_held(&self, advances: &mut u64, media: &Media, alloc: &Allocator) -> Result<Epoch> {
         self.check_running()?;
         let result = self.advance_locked(media, alloc);
         if result.is_err() {
@@ -261,7 +263,7 @@ impl Epochs {
     /// [`sync`](Self::sync) for the closer, which has closed the heap already.
     pub(crate) fn sync_closing(&self, media: &Media, alloc: &Allocator) -> Result<()> {
         self.check_running()?;
-        let target = self.current() + 2;
+        let target = self.current().plus(2);
         let mut advances = self.lock_advance()?;
         if !self.nothing_pending(false) {
             while self.current() < target {
@@ -282,19 +284,21 @@ impl Epochs {
         Ok(())
     }
 
-    fn advance_locked(&self, media: &Media, alloc: &Allocator) -> Result<u64> {
+    fn advance_locked(&self, media: &Media, alloc: &Allocator) -> Result<Epoch> {
         let e = self.current();
         // 1. Every operation of e - 1 has ended (INV-EP-1).
-        self.tracker.wait_quiescent(e.wrapping_sub(1));
+        self.tracker.wait_quiescent(e.minus(1));
         // 2-3. Collect the write-backs of e - 1 and the reclamation owed.
         let mut persist = Vec::new();
         let mut victims = Vec::new();
         let mut antis = Vec::new();
         for slot in &self.slots {
             let mut buckets = lock(&slot.buckets);
-            persist.append(&mut buckets[(e.wrapping_sub(1) % 4) as usize].persist);
-            victims.append(&mut buckets[(e.wrapping_sub(2) % 4) as usize].victims);
-            antis.append(&mut buckets[(e.wrapping_sub(3) % 4) as usize].antis);
+            // Before the first epoch these name no epoch that ran, and their buckets are
+            // empty.
+            persist.append(&mut buckets[e.minus(1).slot4()].persist);
+            victims.append(&mut buckets[e.minus(2).slot4()].victims);
+            antis.append(&mut buckets[e.minus(3).slot4()].antis);
         }
         // Not sorted or merged: a line flushed twice costs little, sorting hundreds of
         // thousands of ranges per epoch costs a core (the msync backend merges pages itself).
@@ -309,8 +313,8 @@ impl Epochs {
         alloc.release(media, &victims)?;
         alloc.release(media, &antis)?;
         // 5. The new epoch word.
-        let next = e + 1;
-        media.store(EPOCH_OFFSET, next)?;
+        let next = e.next();
+        media.store(EPOCH_OFFSET, next.get())?;
         // PERSIST: INV-EP-2: the word is durable before any operation can join epoch e + 1.
         media.persist(EPOCH_OFFSET, 8)?;
         // 6. Publish (INV-EP-1).
@@ -372,7 +376,7 @@ pub(crate) struct Runtime {
 
 impl Runtime {
     /// Advances the clock once (see the module docs).
-    pub(crate) fn advance(&self) -> Result<u64> {
+    pub(crate) fn advance(&self) -> Result<Epoch> {
         self.epochs.advance(&self.media, &self.alloc)
     }
 

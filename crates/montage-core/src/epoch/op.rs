@@ -8,6 +8,7 @@ use std::marker::PhantomData;
 
 use super::Runtime;
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, OwnerId, PBlock};
+use crate::base::epoch::Epoch;
 use crate::base::layout::HEADER_LEN;
 use crate::config::WriteBack;
 use crate::error::{Error, Result};
@@ -24,7 +25,7 @@ struct ThreadState {
     /// A range of uids reserved for this thread: (heap instance, next, end).
     uids: (u64, u64, u64),
     /// The epoch of the last operation this thread committed: (heap instance, epoch).
-    last_commit: (u64, u64),
+    last_commit: (u64, Epoch),
     /// Payload types this thread has checked against a heap's registry: (heap instance,
     /// type id).
     types: Vec<(u64, u64)>,
@@ -75,7 +76,7 @@ struct OpLog {
 /// an abort undoes allocations and retirements, but not bytes written in place.
 pub struct OpGuard<'h> {
     runtime: &'h Runtime,
-    epoch: u64,
+    epoch: Epoch,
     slot: usize,
     log: RefCell<OpLog>,
     done: Cell<bool>,
@@ -123,7 +124,7 @@ impl<'h> OpGuard<'h> {
     }
 
     /// The epoch this operation runs in.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> Epoch {
         self.epoch
     }
 
@@ -139,7 +140,7 @@ impl<'h> OpGuard<'h> {
     /// # Errors
     ///
     /// [`Error::Aborted`] when `stamp > self.epoch()`.
-    pub fn check_epoch(&self, stamp: u64) -> Result<()> {
+    pub fn check_epoch(&self, stamp: Epoch) -> Result<()> {
         if stamp > self.epoch {
             Err(Error::Aborted)
         } else {
@@ -520,7 +521,7 @@ fn fresh_uid(epochs: &super::Epochs) -> u64 {
 
 /// The epoch of the last operation the calling thread committed on the heap with this
 /// instance id, if any.
-pub(crate) fn last_commit(instance: u64) -> Option<u64> {
+pub(crate) fn last_commit(instance: u64) -> Option<Epoch> {
     LOCAL.with(|local| {
         let (heap, epoch) = local.borrow().last_commit;
         (heap == instance).then_some(epoch)

@@ -20,6 +20,7 @@
 
 use crossbeam_utils::CachePadded;
 
+use crate::base::epoch::Epoch;
 use crate::primitive::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence, yield_now};
 
 /// The clock and the running-operation counters.
@@ -45,10 +46,10 @@ struct SlotCounters {
 }
 
 impl Tracker {
-    pub(crate) fn new(epoch: u64, slots: usize) -> Tracker {
+    pub(crate) fn new(epoch: Epoch, slots: usize) -> Tracker {
         Tracker {
-            current: CachePadded::new(AtomicU64::new(epoch)),
-            closing: CachePadded::new(AtomicU64::new(epoch.saturating_sub(1))),
+            current: CachePadded::new(AtomicU64::new(epoch.get())),
+            closing: CachePadded::new(AtomicU64::new(epoch.minus(1).get())),
             slots: (0..slots.max(1))
                 .map(|_| {
                     CachePadded::new(SlotCounters {
@@ -62,18 +63,18 @@ impl Tracker {
     }
 
     /// The epoch new operations join.
-    pub(crate) fn current(&self) -> u64 {
+    pub(crate) fn current(&self) -> Epoch {
         // ORDERING: SeqCst, part of the handshake (module docs).
-        self.current.load(Ordering::SeqCst)
+        Epoch::new(self.current.load(Ordering::SeqCst))
     }
 
-    fn counter(&self, slot: usize, epoch: u64) -> &AtomicU32 {
-        &self.slots[slot % self.slots.len()].running[(epoch % 4) as usize]
+    fn counter(&self, slot: usize, epoch: Epoch) -> &AtomicU32 {
+        &self.slots[slot % self.slots.len()].running[epoch.slot4()]
     }
 
     /// Announces an operation in `slot`; returns the epoch it runs in, or `None` once the
     /// tracker is [closed](Self::close_heap).
-    pub(crate) fn announce(&self, slot: usize) -> Option<u64> {
+    pub(crate) fn announce(&self, slot: usize) -> Option<Epoch> {
         loop {
             let epoch = self.current();
             // ORDERING: SeqCst, part of the handshake (module docs).
@@ -117,7 +118,7 @@ impl Tracker {
         // No operation can begin now, so each counter only drains (a refused announce's
         // increment is withdrawn at once).
         for epoch in 0..4 {
-            self.wait_quiescent(epoch);
+            self.wait_quiescent(Epoch::new(epoch));
         }
         true
     }
@@ -129,7 +130,7 @@ impl Tracker {
     }
 
     /// Withdraws an operation of `epoch` from `slot`.
-    pub(crate) fn leave(&self, slot: usize, epoch: u64) {
+    pub(crate) fn leave(&self, slot: usize, epoch: Epoch) {
         // ORDERING: Release: what the operation handed to the advancer before leaving
         // happens-before the advancer's SeqCst (hence Acquire) read of a drained counter.
         self.counter(slot, epoch).fetch_sub(1, Ordering::Release);
@@ -137,7 +138,7 @@ impl Tracker {
 
     /// Runs `f` if no advance past `epoch` has begun, holding the next publish back until
     /// `f` returns (module docs); `None` if the advancer has begun to close `epoch`.
-    pub(crate) fn verify<R>(&self, slot: usize, epoch: u64, f: impl FnOnce() -> R) -> Option<R> {
+    pub(crate) fn verify<R>(&self, slot: usize, epoch: Epoch, f: impl FnOnce() -> R) -> Option<R> {
         /// Withdraws the increment even if `f` unwinds, so that the advancer is never stuck.
         struct Leave<'a>(&'a AtomicU32);
         impl Drop for Leave<'_> {
@@ -155,7 +156,7 @@ impl Tracker {
         // in `announce`.
         fence(Ordering::SeqCst);
         // ORDERING: SeqCst, part of the handshake (module docs).
-        if self.closing.load(Ordering::SeqCst) >= epoch {
+        if self.closing.load(Ordering::SeqCst) >= epoch.get() {
             return None;
         }
         Some(f())
@@ -163,10 +164,9 @@ impl Tracker {
 
     /// Makes `epoch` the clock's value, after every verified write of the epoch it closes
     /// has finished (module docs).
-    pub(crate) fn publish(&self, epoch: u64) {
+    pub(crate) fn publish(&self, epoch: Epoch) {
         // ORDERING: SeqCst, the advancer's half of the verified-write handshake.
-        self.closing
-            .store(epoch.saturating_sub(1), Ordering::SeqCst);
+        self.closing.store(epoch.minus(1).get(), Ordering::SeqCst);
         // ORDERING: store-load: `closing` is ordered before the reads of the counters.
         fence(Ordering::SeqCst);
         let mut spins = 0u32;
@@ -184,15 +184,15 @@ impl Tracker {
             }
         }
         // ORDERING: SeqCst, part of the handshake (module docs).
-        self.current.store(epoch, Ordering::SeqCst);
+        self.current.store(epoch.get(), Ordering::SeqCst);
         // ORDERING: the other store-load half: the publish is ordered before every later
         // check of the counters (see `announce`).
         fence(Ordering::SeqCst);
     }
 
     /// Whether no operation of `epoch` is running, in one pass over the slots.
-    pub(crate) fn is_quiescent(&self, epoch: u64) -> bool {
-        let index = (epoch % 4) as usize;
+    pub(crate) fn is_quiescent(&self, epoch: Epoch) -> bool {
+        let index = epoch.slot4();
         // ORDERING: SeqCst, part of the handshake (module docs).
         self.slots
             .iter()
@@ -200,7 +200,7 @@ impl Tracker {
     }
 
     /// Waits until no operation of `epoch` is running.
-    pub(crate) fn wait_quiescent(&self, epoch: u64) {
+    pub(crate) fn wait_quiescent(&self, epoch: Epoch) {
         let mut spins = 0u32;
         while !self.is_quiescent(epoch) {
             spins = spins.saturating_add(1);
@@ -227,20 +227,20 @@ mod loom_tests {
     #[test]
     fn an_epoch_found_quiescent_has_no_running_operation() {
         loom::model(|| {
-            let tracker = Arc::new(Tracker::new(1, 1));
+            let tracker = Arc::new(Tracker::new(Epoch::new(1), 1));
             // The epoch the operation is running in, 0 when none.
             let running_in = Arc::new(Flag::new(0));
             let op = {
                 let (tracker, running_in) = (tracker.clone(), running_in.clone());
                 loom::thread::spawn(move || {
                     let epoch = tracker.announce(0).unwrap();
-                    running_in.store(epoch, Ordering::SeqCst);
+                    running_in.store(epoch.get(), Ordering::SeqCst);
                     running_in.store(0, Ordering::SeqCst);
                     tracker.leave(0, epoch);
                 })
             };
-            tracker.publish(2);
-            if tracker.is_quiescent(1) {
+            tracker.publish(Epoch::new(2));
+            if tracker.is_quiescent(Epoch::new(1)) {
                 assert_ne!(running_in.load(Ordering::SeqCst), 1);
             }
             op.join().unwrap();
@@ -252,22 +252,22 @@ mod loom_tests {
     #[test]
     fn two_slots_and_two_advances() {
         loom::model(|| {
-            let tracker = Arc::new(Tracker::new(1, 2));
+            let tracker = Arc::new(Tracker::new(Epoch::new(1), 2));
             let running: Arc<[Flag; 2]> = Arc::new([Flag::new(0), Flag::new(0)]);
             let ops: Vec<_> = (0..2)
                 .map(|slot| {
                     let (tracker, running) = (tracker.clone(), running.clone());
                     loom::thread::spawn(move || {
                         let epoch = tracker.announce(slot).unwrap();
-                        running[slot].store(epoch, Ordering::SeqCst);
+                        running[slot].store(epoch.get(), Ordering::SeqCst);
                         running[slot].store(0, Ordering::SeqCst);
                         tracker.leave(slot, epoch);
                     })
                 })
                 .collect();
             for next in [2u64, 3] {
-                tracker.publish(next);
-                if tracker.is_quiescent(next - 1) {
+                tracker.publish(Epoch::new(next));
+                if tracker.is_quiescent(Epoch::new(next - 1)) {
                     for flag in running.iter() {
                         assert_ne!(flag.load(Ordering::SeqCst), next - 1);
                     }
@@ -285,17 +285,17 @@ mod loom_tests {
     #[test]
     fn a_verified_write_happens_before_the_next_epoch() {
         loom::model(|| {
-            let tracker = Arc::new(Tracker::new(1, 1));
+            let tracker = Arc::new(Tracker::new(Epoch::new(1), 1));
             let word = Arc::new(Flag::new(0));
             let writer = {
                 let (tracker, word) = (tracker.clone(), word.clone());
                 loom::thread::spawn(move || {
                     tracker
-                        .verify(0, 1, || word.store(1, Ordering::Relaxed))
+                        .verify(0, Epoch::new(1), || word.store(1, Ordering::Relaxed))
                         .is_some()
                 })
             };
-            tracker.publish(2);
+            tracker.publish(Epoch::new(2));
             let seen = word.load(Ordering::Relaxed);
             let wrote = writer.join().unwrap();
             if wrote {
@@ -307,7 +307,7 @@ mod loom_tests {
                 assert_eq!(word.load(Ordering::Relaxed), 0);
             }
             // After the publish, nothing of epoch 1 is verified any more.
-            assert!(tracker.verify(0, 1, || ()).is_none());
+            assert!(tracker.verify(0, Epoch::new(1), || ()).is_none());
         });
     }
 
@@ -316,7 +316,7 @@ mod loom_tests {
     #[test]
     fn no_operation_runs_after_close_returns() {
         loom::model(|| {
-            let tracker = Arc::new(Tracker::new(1, 1));
+            let tracker = Arc::new(Tracker::new(Epoch::new(1), 1));
             // 1 while the operation runs.
             let running = Arc::new(Flag::new(0));
             let op = {

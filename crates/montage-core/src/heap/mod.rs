@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::alloc::AllocStats;
+use crate::base::epoch::Epoch;
 use crate::base::layout::{CLEAN_SHUTDOWN_OFFSET, Geometry};
 use crate::config::BackendKind;
 use crate::config::EpochLength;
@@ -185,7 +186,7 @@ impl Heap {
 
     /// The current epoch: the one new operations join, and the value of the stored epoch
     /// word.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> Epoch {
         self.shared().runtime.epochs.current()
     }
 
@@ -211,7 +212,7 @@ impl Heap {
     /// # Errors
     ///
     /// As [`sync`](Self::sync).
-    pub fn advance_epoch(&self) -> Result<u64> {
+    pub fn advance_epoch(&self) -> Result<Epoch> {
         if crate::epoch::op::has_active_op(self.shared().runtime.epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
@@ -234,7 +235,7 @@ impl Heap {
     /// A structure's methods run their own operations; this tells the caller which epoch
     /// the last one took effect in (for example to record what a later crash may keep, or
     /// to know that a `sync` returning after the clock passed that epoch plus two covers it).
-    pub fn last_op_epoch(&self) -> Option<u64> {
+    pub fn last_op_epoch(&self) -> Option<Epoch> {
         crate::epoch::op::last_commit(self.shared().runtime.epochs.instance())
     }
 
@@ -338,7 +339,7 @@ mod tests {
         let heap = Heap::create(&config).unwrap();
         let block = heap
             .raw()
-            .alloc_bytes(BlockSpec::new(1, 1), b"before")
+            .alloc_bytes(BlockSpec::new(Epoch::new(1), 1), b"before")
             .unwrap();
         let state = heap.media().msync_state().unwrap();
         state.fail_next.store(true, Ordering::Relaxed);
@@ -352,7 +353,7 @@ mod tests {
             Err(Error::Poisoned)
         ));
         assert!(matches!(
-            heap.raw().alloc(BlockSpec::new(1, 2), 8),
+            heap.raw().alloc(BlockSpec::new(Epoch::new(1), 2), 8),
             Err(Error::Poisoned)
         ));
         assert!(matches!(heap.close(), Err(Error::Poisoned)));
@@ -449,7 +450,7 @@ mod tests {
         assert!(matches!(other.advance_epoch(), Err(Error::Closed)));
         assert!(matches!(other.register("new"), Err(Error::Closed)));
         assert!(matches!(
-            other.raw().alloc(BlockSpec::new(1, 1), 8),
+            other.raw().alloc(BlockSpec::new(Epoch::new(1), 1), 8),
             Err(Error::Closed)
         ));
         assert!(matches!(

@@ -12,8 +12,9 @@ use zerocopy::IntoBytes;
 use super::directory::read_directory;
 use super::{Heap, Shared};
 use crate::alloc::{Allocator, FreeState};
+use crate::base::epoch::Epoch;
 use crate::base::layout::{
-    CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, INITIAL_EPOCH, MAGIC_OFFSET,
+    CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, MAGIC_OFFSET,
     SUPERBLOCK_HEAD_LEN,
 };
 use crate::base::mapping::Mapping;
@@ -109,7 +110,7 @@ impl Heap {
         let shared = Shared {
             runtime: Runtime {
                 alloc: Allocator::new(geometry, config.thread_slots, free),
-                epochs: Epochs::new(INITIAL_EPOCH, 1, config.thread_slots, config.epoch_length),
+                epochs: Epochs::new(Epoch::FIRST, 1, config.thread_slots, config.epoch_length),
                 media,
                 types: Registry::empty(creation_id),
                 write_back: config.write_back,
@@ -232,7 +233,7 @@ impl Heap {
         media.settle_before_recovery(geometry.data_offset)?;
         let clean = media.load(CLEAN_SHUTDOWN_OFFSET)? == 1;
         let epoch = media.load(EPOCH_OFFSET)?;
-        if epoch < INITIAL_EPOCH {
+        if epoch < Epoch::FIRST.get() {
             return Err(Error::Corrupted {
                 offset: EPOCH_OFFSET,
                 what: "the epoch word is below the first epoch",
@@ -262,7 +263,12 @@ impl Heap {
         let shared = Shared {
             runtime: Runtime {
                 alloc: Allocator::new(geometry, config.thread_slots, free),
-                epochs: Epochs::new(epoch, next_uid, config.thread_slots, config.epoch_length),
+                epochs: Epochs::new(
+                    Epoch::new(epoch),
+                    next_uid,
+                    config.thread_slots,
+                    config.epoch_length,
+                ),
                 media,
                 types,
                 write_back: config.write_back,
@@ -313,7 +319,7 @@ fn format(media: &Media, geometry: &Geometry) -> Result<()> {
     let head = geometry.superblock();
     let bytes = head.as_bytes();
     media.write(8, &bytes[8..])?;
-    media.store(EPOCH_OFFSET, INITIAL_EPOCH)?;
+    media.store(EPOCH_OFFSET, Epoch::FIRST.get())?;
     media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
     // PERSIST: every superblock field is durable before the magic that makes it a heap.
     media.persist(0, geometry.data_offset)?;

@@ -176,7 +176,7 @@ impl Media {
             #[cfg(target_arch = "x86_64")]
             Backend::Pmem(instr) => {
                 for line in lines(offset, len) {
-                    x86::flush_line(*instr, self.region.addr(line)?);
+                    x86::flush_line(*instr, &self.region, line)?;
                 }
                 Ok(())
             }

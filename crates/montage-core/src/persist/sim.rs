@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 
+use crate::base::epoch::Epoch;
 use crate::base::region::Region;
 use crate::config::SimMode;
 use crate::error::Result;
@@ -121,10 +122,10 @@ impl CrashImage {
 
     /// The epoch word the image holds, which decides what recovery of it keeps (the blocks
     /// of epochs up to two below it); `None` if the image is too short to hold a superblock.
-    pub fn epoch_word(&self) -> Option<u64> {
+    pub fn epoch_word(&self) -> Option<Epoch> {
         let at = crate::base::layout::EPOCH_OFFSET as usize;
         let bytes = self.bytes.get(at..at + 8)?;
-        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        Some(Epoch::new(u64::from_le_bytes(bytes.try_into().ok()?)))
     }
 
     /// The seed that chose which pending stores survived.

@@ -3,6 +3,9 @@
 
 use std::sync::OnceLock;
 
+use crate::base::region::Region;
+use crate::error::Result;
+
 /// The write-back instruction this CPU offers, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FlushInstr {
@@ -34,15 +37,24 @@ pub(crate) fn detect() -> FlushInstr {
     })
 }
 
-/// Writes back the cache line holding `addr` with `instr`.
+/// Writes back the cache line holding byte `offset` of `region` with `instr`.
 ///
-/// The asm block is not marked `nomem`, so the compiler treats it as touching memory and
-/// neither sinks earlier stores below it nor hoists later ones above it.
+/// The address is formed by [`Region::addr`], which checks that it lies inside the live
+/// mapping, so no caller can hand this an arbitrary pointer. The asm block is not marked
+/// `nomem`, so the compiler treats it as touching memory and neither sinks earlier stores
+/// below it nor hoists later ones above it.
+///
+/// # Errors
+///
+/// [`Error::OutOfBounds`](crate::error::Error::OutOfBounds) if `offset` is outside the
+/// region.
 #[inline]
-pub(crate) fn flush_line(instr: FlushInstr, addr: *const u8) {
+pub(crate) fn flush_line(instr: FlushInstr, region: &Region, offset: u64) -> Result<()> {
+    let addr = region.addr(offset)?;
     match instr {
-        // SAFETY: `addr` comes from `Region::addr`, which checked that it lies inside the live
-        // mapping; clwb only writes a cache line back and changes no architectural state.
+        // SAFETY: `addr` lies inside the live mapping (`Region::addr` checked it, and
+        // `region` borrows the mapping for this call); clwb only writes a cache line back
+        // and changes no architectural state.
         FlushInstr::Clwb => unsafe {
             std::arch::asm!("clwb [{}]", in(reg) addr, options(nostack, preserves_flags));
         },
@@ -55,6 +67,7 @@ pub(crate) fn flush_line(instr: FlushInstr, addr: *const u8) {
             std::arch::asm!("clflush [{}]", in(reg) addr, options(nostack, preserves_flags));
         },
     }
+    Ok(())
 }
 
 /// Orders every earlier store and write-back before every later store (`sfence`).

@@ -73,10 +73,10 @@ pub(super) fn choose(
             let info = view.info();
             // ORDERING: a maximum read after the scope joins.
             max_uid.fetch_max(info.spec.uid, Ordering::Relaxed);
-            if info.spec.epoch.saturating_add(2) <= epoch_word {
+            if info.spec.epoch.plus(2).get() <= epoch_word {
                 versions.push((
                     info.spec.uid,
-                    info.spec.epoch,
+                    info.spec.epoch.get(),
                     rank(info.spec.kind),
                     info.block.offset(),
                 ));

@@ -237,7 +237,7 @@ impl<T: CasWord> VerifiedAtomic<T> {
         dcss(
             &self.word,
             Clock::of(op),
-            op.epoch(),
+            op.epoch().get(),
             encode(current),
             encode(new),
         )
@@ -287,7 +287,7 @@ pub(crate) fn dcss(
     new: usize,
 ) -> Result<usize, (usize, CasErrorKind)> {
     let guard = reclaim::pin();
-    if clock.tracker.current() != epoch {
+    if clock.tracker.current().get() != epoch {
         return Err((load_raw(word, clock, &guard), CasErrorKind::EpochAdvanced));
     }
     let descriptor = Box::new(Descriptor {
@@ -419,7 +419,7 @@ fn complete(word: &AtomicUsize, descriptor: &Descriptor, tagged: usize, clock: C
     // descriptor and complete it with the same decision. The fence makes this hold in
     // models, like loom's, that treat SeqCst accesses as acquire/release.
     fence(Ordering::SeqCst);
-    let decision = if clock.tracker.current() == descriptor.epoch {
+    let decision = if clock.tracker.current().get() == descriptor.epoch {
         SUCCEEDED
     } else {
         FAILED

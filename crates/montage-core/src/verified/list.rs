@@ -25,6 +25,7 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
 use crate::primitive::{AtomicUsize, Ordering};
@@ -183,7 +184,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
     fn retire_if_stale(op: &OpGuard<'_>, curr: &Node<K>, clock: Clock<'_>, guard: &reclaim::Guard) {
         let value = curr.value.load_in(clock, guard);
         let stale =
-            value & REMOVED != 0 && value & DEAD == 0 && (value & !REMOVED) + 2 <= op.epoch();
+            value & REMOVED != 0 && value & DEAD == 0 && (value & !REMOVED) + 2 <= op.epoch().get();
         if stale && curr.value.compare_exchange(op, value, DEAD).is_err() {
             return;
         }
@@ -248,7 +249,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                 publish_node(
                     position.pred,
                     clock,
-                    op.epoch(),
+                    op.epoch().get(),
                     position.curr_raw,
                     new_raw,
                     new,
@@ -293,7 +294,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         key: &K,
         current: u64,
     ) -> Result<Result<(), Option<u64>>> {
-        self.swap_value(op, key, current, REMOVED | op.epoch())
+        self.swap_value(op, key, current, REMOVED | op.epoch().get())
     }
 
     fn swap_value(
@@ -373,7 +374,7 @@ fn live(op: &OpGuard<'_>, value: u64) -> Result<Option<u64>> {
         return Ok(Some(value));
     }
     if value & DEAD == 0 {
-        op.check_epoch(value & !REMOVED)?;
+        op.check_epoch(Epoch::new(value & !REMOVED))?;
     }
     Ok(None)
 }

@@ -15,6 +15,7 @@
 
 use std::ptr::NonNull;
 
+use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
 use crate::primitive::{AtomicU64, AtomicUsize, Ordering};
@@ -145,8 +146,9 @@ impl VerifiedQueue {
             let new_raw = enc(new.as_ptr().expose_provenance());
             // SAFETY: `new` was leaked from a `Box` just above and is not shared yet;
             // `new_raw` encodes it.
-            let linked =
-                unsafe { publish_node(&tail.next, clock, op.epoch(), next_raw, new_raw, new) };
+            let linked = unsafe {
+                publish_node(&tail.next, clock, op.epoch().get(), next_raw, new_raw, new)
+            };
             if linked? {
                 self.swing_tail(tail_raw, new_raw);
                 return Ok(number);
@@ -183,7 +185,7 @@ impl VerifiedQueue {
             if dec(next_raw) == 0 {
                 // Empty: unless an operation newer than this one emptied it.
                 // ORDERING: SeqCst pairs with the `fetch_max` before the head swap.
-                op.check_epoch(head.taken.load(Ordering::SeqCst))?;
+                op.check_epoch(Epoch::new(head.taken.load(Ordering::SeqCst)))?;
                 return Ok(None);
             }
             if head_raw == tail_raw {
@@ -194,9 +196,9 @@ impl VerifiedQueue {
             let next = unsafe { node(dec(next_raw), &guard) };
             // ORDERING: SeqCst: whoever sees `next` as the head sees an epoch no older than
             // the dequeue that made it so.
-            next.taken.fetch_max(op.epoch(), Ordering::SeqCst);
+            next.taken.fetch_max(op.epoch().get(), Ordering::SeqCst);
             take(next.value, next.seq)?;
-            match dcss(&self.head, clock, op.epoch(), head_raw, next_raw) {
+            match dcss(&self.head, clock, op.epoch().get(), head_raw, next_raw) {
                 Ok(_) => {
                     if let Some(ptr) =
                         NonNull::new(std::ptr::with_exposed_provenance_mut::<Node>(dec(head_raw)))

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use montage_core::Epoch;
 use montage_core::{Heap, OpGuard, OwnerId, PBlock, Result, ScanFilter};
 
 /// The payload type id of the key/value payloads.
@@ -54,7 +55,7 @@ pub fn write_key(
     key: u64,
     value: Option<u64>,
 ) -> Result<()> {
-    op.check_epoch(slot.stamp)?;
+    op.check_epoch(Epoch::new(slot.stamp))?;
     slot.block = match (slot.block, value) {
         (Some(block), Some(v)) => Some(op.update(block, &encode(key, v))?),
         (None, Some(v)) => Some(op.alloc(owner, TYPE_KV, &encode(key, v))?),
@@ -64,6 +65,6 @@ pub fn write_key(
         }
         (None, None) => None,
     };
-    slot.stamp = op.epoch();
+    slot.stamp = op.epoch().get();
     Ok(())
 }
