@@ -6,7 +6,8 @@
 //!   suites) with many seeds, in release mode, ending with `N passed, M failed`;
 //! * `loom`: the loom tests of the epoch handshake and the verified CAS;
 //! * `asan`: the core's unit tests (the verified structures, the heap, the region), the
-//!   lock-free stress tests and the heap-file tests under the address sanitizer, on the nightly
+//!   lock-free stress tests and the heap-file tests under the address sanitizer, with the
+//!   strict-provenance lints denied, on the nightly
 //!   toolchain (skipped, with a message, where `cargo +nightly` or its sanitizer runtime is
 //!   missing);
 //! * `ui [--bless]`: the derive's compile-fail tests (`--bless` rewrites the expected text);
@@ -240,7 +241,9 @@ const ASAN_TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// Runs the code with `unsafe` in it under the address sanitizer: the core's unit tests (the
 /// verified structures, the heap and the region among them), the lock-free stress tests and
-/// the heap-file tests, in a target directory of their own. Needs a nightly toolchain with
+/// the heap-file tests, in a target directory of their own; the build also denies nightly's
+/// strict-provenance lints (no integer-to-pointer or pointer-to-integer casts). Needs a
+/// nightly toolchain with
 /// the sanitizer runtime; without one it says so and succeeds, as CI machines without a nightly
 /// must still pass. Leak detection is off: crossbeam-epoch may still hold deferred garbage
 /// when a test process exits, which is not a leak.
@@ -275,7 +278,11 @@ fn asan() -> Result {
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("RUSTC")
         .env_remove("RUSTDOC")
-        .env("RUSTFLAGS", "-Zsanitizer=address")
+        .env(
+            "RUSTFLAGS",
+            "-Zsanitizer=address -Zcrate-attr=feature(strict_provenance_lints) \
+             -Dfuzzy_provenance_casts -Dlossy_provenance_casts",
+        )
         .env("RUSTDOCFLAGS", "-Zsanitizer=address")
         .env("CARGO_TARGET_DIR", &target)
         .env("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1")

@@ -2,13 +2,9 @@
 //! so that `cargo xtask loom` can explore every interleaving of the announcement handshake.
 
 #[cfg(montage_loom)]
-pub(crate) use loom::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
-};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 #[cfg(not(montage_loom))]
-pub(crate) use std::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
-};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 
 /// Lets another thread run (a loom scheduling point under loom).
 pub(crate) fn yield_now() {

@@ -29,9 +29,10 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::epoch::tracker::Tracker;
-use crate::primitive::{AtomicU32, AtomicUsize, Ordering, fence};
+use crate::primitive::{AtomicPtr, AtomicU32, Ordering, fence};
 
 /// Why a compare-and-swap did not happen, with the value the word held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,10 +164,117 @@ const FAILED: u32 = 2;
 struct Descriptor {
     /// The heap whose clock decides it.
     instance: u64,
-    epoch: u64,
-    expected: usize,
-    new: usize,
+    epoch: Epoch,
+    expected: Raw,
+    new: Raw,
     status: AtomicU32,
+}
+
+/// What a [`Word`] holds when no swap is in progress: a value shifted left by one (an
+/// encoded [`CasWord`]), or a link of the lock-free structures, a node's address shifted
+/// left by one with a mark bit below it. Either way bit 0, the descriptor tag, is clear.
+///
+/// A link keeps its node pointer's provenance: addresses are only ever changed with
+/// `map_addr` (strict provenance), never rebuilt from integers, so a node is reached only
+/// through the pointer it was allocated with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Raw(*mut ());
+
+// SAFETY: a `Raw` is the content of a word, an address with its provenance; sending or
+// sharing it dereferences nothing. Its pointee is reached only under the structures'
+// protocol (pinned, INV-CAS-1), as `AtomicPtr` is `Send` whatever it points at.
+unsafe impl Send for Raw {}
+// SAFETY: as above.
+unsafe impl Sync for Raw {}
+
+impl Raw {
+    /// The empty link; also the encoding of the value 0.
+    pub(crate) const NULL: Raw = Raw(std::ptr::null_mut());
+
+    /// The encoding of `value`, which is below 2^63.
+    fn value(value: usize) -> Raw {
+        debug_assert_eq!(value >> 63, 0);
+        Raw(std::ptr::without_provenance_mut(value << 1))
+    }
+
+    /// The value this encodes.
+    fn to_value(self) -> usize {
+        self.0.addr() >> 1
+    }
+
+    /// A link to `node` (a null pointer for none), marked or not. Nodes are at least
+    /// 2-aligned, so bit 0 of their address is free for the mark.
+    pub(crate) fn link<T>(node: *mut T, marked: bool) -> Raw {
+        Raw(node
+            .cast::<()>()
+            .map_addr(|addr| (addr | usize::from(marked)) << 1))
+    }
+
+    /// The node this link points at (null for none), with its provenance.
+    pub(crate) fn node<T>(self) -> *mut T {
+        self.0.map_addr(|raw| (raw >> 1) & !1).cast::<T>()
+    }
+
+    /// Whether this link is marked.
+    pub(crate) fn is_marked(self) -> bool {
+        (self.0.addr() >> 1) & 1 != 0
+    }
+
+    /// This link, marked or unmarked.
+    pub(crate) fn with_mark(self, marked: bool) -> Raw {
+        Raw::link(self.node::<()>(), marked)
+    }
+}
+
+/// A DCSS word: a DRAM word that holds a [`Raw`], or, while a swap is in progress, a
+/// descriptor's address with the tag bit set. Only this module can store into it, and only
+/// `dcss` installs a descriptor, so a tagged word always holds the address of a descriptor
+/// that is live (INV-CAS-1), with the provenance of its allocation.
+#[derive(Debug)]
+pub(crate) struct Word(AtomicPtr<()>);
+
+impl Word {
+    /// A word holding `raw`.
+    pub(crate) fn new(raw: Raw) -> Word {
+        Word(AtomicPtr::new(raw.0))
+    }
+
+    /// The word's value, completing any swap found in progress.
+    pub(crate) fn load(&self, clock: Clock<'_>, guard: &reclaim::Guard) -> Raw {
+        loop {
+            // ORDERING: SeqCst, as in `dcss`.
+            let found = self.0.load(Ordering::SeqCst);
+            if found.addr() & DESCRIPTOR == 0 {
+                return Raw(found);
+            }
+            help(self, found, clock, guard);
+        }
+    }
+
+    /// Replaces `current` with `new` without verifying the epoch, for steps that are not
+    /// linearization points (unlinking, marking, moving a lagging tail). Fails if the word
+    /// holds anything else, a swap in progress included.
+    pub(crate) fn swap_unverified(&self, current: Raw, new: Raw) -> bool {
+        // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
+        self.0
+            .compare_exchange(current.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// The word's value, for a caller no other thread can race (recovery's bulk load, or
+    /// `Drop`): no swap can be in progress.
+    pub(crate) fn load_exclusive(&self) -> Raw {
+        // ORDERING: no other thread can reach the word.
+        let found = self.0.load(Ordering::Relaxed);
+        debug_assert_eq!(found.addr() & DESCRIPTOR, 0);
+        Raw(found)
+    }
+
+    /// Stores `raw`, for a caller no other thread can race (recovery's bulk load).
+    pub(crate) fn store_exclusive(&self, raw: Raw) {
+        // ORDERING: no other thread can reach the word.
+        self.0.store(raw.0, Ordering::Relaxed);
+    }
 }
 
 /// What a DCSS compares its epoch against: one heap's clock.
@@ -191,7 +299,7 @@ impl Clock<'_> {
 /// All accesses take the operation they belong to: a reader that meets a swap in progress
 /// completes it, which needs the clock. A `VerifiedAtomic` serves the operations of one heap.
 pub struct VerifiedAtomic<T: CasWord> {
-    word: AtomicUsize,
+    word: Word,
     _value: PhantomData<T>,
 }
 
@@ -203,7 +311,7 @@ impl<T: CasWord> VerifiedAtomic<T> {
     /// If `value` cannot be encoded (a `u64` or `usize` of 2^63 or more).
     pub fn new(value: T) -> VerifiedAtomic<T> {
         VerifiedAtomic {
-            word: AtomicUsize::new(encode(value)),
+            word: Word::new(encode(value)),
             _value: PhantomData,
         }
     }
@@ -219,7 +327,7 @@ impl<T: CasWord> VerifiedAtomic<T> {
 
     /// [`load`](Self::load) for a caller that is already pinned (the lock-free indexes).
     pub(crate) fn load_in(&self, clock: Clock<'_>, guard: &reclaim::Guard) -> T {
-        decode(load_raw(&self.word, clock, guard))
+        decode(self.word.load(clock, guard))
     }
 
     /// Replaces `current` with `new` if the word holds `current` and the epoch clock still
@@ -237,7 +345,7 @@ impl<T: CasWord> VerifiedAtomic<T> {
         dcss(
             &self.word,
             Clock::of(op),
-            op.epoch().get(),
+            op.epoch(),
             encode(current),
             encode(new),
         )
@@ -250,18 +358,17 @@ impl<T: CasWord> VerifiedAtomic<T> {
 
     /// The value, given exclusive access (no swap can be in progress).
     pub fn into_inner(self) -> T {
-        // ORDERING: exclusive access; nothing to synchronize with.
-        decode(self.word.load(Ordering::Relaxed))
+        decode(self.word.load_exclusive())
     }
 }
 
 impl<T: CasWord + std::fmt::Debug> std::fmt::Debug for VerifiedAtomic<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // ORDERING: a diagnostic snapshot.
-        let raw = self.word.load(Ordering::Relaxed);
+        let found = self.word.0.load(Ordering::Relaxed);
         let mut d = f.debug_struct("VerifiedAtomic");
-        if raw & DESCRIPTOR == 0 {
-            d.field("value", &decode::<T>(raw));
+        if found.addr() & DESCRIPTOR == 0 {
+            d.field("value", &decode::<T>(Raw(found)));
         } else {
             d.field("value", &"<swap in progress>");
         }
@@ -269,26 +376,25 @@ impl<T: CasWord + std::fmt::Debug> std::fmt::Debug for VerifiedAtomic<T> {
     }
 }
 
-fn encode<T: CasWord>(value: T) -> usize {
-    value.to_raw() << 1
+fn encode<T: CasWord>(value: T) -> Raw {
+    Raw::value(value.to_raw())
 }
 
-fn decode<T: CasWord>(raw: usize) -> T {
-    debug_assert_eq!(raw & DESCRIPTOR, 0);
-    T::from_raw(raw >> 1)
+fn decode<T: CasWord>(raw: Raw) -> T {
+    T::from_raw(raw.to_value())
 }
 
 /// The DCSS (module docs): `Ok(expected)` on success, else the raw value found and why.
 pub(crate) fn dcss(
-    word: &AtomicUsize,
+    word: &Word,
     clock: Clock<'_>,
-    epoch: u64,
-    expected: usize,
-    new: usize,
-) -> Result<usize, (usize, CasErrorKind)> {
+    epoch: Epoch,
+    expected: Raw,
+    new: Raw,
+) -> Result<Raw, (Raw, CasErrorKind)> {
     let guard = reclaim::pin();
-    if clock.tracker.current().get() != epoch {
-        return Err((load_raw(word, clock, &guard), CasErrorKind::EpochAdvanced));
+    if clock.tracker.current() != epoch {
+        return Err((word.load(clock, &guard), CasErrorKind::EpochAdvanced));
     }
     let descriptor = Box::new(Descriptor {
         instance: clock.instance,
@@ -298,18 +404,25 @@ pub(crate) fn dcss(
         status: AtomicU32::new(UNDECIDED),
     });
     let descriptor = NonNull::from(Box::leak(descriptor));
-    let tagged = descriptor.as_ptr().expose_provenance() | DESCRIPTOR;
+    // The descriptor's own pointer, tagged: its provenance goes into the word with it.
+    let tagged = descriptor
+        .as_ptr()
+        .cast::<()>()
+        .map_addr(|addr| addr | DESCRIPTOR);
     loop {
         // ORDERING: SeqCst: the DCSS needs one total order of the word swaps, the status
         // decisions and the clock reads (INV-CAS-1).
-        match word.compare_exchange(expected, tagged, Ordering::SeqCst, Ordering::SeqCst) {
+        match word
+            .0
+            .compare_exchange(expected.0, tagged, Ordering::SeqCst, Ordering::SeqCst)
+        {
             Ok(_) => break,
-            Err(found) if found & DESCRIPTOR != 0 => help(word, found, clock, &guard),
+            Err(found) if found.addr() & DESCRIPTOR != 0 => help(word, found, clock, &guard),
             Err(found) => {
                 // SAFETY: `descriptor` came from `Box::leak` above and was never stored in
                 // the word, so nobody else can reach it and it is freed exactly once.
                 drop(unsafe { Box::from_raw(descriptor.as_ptr()) });
-                return Err((found, CasErrorKind::Mismatch));
+                return Err((Raw(found), CasErrorKind::Mismatch));
             }
         }
     }
@@ -338,11 +451,11 @@ pub(crate) fn dcss(
 ///
 /// `node` came from `Box::leak`, no other thread can reach it, and `new` encodes it.
 pub(crate) unsafe fn publish_node<T>(
-    word: &AtomicUsize,
+    word: &Word,
     clock: Clock<'_>,
-    epoch: u64,
-    expected: usize,
-    new: usize,
+    epoch: Epoch,
+    expected: Raw,
+    new: Raw,
     node: NonNull<T>,
 ) -> crate::error::Result<bool> {
     match dcss(word, clock, epoch, expected, new) {
@@ -360,42 +473,32 @@ pub(crate) unsafe fn publish_node<T>(
     }
 }
 
-/// Frees a chain of nodes leaked from `Box`es, starting at address `first` (0 ends it);
-/// `next` gives a node's successor address.
+/// Frees a chain of nodes leaked from `Box`es, starting at the link `first` (a null link
+/// ends it); `next` gives a node's link to its successor.
 ///
 /// # Safety
 ///
 /// The caller has exclusive access to the chain (no other thread can reach any of its
-/// nodes), and every node in it came from `Box::leak` with its address exposed and is
-/// freed nowhere else.
-pub(crate) unsafe fn free_chain<T>(first: usize, next: impl Fn(&T) -> usize) {
-    let mut addr = first;
-    while addr != 0 {
-        let ptr = std::ptr::with_exposed_provenance_mut::<T>(addr);
-        // SAFETY: by the contract, the node came from `Box::leak`, nobody else can reach
-        // it, and it is freed only here.
-        let boxed = unsafe { Box::from_raw(ptr) };
-        addr = next(&boxed);
-    }
-}
-
-/// The word's value, completing any swap found in progress.
-pub(crate) fn load_raw(word: &AtomicUsize, clock: Clock<'_>, guard: &reclaim::Guard) -> usize {
-    loop {
-        // ORDERING: SeqCst, as in `dcss`.
-        let raw = word.load(Ordering::SeqCst);
-        if raw & DESCRIPTOR == 0 {
-            return raw;
-        }
-        help(word, raw, clock, guard);
+/// nodes), and every node in it came from `Box::leak`, is linked by the pointer it was
+/// leaked as, and is freed nowhere else.
+pub(crate) unsafe fn free_chain<T>(first: Raw, next: impl Fn(&T) -> Raw) {
+    let mut link = first;
+    while let Some(ptr) = NonNull::new(link.node::<T>()) {
+        // SAFETY: by the contract, the node came from `Box::leak`, `ptr` carries that
+        // allocation's provenance, nobody else can reach it, and it is freed only here.
+        let boxed = unsafe { Box::from_raw(ptr.as_ptr()) };
+        link = next(&boxed);
     }
 }
 
 /// Completes the swap whose tagged descriptor pointer `tagged` was read from `word`.
-fn help(word: &AtomicUsize, tagged: usize, clock: Clock<'_>, _guard: &reclaim::Guard) {
-    let ptr = std::ptr::with_exposed_provenance::<Descriptor>(tagged & !DESCRIPTOR);
+fn help(word: &Word, tagged: *mut (), clock: Clock<'_>, _guard: &reclaim::Guard) {
+    let ptr = tagged
+        .map_addr(|addr| addr & !DESCRIPTOR)
+        .cast::<Descriptor>();
     // SAFETY:
-    // - the address was exposed by `dcss` from a live `Box<Descriptor>`, tag bit cleared;
+    // - `tagged` was read from a word, and only `dcss` stores a tagged pointer into one: the
+    //   pointer of a live `Box<Descriptor>`, with its provenance, tag bit set (cleared here);
     // - it is still allocated: it was in the word after this thread pinned `_guard`, and a
     //   descriptor is retired only after leaving the word, then freed only once every
     //   thread pinned before the retirement has unpinned (crossbeam-epoch's guarantee);
@@ -411,7 +514,7 @@ fn help(word: &AtomicUsize, tagged: usize, clock: Clock<'_>, _guard: &reclaim::G
 }
 
 /// Decides the descriptor (if nobody has) and swaps it out of the word; true if it succeeded.
-fn complete(word: &AtomicUsize, descriptor: &Descriptor, tagged: usize, clock: Clock<'_>) -> bool {
+fn complete(word: &Word, descriptor: &Descriptor, tagged: *mut (), clock: Clock<'_>) -> bool {
     // ORDERING: store-load: the descriptor's installation (which this thread performed or
     // read) is ordered before the clock read, pairing with the fence in `Tracker::publish`
     // after the clock store (a Dekker pattern, as in the tracker's handshake). Either this
@@ -419,7 +522,7 @@ fn complete(word: &AtomicUsize, descriptor: &Descriptor, tagged: usize, clock: C
     // descriptor and complete it with the same decision. The fence makes this hold in
     // models, like loom's, that treat SeqCst accesses as acquire/release.
     fence(Ordering::SeqCst);
-    let decision = if clock.tracker.current().get() == descriptor.epoch {
+    let decision = if clock.tracker.current() == descriptor.epoch {
         SUCCEEDED
     } else {
         FAILED
@@ -437,7 +540,9 @@ fn complete(word: &AtomicUsize, descriptor: &Descriptor, tagged: usize, clock: C
         descriptor.expected
     };
     // ORDERING: SeqCst, as in `dcss`. Failing means someone else already swapped it out.
-    let _ = word.compare_exchange(tagged, value, Ordering::SeqCst, Ordering::SeqCst);
+    let _ = word
+        .0
+        .compare_exchange(tagged, value.0, Ordering::SeqCst, Ordering::SeqCst);
     succeeded
 }
 
@@ -522,16 +627,23 @@ mod loom_tests {
     #[test]
     fn a_swap_never_succeeds_after_the_epoch_moved() {
         loom::model(|| {
-            let tracker = Arc::new(Tracker::new(1, 1));
-            let word = Arc::new(AtomicUsize::new(encode(0u32)));
+            let tracker = Arc::new(Tracker::new(Epoch::new(1), 1));
+            let word = Arc::new(Word::new(encode(0u32)));
             let owner = {
                 let (tracker, word) = (tracker.clone(), word.clone());
                 loom::thread::spawn(move || {
-                    dcss(&word, clock(&tracker), 1, encode(0u32), encode(1u32)).is_ok()
+                    dcss(
+                        &word,
+                        clock(&tracker),
+                        Epoch::new(1),
+                        encode(0u32),
+                        encode(1u32),
+                    )
+                    .is_ok()
                 })
             };
-            tracker.publish(2);
-            let seen: u32 = decode(load_raw(&word, clock(&tracker), &reclaim::pin()));
+            tracker.publish(Epoch::new(2));
+            let seen: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
             let succeeded = owner.join().unwrap();
             if succeeded {
                 assert_eq!(
@@ -540,7 +652,7 @@ mod loom_tests {
                 );
             } else {
                 assert_eq!(seen, 0);
-                let last: u32 = decode(load_raw(&word, clock(&tracker), &reclaim::pin()));
+                let last: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
                 assert_eq!(last, 0, "a failed swap left its value behind");
             }
         });
@@ -551,20 +663,26 @@ mod loom_tests {
     #[test]
     fn competing_swaps_lose_no_value() {
         loom::model(|| {
-            let tracker = Arc::new(Tracker::new(1, 2));
-            let word = Arc::new(AtomicUsize::new(encode(0u32)));
+            let tracker = Arc::new(Tracker::new(Epoch::new(1), 2));
+            let word = Arc::new(Word::new(encode(0u32)));
             let swappers: Vec<_> = [1u32, 2]
                 .into_iter()
                 .map(|new| {
                     let (tracker, word) = (tracker.clone(), word.clone());
                     loom::thread::spawn(move || {
-                        dcss(&word, clock(&tracker), 1, encode(0u32), encode(new))
-                            .map(decode::<u32>)
-                            .map_err(|(raw, kind)| (decode::<u32>(raw), kind))
+                        dcss(
+                            &word,
+                            clock(&tracker),
+                            Epoch::new(1),
+                            encode(0u32),
+                            encode(new),
+                        )
+                        .map(decode::<u32>)
+                        .map_err(|(raw, kind)| (decode::<u32>(raw), kind))
                     })
                 })
                 .collect();
-            let read: u32 = decode(load_raw(&word, clock(&tracker), &reclaim::pin()));
+            let read: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
             assert!(read <= 2);
             let results: Vec<_> = swappers.into_iter().map(|t| t.join().unwrap()).collect();
             let winners: Vec<u32> = results
@@ -574,7 +692,7 @@ mod loom_tests {
                 .map(|(_, new)| new)
                 .collect();
             assert_eq!(winners.len(), 1, "{results:?}");
-            let last: u32 = decode(load_raw(&word, clock(&tracker), &reclaim::pin()));
+            let last: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
             assert_eq!(last, winners[0]);
             for result in &results {
                 if let Err((found, kind)) = result {

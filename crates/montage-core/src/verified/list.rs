@@ -28,9 +28,8 @@ use std::ptr::NonNull;
 use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
-use crate::primitive::{AtomicUsize, Ordering};
 use crate::verified::atomic::{
-    CasErrorKind, Clock, VerifiedAtomic, free_chain, load_raw, publish_node, reclaim,
+    CasErrorKind, Clock, Raw, VerifiedAtomic, Word, free_chain, publish_node, reclaim,
 };
 
 /// Value-word states above any live value (live values are below 2^61).
@@ -39,29 +38,17 @@ const DEAD: u64 = 1 << 62;
 /// The largest value a list holds.
 pub const MAX_LIST_VALUE: u64 = REMOVED - 1;
 
-/// The mark bit of a link (nodes are at least 8-aligned, so bit 0 of an address is free).
-const MARK: usize = 1;
-
-/// Link words are DCSS words holding `(address | mark) << 1` (bit 0 tags descriptors).
-fn enc(addr: usize, marked: bool) -> usize {
-    (addr | usize::from(marked)) << 1
-}
-
-fn dec(raw: usize) -> (usize, bool) {
-    let v = raw >> 1;
-    (v & !MARK, v & MARK != 0)
-}
-
 struct Node<K> {
     key: K,
     value: VerifiedAtomic<u64>,
-    next: AtomicUsize,
+    /// The link to the next node; marked once this node is dead.
+    next: Word,
 }
 
 /// A lock-free sorted list from keys to value words (module docs). A list serves the
 /// operations of one heap.
 pub struct VerifiedList<K> {
-    head: AtomicUsize,
+    head: Word,
     _nodes: PhantomData<Box<Node<K>>>,
 }
 
@@ -74,7 +61,7 @@ impl<K> std::fmt::Debug for VerifiedList<K> {
 impl<K> Default for VerifiedList<K> {
     fn default() -> Self {
         VerifiedList {
-            head: AtomicUsize::new(enc(0, false)),
+            head: Word::new(Raw::NULL),
             _nodes: PhantomData,
         }
     }
@@ -83,22 +70,21 @@ impl<K> Default for VerifiedList<K> {
 /// Where a search stopped: the link that points at `curr` (unmarked), and `curr`, the
 /// first node whose key is not below the one searched for (or none).
 struct Position<'g, K> {
-    pred: &'g AtomicUsize,
-    curr_raw: usize,
+    pred: &'g Word,
+    curr_raw: Raw,
     curr: Option<&'g Node<K>>,
 }
 
-/// The node at `addr`.
+/// The node `ptr` points at.
 ///
 /// # Safety
 ///
-/// `addr` (mark bit cleared) was read from a link of the list while this thread was pinned
-/// by `_guard`.
-unsafe fn node<K>(addr: usize, _guard: &reclaim::Guard) -> &Node<K> {
-    let ptr = std::ptr::with_exposed_provenance::<Node<K>>(addr);
+/// `ptr` is not null and was read from a link of the list (`Raw::node`) while this thread
+/// was pinned by `_guard`.
+unsafe fn node<K>(ptr: *mut Node<K>, _guard: &reclaim::Guard) -> &Node<K> {
     // SAFETY:
-    // - `addr` was exposed by `VerifiedList::insert` from a live `Box<Node<K>>` (the only
-    //   place node addresses come from), with the mark bit cleared by `dec`;
+    // - links are made only by `VerifiedList::insert`, from the pointer of a live
+    //   `Box<Node<K>>` (provenance kept through `Raw`), mark bit cleared by `Raw::node`;
     // - it was read from a link of the list while this thread was pinned by `_guard`, and a
     //   node is retired only after being unlinked, then freed only once every thread pinned
     //   before that has unpinned (crossbeam-epoch), so it lives at least as long as `'g`;
@@ -118,51 +104,41 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
     fn find<'g>(&'g self, op: &OpGuard<'_>, key: &K, guard: &'g reclaim::Guard) -> Position<'g, K> {
         let clock = Clock::of(op);
         'retry: loop {
-            let mut pred: &'g AtomicUsize = &self.head;
-            let mut curr_raw = load_raw(pred, clock, guard);
+            let mut pred: &'g Word = &self.head;
+            let mut curr_raw = pred.load(clock, guard);
             loop {
-                let (curr_addr, _) = dec(curr_raw);
-                if curr_addr == 0 {
+                let curr_ptr = curr_raw.node::<Node<K>>();
+                if curr_ptr.is_null() {
                     return Position {
                         pred,
                         curr_raw,
                         curr: None,
                     };
                 }
-                // SAFETY: `curr_addr` was just read from `pred`, a link of the list, while
-                // pinned by `guard`.
-                let curr: &'g Node<K> = unsafe { node(curr_addr, guard) };
-                let next_raw = load_raw(&curr.next, clock, guard);
+                // SAFETY: `curr_ptr` is not null and was just read from `pred`, a link of
+                // the list, while pinned by `guard`.
+                let curr: &'g Node<K> = unsafe { node(curr_ptr, guard) };
+                let next_raw = curr.next.load(clock, guard);
                 // Michael's check: `pred` still points at `curr`, unmarked.
-                if load_raw(pred, clock, guard) != curr_raw {
+                if pred.load(clock, guard) != curr_raw {
                     continue 'retry;
                 }
-                let (next_addr, marked) = dec(next_raw);
-                if marked {
-                    // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1). A plain
-                    // swap: unlinking is not a linearization point; a descriptor in `pred`
-                    // makes it fail and the search start again.
-                    let unlinked = pred
-                        .compare_exchange(
-                            curr_raw,
-                            enc(next_addr, false),
-                            Ordering::SeqCst,
-                            Ordering::SeqCst,
-                        )
-                        .is_ok();
-                    if !unlinked {
+                if next_raw.is_marked() {
+                    let next_unmarked = next_raw.with_mark(false);
+                    // A plain swap: unlinking is not a linearization point; a descriptor in
+                    // `pred` makes it fail and the search start again.
+                    if !pred.swap_unverified(curr_raw, next_unmarked) {
                         continue 'retry;
                     }
-                    let ptr = std::ptr::with_exposed_provenance_mut::<Node<K>>(curr_addr);
-                    if let Some(ptr) = NonNull::new(ptr) {
-                        // SAFETY: the node came from `Box::leak` in `insert` (its address
-                        // exposed there); the swap above removed the only link to it (a
-                        // node is linked once, and a marked node is never linked again), so
-                        // only threads pinned now can still hold it; only this swap's winner
-                        // retires it.
+                    if let Some(ptr) = NonNull::new(curr_ptr) {
+                        // SAFETY: the node came from `Box::leak` in `insert`, and `ptr` is
+                        // that pointer (provenance kept by `Raw`); the swap above removed the
+                        // only link to it (a node is linked once, and a marked node is never
+                        // linked again), so only threads pinned now can still hold it; only
+                        // this swap's winner retires it.
                         unsafe { reclaim::retire_box(ptr, guard) };
                     }
-                    curr_raw = enc(next_addr, false);
+                    curr_raw = next_unmarked;
                     continue;
                 }
                 Self::retire_if_stale(op, curr, clock, guard);
@@ -239,9 +215,9 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
             let new = NonNull::from(Box::leak(Box::new(Node {
                 key: key.clone(),
                 value: VerifiedAtomic::new(value),
-                next: AtomicUsize::new(position.curr_raw),
+                next: Word::new(position.curr_raw),
             })));
-            let new_raw = enc(new.as_ptr().expose_provenance(), false);
+            let new_raw = Raw::link(new.as_ptr(), false);
             let clock = Clock::of(op);
             // SAFETY: `new` was leaked from a `Box` just above and is not shared yet;
             // `new_raw` encodes it.
@@ -249,7 +225,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                 publish_node(
                     position.pred,
                     clock,
-                    op.epoch().get(),
+                    op.epoch(),
                     position.curr_raw,
                     new_raw,
                     new,
@@ -324,14 +300,15 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         let guard = reclaim::pin();
         let clock = Clock::of(op);
         let mut out = Vec::new();
-        let (mut addr, _) = dec(load_raw(&self.head, clock, &guard));
-        while addr != 0 {
-            // SAFETY: `addr` was just read from a link of the list while pinned by `guard`.
-            let curr: &Node<K> = unsafe { node(addr, &guard) };
+        let mut ptr = self.head.load(clock, &guard).node::<Node<K>>();
+        while !ptr.is_null() {
+            // SAFETY: `ptr` is not null and was just read from a link of the list while
+            // pinned by `guard`.
+            let curr: &Node<K> = unsafe { node(ptr, &guard) };
             if let Some(v) = live(op, curr.value.load_in(clock, &guard))? {
                 out.push((curr.key.clone(), v));
             }
-            addr = dec(load_raw(&curr.next, clock, &guard)).0;
+            ptr = curr.next.load(clock, &guard).node::<Node<K>>();
         }
         Ok(out)
     }
@@ -339,16 +316,10 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
 
 /// Marks `link` (a node's `next`), so that no node is linked after it and traversals
 /// unlink its node.
-fn mark(link: &AtomicUsize, clock: Clock<'_>, guard: &reclaim::Guard) {
+fn mark(link: &Word, clock: Clock<'_>, guard: &reclaim::Guard) {
     loop {
-        let raw = load_raw(link, clock, guard);
-        let (addr, marked) = dec(raw);
-        // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
-        if marked
-            || link
-                .compare_exchange(raw, enc(addr, true), Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        {
+        let raw = link.load(clock, guard);
+        if raw.is_marked() || link.swap_unverified(raw, raw.with_mark(true)) {
             return;
         }
     }
@@ -381,14 +352,13 @@ fn live(op: &OpGuard<'_>, value: u64) -> Result<Option<u64>> {
 
 impl<K> Drop for VerifiedList<K> {
     fn drop(&mut self) {
-        // ORDERING: exclusive access (`&mut self`): no other thread can see the list.
-        let first = dec(self.head.load(Ordering::Relaxed)).0;
+        // With `&mut self` no other thread can see the list.
+        let first = self.head.load_exclusive();
         // SAFETY: with `&mut self` no other thread uses the list; every node still linked
-        // came from `Box::leak` in `insert` (address exposed), is linked once, and is freed
-        // only here (unlinked nodes were handed to crossbeam-epoch instead).
+        // came from `Box::leak` in `insert`, is linked by that pointer, is linked once, and
+        // is freed only here (unlinked nodes were handed to crossbeam-epoch instead).
         unsafe {
-            // ORDERING: exclusive access, as above.
-            free_chain(first, |n: &Node<K>| dec(n.next.load(Ordering::Relaxed)).0);
+            free_chain(first, |n: &Node<K>| n.next.load_exclusive());
         }
     }
 }
@@ -402,15 +372,15 @@ mod tests {
     fn length(list: &VerifiedList<u64>) -> usize {
         let guard = reclaim::pin();
         let mut n = 0;
-        // ORDERING: a single-threaded test.
-        let (mut addr, _) = dec(list.head.load(Ordering::SeqCst));
-        while addr != 0 {
+        // A single-threaded test: no swap is in progress.
+        let mut ptr = list.head.load_exclusive().node::<Node<u64>>();
+        while !ptr.is_null() {
             n += 1;
-            // SAFETY: read from a link of the list while pinned.
-            addr = dec(unsafe { node::<u64>(addr, &guard) }
+            // SAFETY: `ptr` is not null and was read from a link of the list while pinned.
+            ptr = unsafe { node(ptr, &guard) }
                 .next
-                .load(Ordering::SeqCst))
-            .0;
+                .load_exclusive()
+                .node::<Node<u64>>();
         }
         n
     }

@@ -18,24 +18,16 @@ use std::ptr::NonNull;
 use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
-use crate::primitive::{AtomicU64, AtomicUsize, Ordering};
-use crate::verified::atomic::{Clock, dcss, free_chain, load_raw, publish_node, reclaim};
-
-/// Node words are DCSS words holding `address << 1` (bit 0 tags descriptors).
-fn enc(addr: usize) -> usize {
-    addr << 1
-}
-
-fn dec(raw: usize) -> usize {
-    raw >> 1
-}
+use crate::primitive::{AtomicU64, Ordering};
+use crate::verified::atomic::{Clock, Raw, Word, dcss, free_chain, publish_node, reclaim};
 
 struct Node {
     value: u64,
     seq: u64,
     /// The newest epoch of an operation that tried to dequeue this node's value.
     taken: AtomicU64,
-    next: AtomicUsize,
+    /// The link to the next node (a DCSS word; links are never marked in the queue).
+    next: Word,
 }
 
 fn new_node(value: u64, seq: u64) -> NonNull<Node> {
@@ -43,32 +35,32 @@ fn new_node(value: u64, seq: u64) -> NonNull<Node> {
         value,
         seq,
         taken: AtomicU64::new(0),
-        next: AtomicUsize::new(enc(0)),
+        next: Word::new(Raw::NULL),
     })))
 }
 
-/// The node at `addr`.
+/// The node `link` points at.
 ///
 /// # Safety
 ///
-/// `addr` was read from `head`, `tail` or a node's `next` while this thread was pinned by
-/// `_guard`.
-unsafe fn node(addr: usize, _guard: &reclaim::Guard) -> &Node {
-    let ptr = std::ptr::with_exposed_provenance::<Node>(addr);
+/// `link` is not null and was read from `head`, `tail` or a node's `next` while this
+/// thread was pinned by `_guard`.
+unsafe fn node(link: Raw, _guard: &reclaim::Guard) -> &Node {
     // SAFETY:
-    // - `addr` was exposed by `new_node`'s callers from a live `Box<Node>`;
+    // - links are made only from the pointer of a live `Box<Node>` leaked by `new_node`
+    //   (provenance kept through `Raw`);
     // - it was read from a word of the queue while pinned by `_guard`; a node is retired only
     //   after the head moved past it, then freed only once every thread pinned before that
     //   has unpinned (crossbeam-epoch); under loom nodes are never freed;
     // - only shared references to nodes are formed; their mutable state is atomic.
-    unsafe { &*ptr }
+    unsafe { &*link.node::<Node>() }
 }
 
 /// A lock-free FIFO queue of value words with sequence numbers (module docs). A queue
 /// serves the operations of one heap.
 pub struct VerifiedQueue {
-    head: AtomicUsize,
-    tail: AtomicUsize,
+    head: Word,
+    tail: Word,
 }
 
 impl std::fmt::Debug for VerifiedQueue {
@@ -80,36 +72,31 @@ impl std::fmt::Debug for VerifiedQueue {
 impl VerifiedQueue {
     /// An empty queue whose first element will get sequence number `first_seq`.
     pub fn new(first_seq: u64) -> VerifiedQueue {
-        let dummy = enc(new_node(0, first_seq.wrapping_sub(1))
-            .as_ptr()
-            .expose_provenance());
+        let dummy = Raw::link(new_node(0, first_seq.wrapping_sub(1)).as_ptr(), false);
         VerifiedQueue {
-            head: AtomicUsize::new(dummy),
-            tail: AtomicUsize::new(dummy),
+            head: Word::new(dummy),
+            tail: Word::new(dummy),
         }
     }
 
     /// Moves the tail from `from` to `to` if it is still `from`; a failure means another
     /// thread moved it already.
-    fn swing_tail(&self, from: usize, to: usize) {
-        // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
-        let _ = self
-            .tail
-            .compare_exchange(from, to, Ordering::SeqCst, Ordering::SeqCst);
+    fn swing_tail(&self, from: Raw, to: Raw) {
+        let _ = self.tail.swap_unverified(from, to);
     }
 
     /// Appends `value` with sequence number `seq` (recovery's bulk load: no verification,
     /// no concurrent access, sequence numbers increasing).
     pub fn push_recovered(&mut self, value: u64, seq: u64) {
         let guard = reclaim::pin();
-        let new = enc(new_node(value, seq).as_ptr().expose_provenance());
-        // ORDERING: exclusive access (`&mut self`).
-        let tail = dec(self.tail.load(Ordering::Relaxed));
-        // SAFETY: `tail` was read from the queue's tail while pinned.
+        let new = Raw::link(new_node(value, seq).as_ptr(), false);
+        // With `&mut self` no other thread can reach the queue.
+        let tail = self.tail.load_exclusive();
+        // SAFETY: `tail` (never null: there is always a dummy) was read from the queue's tail
+        // while pinned.
         let last = unsafe { node(tail, &guard) };
-        // ORDERING: exclusive access (`&mut self`).
-        last.next.store(new, Ordering::Relaxed);
-        self.tail.store(new, Ordering::Relaxed);
+        last.next.store_exclusive(new);
+        self.tail.store_exclusive(new);
     }
 
     /// Appends `value`; `seq` is called with the sequence number the element will have
@@ -128,14 +115,14 @@ impl VerifiedQueue {
         let guard = reclaim::pin();
         let clock = Clock::of(op);
         loop {
-            let tail_raw = load_raw(&self.tail, clock, &guard);
+            let tail_raw = self.tail.load(clock, &guard);
             // SAFETY: read from `tail` while pinned.
-            let tail = unsafe { node(dec(tail_raw), &guard) };
-            let next_raw = load_raw(&tail.next, clock, &guard);
-            if load_raw(&self.tail, clock, &guard) != tail_raw {
+            let tail = unsafe { node(tail_raw, &guard) };
+            let next_raw = tail.next.load(clock, &guard);
+            if self.tail.load(clock, &guard) != tail_raw {
                 continue;
             }
-            if dec(next_raw) != 0 {
+            if next_raw != Raw::NULL {
                 // The tail lags: help it along (not a linearization point, so not verified).
                 self.swing_tail(tail_raw, next_raw);
                 continue;
@@ -143,12 +130,11 @@ impl VerifiedQueue {
             let number = tail.seq.wrapping_add(1);
             seq(number)?;
             let new = new_node(value, number);
-            let new_raw = enc(new.as_ptr().expose_provenance());
+            let new_raw = Raw::link(new.as_ptr(), false);
             // SAFETY: `new` was leaked from a `Box` just above and is not shared yet;
             // `new_raw` encodes it.
-            let linked = unsafe {
-                publish_node(&tail.next, clock, op.epoch().get(), next_raw, new_raw, new)
-            };
+            let linked =
+                unsafe { publish_node(&tail.next, clock, op.epoch(), next_raw, new_raw, new) };
             if linked? {
                 self.swing_tail(tail_raw, new_raw);
                 return Ok(number);
@@ -174,15 +160,15 @@ impl VerifiedQueue {
         let guard = reclaim::pin();
         let clock = Clock::of(op);
         loop {
-            let head_raw = load_raw(&self.head, clock, &guard);
-            let tail_raw = load_raw(&self.tail, clock, &guard);
+            let head_raw = self.head.load(clock, &guard);
+            let tail_raw = self.tail.load(clock, &guard);
             // SAFETY: read from `head` while pinned.
-            let head = unsafe { node(dec(head_raw), &guard) };
-            let next_raw = load_raw(&head.next, clock, &guard);
-            if load_raw(&self.head, clock, &guard) != head_raw {
+            let head = unsafe { node(head_raw, &guard) };
+            let next_raw = head.next.load(clock, &guard);
+            if self.head.load(clock, &guard) != head_raw {
                 continue;
             }
-            if dec(next_raw) == 0 {
+            if next_raw == Raw::NULL {
                 // Empty: unless an operation newer than this one emptied it.
                 // ORDERING: SeqCst pairs with the `fetch_max` before the head swap.
                 op.check_epoch(Epoch::new(head.taken.load(Ordering::SeqCst)))?;
@@ -193,17 +179,16 @@ impl VerifiedQueue {
                 continue;
             }
             // SAFETY: read from `head.next` while pinned.
-            let next = unsafe { node(dec(next_raw), &guard) };
+            let next = unsafe { node(next_raw, &guard) };
             // ORDERING: SeqCst: whoever sees `next` as the head sees an epoch no older than
             // the dequeue that made it so.
             next.taken.fetch_max(op.epoch().get(), Ordering::SeqCst);
             take(next.value, next.seq)?;
-            match dcss(&self.head, clock, op.epoch().get(), head_raw, next_raw) {
+            match dcss(&self.head, clock, op.epoch(), head_raw, next_raw) {
                 Ok(_) => {
-                    if let Some(ptr) =
-                        NonNull::new(std::ptr::with_exposed_provenance_mut::<Node>(dec(head_raw)))
-                    {
-                        // SAFETY: the old dummy came from `Box::leak` in `new_node`; the swap
+                    if let Some(ptr) = NonNull::new(head_raw.node::<Node>()) {
+                        // SAFETY: the old dummy came from `Box::leak` in `new_node`, and `ptr`
+                        // is that pointer (provenance kept by `Raw`); the swap
                         // above moved the head past it, and nothing links to a node before
                         // the head, so only threads pinned now can still hold it; only this
                         // swap's winner retires it.
@@ -225,10 +210,10 @@ impl VerifiedQueue {
         let clock = Clock::of(op);
         let mut out = Vec::new();
         // SAFETY: read from `head` while pinned.
-        let mut curr = unsafe { node(dec(load_raw(&self.head, clock, &guard)), &guard) };
+        let mut curr = unsafe { node(self.head.load(clock, &guard), &guard) };
         loop {
-            let next = dec(load_raw(&curr.next, clock, &guard));
-            if next == 0 {
+            let next = curr.next.load(clock, &guard);
+            if next == Raw::NULL {
                 return out;
             }
             // SAFETY: read from a node's `next` while pinned.
@@ -240,14 +225,13 @@ impl VerifiedQueue {
 
 impl Drop for VerifiedQueue {
     fn drop(&mut self) {
-        // ORDERING: exclusive access (`&mut self`).
-        let first = dec(self.head.load(Ordering::Relaxed));
+        // With `&mut self` no other thread can reach the queue.
+        let first = self.head.load_exclusive();
         // SAFETY: with `&mut self` no other thread uses the queue; the dummy and every node
-        // after it came from `Box::leak` in `new_node` (address exposed), are linked once,
+        // after it came from `Box::leak` in `new_node`, are linked by that pointer and once,
         // and are freed only here (nodes before the dummy went to crossbeam-epoch instead).
         unsafe {
-            // ORDERING: exclusive access, as above.
-            free_chain(first, |n: &Node| dec(n.next.load(Ordering::Relaxed)));
+            free_chain(first, |n: &Node| n.next.load_exclusive());
         }
     }
 }
