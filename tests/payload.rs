@@ -183,12 +183,34 @@ fn synced_payloads_survive_a_crash_and_unsynced_ones_do_not() {
 #[test]
 fn type_ids_are_stable_across_builds() {
     // Checked-in values: a change here means heaps written by earlier builds no longer open.
-    // Point's value was also computed outside Rust, from the recipe in the derive's docs
-    // (FNV-1a over the name, then each field's name, type, offset and layout, then size and
-    // alignment), by a short Python script.
-    assert_eq!(<Point as Payload>::TYPE_ID, 0xd699_1260_407d_071f);
-    assert_eq!(<Account as Payload>::TYPE_ID, 0x7f50_06ed_a68d_4ab1);
+    // Both were also computed outside Rust, from the recipe in docs/design.md (FNV-1a over
+    // the name, then each field's name, offset and field id, then size and alignment; a
+    // primitive's field id hashes its name, size and alignment), by a short Python script.
+    assert_eq!(<Point as Payload>::TYPE_ID, 0xca55_d9b1_7d5d_db7d);
+    assert_eq!(<Account as Payload>::TYPE_ID, 0x474b_f4a2_3379_93ca);
     assert_eq!(<Point as PayloadField>::LAYOUT, <Point as Payload>::TYPE_ID);
+}
+
+/// The same layout spelled through an alias and a path: the type id follows the resolved
+/// types, not their spelling.
+mod spelled {
+    type Coordinate = i32;
+
+    #[derive(montage::Payload)]
+    #[payload(rename = "Point")]
+    #[repr(C)]
+    pub(crate) struct ThroughAlias {
+        x: Coordinate,
+        y: ::core::primitive::i32,
+    }
+}
+
+#[test]
+fn an_alias_or_a_path_gives_the_same_type_id() {
+    assert_eq!(
+        <spelled::ThroughAlias as Payload>::TYPE_ID,
+        <Point as Payload>::TYPE_ID
+    );
 }
 
 mod elsewhere {

@@ -115,7 +115,7 @@ pub mod sim {
 /// What `#[derive(Payload)]` expands to. Not part of the API: no semver promise.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::payload::access::{cas_field, get_field, set_field};
+    pub use crate::payload::access::{cas_field, get_field, read_plain, set_field, write_plain};
     pub use crate::payload::codec::encode_payload;
     pub use zerocopy;
 

@@ -51,13 +51,14 @@ fn expand(input: &Input<'_>, krate: &syn::Path) -> TokenStream {
     // the field, with `PayloadField`'s explanation, and the item's body is not checked
     // again against the missing bound (which would repeat the error at every use).
     let bounds = field_bounds(&input.fields, krate);
+    // The type id follows the resolved layout: each field's name, offset and own id (its
+    // type's `PayloadField::LAYOUT`), never the type as spelled here, so that an alias or a
+    // path to the same type gives the same id.
     let fingerprint = input.fields.iter().map(|f| {
         let (name, ty) = (f.ident, f.ty);
         let name_str = unraw(name);
-        let ty_str = quote!(#ty).to_string().replace(' ', "");
         quote! {
             .str(#name_str)
-            .str(#ty_str)
             .u64(::core::mem::offset_of!(#ident, #name) as u64)
             .u64(<#ty as #krate::payload::PayloadField>::LAYOUT)
         }

@@ -3,10 +3,12 @@
 //! Use it through the `montage` facade (`montage::Payload`), which re-exports it. The derive
 //! checks what the compiler cannot see from the type alone (`#[repr(C)]`, named fields, no
 //! generics, the `payload` attributes), requires every field to be a `PayloadField` (plain
-//! old data by zerocopy's judgement, or another payload), proves the layout has no padding
-//! by deriving zerocopy's `IntoBytes` for a layout twin of the struct, computes the
-//! type id, and generates the `<Type>Fields` accessor trait. See the `montage` crate docs for
-//! what the accessors do.
+//! old data by zerocopy's judgement with a field id of its own: a primitive, an array, a
+//! `POff`, another payload, or a type declared with `montage::payload_field!`), proves the
+//! layout has no padding by deriving zerocopy's `IntoBytes` for a layout twin of the struct,
+//! computes the type id from the resolved layout (each field's name, offset and field id;
+//! never the type as spelled, so aliases do not change it), and generates the
+//! `<Type>Fields` accessor trait. See the `montage` crate docs for what the accessors do.
 //!
 //! ```text
 //! #[derive(Payload)]

@@ -15,6 +15,7 @@ pub enum Kind {
     /// Two.
     B = 2,
 }
+montage::payload_field!(Kind);
 
 /// A nested payload.
 #[derive(Payload, Debug, Clone, Copy, PartialEq)]

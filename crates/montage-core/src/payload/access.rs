@@ -241,3 +241,18 @@ impl Heap {
             .unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 }
+
+/// Copies a plain-old-data value's bytes into `out` (what `PayloadField::write_field` does
+/// for the types zerocopy proves plain old data).
+///
+/// # Panics
+///
+/// If `out.len() != size_of::<T>()`.
+pub fn write_plain<T: zerocopy::IntoBytes + zerocopy::Immutable>(value: &T, out: &mut [u8]) {
+    out.copy_from_slice(value.as_bytes());
+}
+
+/// A plain-old-data value from its bytes; `None` if they are not a valid `T`.
+pub fn read_plain<T: zerocopy::TryFromBytes>(bytes: &[u8]) -> Option<T> {
+    T::try_read_from_bytes(bytes).ok()
+}

@@ -8,11 +8,16 @@
 //! damaged heap gives [`Error::Corrupted`](crate::Error::Corrupted), never an invalid value. No reference into the
 //! heap is ever formed: fields are copied out and in through the heap's atomic accessors.
 //!
-//! Which field types are plain old data is zerocopy's judgement, not ours: every type that
-//! implements zerocopy's `TryFromBytes`, `IntoBytes` and `Immutable` is a [`PayloadField`],
-//! and so is every `#[derive(Payload)]` struct (the derive proves the struct has no padding
-//! by deriving zerocopy's `IntoBytes` for a layout twin of it, whose fields are the
-//! struct's fields' `PayloadField::Repr` types).
+//! Which field types are plain old data is zerocopy's judgement, not ours: a
+//! [`PayloadField`] is a type zerocopy proves plain old data (`TryFromBytes`, `IntoBytes`,
+//! `Immutable`) that also has a field id of its own, [`PayloadField::LAYOUT`]: the
+//! integers, floats, `bool`, `char`, arrays of field types and [`POff`] here, every
+//! `#[derive(Payload)]` struct (the derive proves the struct has no padding by deriving
+//! zerocopy's `IntoBytes` for a layout twin of it, whose fields are the struct's fields'
+//! `PayloadField::Repr` types), and a user's own zerocopy types through
+//! [`payload_field!`](crate::payload_field). A payload's type id is built from its fields'
+//! ids, names and offsets, so it follows the resolved layout: a type alias spells a field
+//! differently but gives it the same id.
 
 pub(crate) mod access;
 pub(crate) mod codec;
@@ -31,13 +36,14 @@ use crate::error::Result;
 
 /// A value that can be stored in a payload field.
 ///
-/// Implemented for every type zerocopy proves plain old data (integers, floats, `bool`,
-/// `char`, arrays of them, [`POff`], zerocopy-derived structs and `#[repr(u8)]` enums, ...)
-/// and, by `#[derive(Payload)]`, for every payload struct, so payloads nest.
+/// Implemented for the integers, floats, `bool`, `char`, arrays of field types and [`POff`];
+/// by `#[derive(Payload)]` for every payload struct, so payloads nest; and by
+/// [`payload_field!`](crate::payload_field) for a user's own zerocopy-derived types
+/// (`#[repr(u8)]` enums, padding-free `#[repr(C)]` structs).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored in a payload field",
     label = "not plain old data",
-    note = "payload fields hold plain old data: integers, floats, `bool`, arrays of them, `POff<T>`, other `#[derive(Payload)]` structs, or types deriving zerocopy's `TryFromBytes`, `IntoBytes` and `Immutable`",
+    note = "payload fields hold plain old data: integers, floats, `bool`, `char`, arrays of them, `POff<T>`, other `#[derive(Payload)]` structs, or types deriving zerocopy's `TryFromBytes`, `IntoBytes` and `Immutable` and declared with `montage::payload_field!`",
     note = "pointers, references and owning types (`Box`, `Vec`, `String`, `Rc`, `Arc`) point into DRAM, which does not survive a restart; an enum needs a fixed `#[repr(u8)]` (or other integer) representation"
 )]
 pub trait PayloadField: Sized + Send + Sync + 'static {
@@ -60,30 +66,110 @@ pub trait PayloadField: Sized + Send + Sync + 'static {
     fn read_field(bytes: &[u8]) -> Option<Self>;
 }
 
-impl<T> PayloadField for T
+/// Implements [`PayloadField`] for a plain-old-data type of the caller's: a type that derives
+/// zerocopy's `TryFromBytes`, `IntoBytes` and `Immutable` (a `#[repr(u8)]` enum, or a
+/// `#[repr(C)]` struct without padding), so that payloads can hold it as a field.
+///
+/// The type's field id is built from the name written here, its size and its alignment:
+/// write the type's own name, at its definition. Renaming the type, or changing its size or
+/// alignment, changes the id of every payload that holds it (and the heap then reports
+/// [`Error::LayoutMismatch`](crate::Error::LayoutMismatch) for them); changing its variants
+/// or fields without changing its size does not, so give a changed type a new name.
+///
+/// ```
+/// use montage_core::payload::PayloadField;
+/// use montage_core::payload_field;
+/// use zerocopy::{Immutable, IntoBytes, TryFromBytes};
+///
+/// #[derive(Clone, Copy, TryFromBytes, IntoBytes, Immutable)]
+/// #[repr(u8)]
+/// enum Colour {
+///     Red = 1,
+///     Blue = 2,
+/// }
+/// payload_field!(Colour);
+///
+/// // A payload holding a `Colour` stores its one byte, and reading a byte that is no
+/// // `Colour` fails (the heap reports it as corrupted) instead of giving a bad value.
+/// let mut byte = [0u8];
+/// for (colour, stored) in [(Colour::Red, 1), (Colour::Blue, 2)] {
+///     colour.write_field(&mut byte);
+///     assert_eq!(byte, [stored]);
+///     assert!(Colour::read_field(&byte).is_some());
+/// }
+/// assert!(Colour::read_field(&[3]).is_none());
+/// ```
+#[macro_export]
+macro_rules! payload_field {
+    ($($ty:ident),+ $(,)?) => {$(
+        impl $crate::payload::PayloadField for $ty {
+            type Repr = $ty;
+            const LAYOUT: u64 = $crate::payload::Fingerprint::new()
+                .str(::core::stringify!($ty))
+                .u64(::core::mem::size_of::<$ty>() as u64)
+                .u64(::core::mem::align_of::<$ty>() as u64)
+                .finish();
+
+            fn write_field(&self, out: &mut [u8]) {
+                $crate::__private::write_plain(self, out);
+            }
+
+            fn read_field(bytes: &[u8]) -> ::core::option::Option<Self> {
+                $crate::__private::read_plain(bytes)
+            }
+        }
+    )+};
+}
+
+payload_field!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64, bool, char
+);
+
+/// An array of field types is a field type; its id is its element's id and its length.
+impl<T, const N: usize> PayloadField for [T; N]
 where
-    T: TryFromBytes + IntoBytes + Immutable + Send + Sync + 'static,
+    T: PayloadField + TryFromBytes + IntoBytes + Immutable,
 {
-    type Repr = T;
+    type Repr = [T; N];
     const LAYOUT: u64 = Fingerprint::new()
-        .u64(size_of::<T>() as u64)
-        .u64(align_of::<T>() as u64)
+        .str("array")
+        .u64(T::LAYOUT)
+        .u64(N as u64)
         .finish();
 
     fn write_field(&self, out: &mut [u8]) {
-        out.copy_from_slice(self.as_bytes());
+        access::write_plain(self, out);
     }
 
     fn read_field(bytes: &[u8]) -> Option<Self> {
-        T::try_read_from_bytes(bytes).ok()
+        access::read_plain(bytes)
+    }
+}
+
+/// A handle is a field type; its id does not depend on the target type (a payload may hold
+/// a handle to its own type, whose id cannot depend on itself).
+impl<T: ?Sized + 'static> PayloadField for POff<T> {
+    type Repr = POff<T>;
+    const LAYOUT: u64 = Fingerprint::new()
+        .str("POff")
+        .u64(size_of::<POff<T>>() as u64)
+        .finish();
+
+    fn write_field(&self, out: &mut [u8]) {
+        access::write_plain(self, out);
+    }
+
+    fn read_field(bytes: &[u8]) -> Option<Self> {
+        access::read_plain(bytes)
     }
 }
 
 /// A type whose values live in the persistent heap as payloads. Implement it with
 /// `#[derive(Payload)]`, which checks the layout and generates the accessors.
 ///
-/// The type id is a fingerprint of the type's name and of each field's name, type, offset
-/// and layout: it is the same in every build of the same definition and changes when the
+/// The type id is a fingerprint of the type's name and of each field's name, offset and
+/// field id ([`PayloadField::LAYOUT`], which follows the field's resolved type, not its
+/// spelling): it is the same in every build of the same definition and changes when the
 /// layout does. The heap records it under the type's name the first time the type is
 /// stored, and reports [`Error::LayoutMismatch`](crate::Error::LayoutMismatch) when a
 /// program later uses a different layout under the same name.
