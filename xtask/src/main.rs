@@ -63,7 +63,12 @@ fn project_root() -> PathBuf {
 
 /// Runs cargo with `args` from the project root, with extra environment variables.
 fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result {
-    let status = cargo_command(args, env)
+    run(cargo_command(args, env), args)
+}
+
+/// Runs `command` (a cargo invocation with `args`) and fails if it does.
+fn run(mut command: Command, args: &[&str]) -> Result {
+    let status = command
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if status.success() {
@@ -76,8 +81,14 @@ fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result {
 /// The cargo invocation `args` with extra environment `env`, from the project root, echoed.
 fn cargo_command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    command_in_root(&cargo, args, env)
+}
+
+/// `program args` with extra environment `env`, from the project root, echoed as a cargo
+/// command.
+fn command_in_root(program: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
     println!("$ cargo {}", args.join(" "));
-    let mut command = Command::new(cargo);
+    let mut command = Command::new(program);
     command
         .args(args)
         .envs(env.iter().copied())
@@ -253,6 +264,7 @@ fn asan() -> Result {
         return Ok(());
     }
     let target = project_root().join("target").join("asan");
+    let target = target.to_string_lossy();
     let mut args = vec![
         "+nightly",
         "test",
@@ -270,30 +282,24 @@ fn asan() -> Result {
     ] {
         args.extend(["--test", test]);
     }
-    println!("$ cargo {}", args.join(" "));
-    // Through the rustup proxy, so that `+nightly` picks the toolchain for cargo and rustc
-    // alike, whatever toolchain runs this xtask.
-    let status = Command::new("cargo")
-        .args(&args)
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env_remove("RUSTC")
-        .env_remove("RUSTDOC")
-        .env(
+    let env = [
+        (
             "RUSTFLAGS",
             "-Zsanitizer=address -Zcrate-attr=feature(strict_provenance_lints) \
              -Dfuzzy_provenance_casts -Dlossy_provenance_casts",
-        )
-        .env("RUSTDOCFLAGS", "-Zsanitizer=address")
-        .env("CARGO_TARGET_DIR", &target)
-        .env("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1")
-        .current_dir(project_root())
-        .status()
-        .map_err(|e| format!("cannot run cargo +nightly: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err("step failed: the AddressSanitizer run".to_owned())
-    }
+        ),
+        ("RUSTDOCFLAGS", "-Zsanitizer=address"),
+        ("CARGO_TARGET_DIR", &*target),
+        ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1"),
+    ];
+    // Through the rustup proxy, so that `+nightly` picks the toolchain for cargo and rustc
+    // alike, whatever toolchain runs this xtask.
+    let mut command = command_in_root("cargo", &args, &env);
+    command
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC");
+    run(command, &args)
 }
 
 /// Why the sanitizer run cannot happen on this machine, if it cannot.

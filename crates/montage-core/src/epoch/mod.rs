@@ -385,6 +385,12 @@ impl Runtime {
         self.epochs.sync(&self.media, &self.alloc)
     }
 
+    /// Checks `type_id` against the heap's type registry under `name`, recording it if the
+    /// heap has never stored a type of that name.
+    pub(crate) fn check_type(&self, name: &'static str, type_id: u64) -> Result<()> {
+        self.types.check_or_register(&self.media, name, type_id)
+    }
+
     /// [`sync`](Self::sync) for the closer, after [`Epochs::close`].
     pub(crate) fn sync_closing(&self) -> Result<()> {
         self.epochs.sync_closing(&self.media, &self.alloc)

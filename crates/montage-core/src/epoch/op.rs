@@ -332,10 +332,7 @@ impl<'h> OpGuard<'h> {
         if known {
             return Ok(());
         }
-        let runtime = self.runtime;
-        runtime
-            .types
-            .check_or_register(&runtime.media, name, type_id)?;
+        self.runtime.check_type(name, type_id)?;
         LOCAL.with(|local| {
             let mut local = local.borrow_mut();
             // Entries of heaps this thread no longer uses are dropped wholesale now and then.

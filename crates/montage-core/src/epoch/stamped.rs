@@ -31,12 +31,20 @@ struct Stamped<T> {
 }
 
 impl<T> Stamped<T> {
+    /// Fails with [`Error::Aborted`] if an operation newer than `op` changed the value.
     fn checked(&self, op: &OpGuard<'_>) -> Result<()> {
         if self.stamp > op.epoch() {
             Err(Error::Aborted)
         } else {
             Ok(())
         }
+    }
+
+    /// The value, for a change by an operation of `epoch`, which `checked` let through: the
+    /// stamp moves to `epoch`, never back.
+    fn stamped(&mut self, epoch: Epoch) -> &mut T {
+        self.stamp = epoch;
+        &mut self.value
     }
 }
 
@@ -66,16 +74,6 @@ pub struct StampedLock<T> {
 }
 
 impl<T> StampedLock<T> {
-    /// A lock around `value`, stamped [`Epoch::ZERO`] (older than every operation).
-    pub const fn new(value: T) -> StampedLock<T> {
-        StampedLock {
-            inner: Mutex::new(Stamped {
-                stamp: Epoch::ZERO,
-                value,
-            }),
-        }
-    }
-
     /// Locks the value for `op`.
     ///
     /// # Errors
@@ -97,23 +95,6 @@ impl<T> StampedLock<T> {
     /// because every change happens under this lock.
     pub fn lock_outside_op(&self) -> Unstamped<'_, T> {
         Unstamped(self.inner.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// The value, through exclusive access (no locking, no check, no stamp).
-    pub fn get_mut(&mut self) -> &mut T {
-        &mut self
-            .inner
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .value
-    }
-
-    /// The value, with the lock gone.
-    pub fn into_inner(self) -> T {
-        self.inner
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner)
-            .value
     }
 }
 
@@ -137,16 +118,6 @@ pub struct StampedRwLock<T> {
 }
 
 impl<T> StampedRwLock<T> {
-    /// A lock around `value`, stamped [`Epoch::ZERO`] (older than every operation).
-    pub const fn new(value: T) -> StampedRwLock<T> {
-        StampedRwLock {
-            inner: RwLock::new(Stamped {
-                stamp: Epoch::ZERO,
-                value,
-            }),
-        }
-    }
-
     /// Locks the value for reading by `op`.
     ///
     /// # Errors
@@ -177,23 +148,6 @@ impl<T> StampedRwLock<T> {
     pub fn read_outside_op(&self) -> StampedReadGuard<'_, T> {
         StampedReadGuard(self.inner.read().unwrap_or_else(PoisonError::into_inner))
     }
-
-    /// The value, through exclusive access (no locking, no check, no stamp).
-    pub fn get_mut(&mut self) -> &mut T {
-        &mut self
-            .inner
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .value
-    }
-
-    /// The value, with the lock gone.
-    pub fn into_inner(self) -> T {
-        self.inner
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner)
-            .value
-    }
 }
 
 /// A read guard of a [`StampedRwLock`].
@@ -206,6 +160,44 @@ pub struct StampedWriteGuard<'a, T> {
     guard: RwLockWriteGuard<'a, Stamped<T>>,
     epoch: Epoch,
 }
+
+/// `new`, `get_mut` and `into_inner` of a stamped lock whose `inner` is a `$std` lock (std's
+/// `Mutex` and `RwLock` have the same three).
+macro_rules! lock_common {
+    ($lock:ident, $std:ident) => {
+        impl<T> $lock<T> {
+            /// A lock around `value`, stamped [`Epoch::ZERO`] (older than every operation).
+            pub const fn new(value: T) -> $lock<T> {
+                $lock {
+                    inner: $std::new(Stamped {
+                        stamp: Epoch::ZERO,
+                        value,
+                    }),
+                }
+            }
+
+            /// The value, through exclusive access (no locking, no check, no stamp).
+            pub fn get_mut(&mut self) -> &mut T {
+                &mut self
+                    .inner
+                    .get_mut()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .value
+            }
+
+            /// The value, with the lock gone.
+            pub fn into_inner(self) -> T {
+                self.inner
+                    .into_inner()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .value
+            }
+        }
+    };
+}
+
+lock_common!(StampedLock, Mutex);
+lock_common!(StampedRwLock, RwLock);
 
 /// `Deref` to the value, and `stamp`, for a guard whose inner guard is `$inner`.
 macro_rules! read_access {
@@ -236,9 +228,7 @@ read_access!(StampedWriteGuard, |g| g.guard);
 
 impl<T> DerefMut for StampedGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        // The lock checked `stamp <= epoch`, so this never moves the stamp back.
-        self.guard.stamp = self.epoch;
-        &mut self.guard.value
+        self.guard.stamped(self.epoch)
     }
 }
 
@@ -250,9 +240,7 @@ impl<T> DerefMut for Unstamped<'_, T> {
 
 impl<T> DerefMut for StampedWriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        // As in `StampedGuard`.
-        self.guard.stamp = self.epoch;
-        &mut self.guard.value
+        self.guard.stamped(self.epoch)
     }
 }
 

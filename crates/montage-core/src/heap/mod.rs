@@ -145,10 +145,18 @@ impl Heap {
     /// (the heap is then left open); any write-back failure, after which the heap is not
     /// marked clean and its next open runs a full recovery as after a crash.
     pub fn close(self) -> Result<()> {
-        if crate::epoch::op::has_active_op(self.shared().runtime.epochs.instance()) {
+        self.runtime_outside_op()?;
+        self.inner.shutdown()
+    }
+
+    /// The runtime, for a call that waits for the clock (`sync`, an advance, `close`): it
+    /// would wait for itself if the calling thread had an operation open on this heap.
+    fn runtime_outside_op(&self) -> Result<&Runtime> {
+        let runtime = &self.shared().runtime;
+        if crate::epoch::op::has_active_op(runtime.epochs.instance()) {
             return Err(Error::SyncInOperation);
         }
-        self.inner.shutdown()
+        Ok(runtime)
     }
 
     #[cfg(test)]
@@ -200,10 +208,7 @@ impl Heap {
     /// [`Error::SyncInOperation`] if called inside an operation on this heap (it would wait
     /// for itself); [`Error::ClockStopped`] if an advance failed, or the advance's own error.
     pub fn sync(&self) -> Result<()> {
-        if crate::epoch::op::has_active_op(self.shared().runtime.epochs.instance()) {
-            return Err(Error::SyncInOperation);
-        }
-        self.shared().runtime.sync()
+        self.runtime_outside_op()?.sync()
     }
 
     /// Advances the clock by one epoch now (the background advancer does this every epoch
@@ -213,10 +218,7 @@ impl Heap {
     ///
     /// As [`sync`](Self::sync).
     pub fn advance_epoch(&self) -> Result<Epoch> {
-        if crate::epoch::op::has_active_op(self.shared().runtime.epochs.instance()) {
-            return Err(Error::SyncInOperation);
-        }
-        self.shared().runtime.advance()
+        self.runtime_outside_op()?.advance()
     }
 
     /// Begins an operation in the current epoch. Dropping the guard ends it.

@@ -232,8 +232,8 @@ impl Heap {
         // process left dirty is written back before it is read.
         media.settle_before_recovery(geometry.data_offset)?;
         let clean = media.load(CLEAN_SHUTDOWN_OFFSET)? == 1;
-        let epoch = media.load(EPOCH_OFFSET)?;
-        if epoch < Epoch::FIRST.get() {
+        let epoch = Epoch::new(media.load(EPOCH_OFFSET)?);
+        if epoch < Epoch::FIRST {
             return Err(Error::Corrupted {
                 offset: EPOCH_OFFSET,
                 what: "the epoch word is below the first epoch",
@@ -263,12 +263,7 @@ impl Heap {
         let shared = Shared {
             runtime: Runtime {
                 alloc: Allocator::new(geometry, config.thread_slots, free),
-                epochs: Epochs::new(
-                    Epoch::new(epoch),
-                    next_uid,
-                    config.thread_slots,
-                    config.epoch_length,
-                ),
+                epochs: Epochs::new(epoch, next_uid, config.thread_slots, config.epoch_length),
                 media,
                 types,
                 write_back: config.write_back,

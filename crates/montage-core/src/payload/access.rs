@@ -180,14 +180,7 @@ impl Heap {
     /// [`Error::LayoutMismatch`] if the heap holds payloads of a type named
     /// `T::TYPE_NAME` with a different layout; [`Error::RegistryFull`]; a media error.
     pub fn register_type<T: Payload>(&self) -> Result<()> {
-        self.check_type(T::TYPE_NAME, T::TYPE_ID)
-    }
-
-    pub(crate) fn check_type(&self, name: &'static str, type_id: u64) -> Result<()> {
-        let runtime = &self.shared().runtime;
-        runtime
-            .types
-            .check_or_register(&runtime.media, name, type_id)
+        self.shared().runtime.check_type(T::TYPE_NAME, T::TYPE_ID)
     }
 
     /// Every payload of type `T` owned by `owner`, with its value, scanned in parallel on

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use crate::alloc::FreeState;
 use crate::alloc::block::{BlockKind, PBlock};
+use crate::base::epoch::Epoch;
 use crate::base::layout::{Geometry, META_RETIRED};
 use crate::error::Result;
 use crate::persist::Media;
@@ -93,7 +94,7 @@ pub(crate) fn recover_epochs(
     media: &Media,
     geometry: &Geometry,
     options: Options<'_>,
-    word: u64,
+    word: Epoch,
 ) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;

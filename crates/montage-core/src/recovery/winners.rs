@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc::block::{BlockKind, PBlock};
+use crate::base::epoch::Epoch;
 use crate::base::layout::Geometry;
 use crate::error::Result;
 use crate::persist::Media;
@@ -63,8 +64,9 @@ pub(super) fn choose(
     units: &[Unit],
     options: Options<'_>,
     progress: &AtomicU64,
-    epoch_word: u64,
+    epoch_word: Epoch,
 ) -> Result<Winners> {
+    let cut = epoch_word.durable_cut();
     let threads = options.threads.max(1);
     let max_uid = AtomicU64::new(0);
     let work = |visit: UnitVisit<'_>| -> Result<Vec<Version>> {
@@ -73,7 +75,7 @@ pub(super) fn choose(
             let info = view.info();
             // ORDERING: a maximum read after the scope joins.
             max_uid.fetch_max(info.spec.uid, Ordering::Relaxed);
-            if info.spec.epoch.plus(2).get() <= epoch_word {
+            if info.spec.epoch <= cut {
                 versions.push((
                     info.spec.uid,
                     info.spec.epoch.get(),

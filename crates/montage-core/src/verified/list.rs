@@ -159,8 +159,9 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
     /// that the next traversal unlinks it.
     fn retire_if_stale(op: &OpGuard<'_>, curr: &Node<K>, clock: Clock<'_>, guard: &reclaim::Guard) {
         let value = curr.value.load_in(clock, guard);
-        let stale =
-            value & REMOVED != 0 && value & DEAD == 0 && (value & !REMOVED) + 2 <= op.epoch().get();
+        let stale = value & REMOVED != 0
+            && value & DEAD == 0
+            && Epoch::new(value & !REMOVED).plus(2) <= op.epoch();
         if stale && curr.value.compare_exchange(op, value, DEAD).is_err() {
             return;
         }
