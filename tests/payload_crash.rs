@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use common::{Counter, try_increment};
 use montage::Epoch;
-use montage::sim::{SimMode, SplitMix64};
+use montage::sim::SplitMix64;
 use montage::{Heap, HeapConfig, OwnerId, PRef};
 use montage_testkit::{SyncRecord, crash_generation, for_each_seed, run_against_clock};
 
@@ -96,7 +96,7 @@ fn slots_from(found: &BTreeMap<u64, (PRef<Counter>, u64)>) -> Vec<Slot> {
 }
 
 fn run_seed(seed: u64) {
-    let mode = SimMode::ALL[(seed % 4) as usize];
+    let mode = montage_testkit::crash_mode(seed);
     let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
     let mut rng = SplitMix64::new(seed);
     let mut heap = Heap::create(&config).unwrap();

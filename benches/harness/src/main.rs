@@ -66,8 +66,8 @@ struct Args {
     /// Directory for `pmem`-backend heaps: a memory file system (tmpfs or DAX).
     #[arg(long, env = "MONTAGE_BENCH_PMEM_DIR", default_value = "/dev/shm")]
     pmem_dir: PathBuf,
-    /// Directory on a disk for `msync`-backend heaps and the embedded stores (default
-    /// `<out>/data`).
+    /// Directory on a disk for file-backend heaps, the embedded stores and the device floor
+    /// (default `<out>/data`).
     #[arg(long, env = "MONTAGE_BENCH_DIR")]
     disk_dir: Option<PathBuf>,
     /// Only rebuild the tables and plots from `<out>/results.json`.
@@ -95,11 +95,13 @@ fn map_contenders() -> Vec<(Contender, Backend)> {
     let mut all = vec![
         (Contender::MontageHashMap, Backend::Volatile),
         (Contender::MontageHashMap, Backend::Pmem),
+        (Contender::MontageHashMap, Backend::Journal),
         (Contender::MontageHashMap, Backend::Msync),
         (Contender::MontageNbHashMap, Backend::Pmem),
         (Contender::StrictDurableHashMap, Backend::Pmem),
         (Contender::TransientHashMap, Backend::None),
         (Contender::DashMap, Backend::None),
+        (Contender::Device, Backend::None),
     ];
     if cfg!(feature = "peers") {
         all.extend(
@@ -235,6 +237,11 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
         };
         for &(contender, backend) in &plan.maps {
             let durable = contender.is_durable(backend);
+            let map_workloads: &[Workload] = if contender.sync_only() {
+                &[]
+            } else {
+                &map_workloads
+            };
             if map_workloads.is_empty() && (sync_workloads.is_empty() || !durable) {
                 continue;
             }
@@ -250,7 +257,7 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
                     filled.elapsed().as_secs_f64()
                 );
                 let mut points: Vec<(Workload, KeyDist)> = Vec::new();
-                for &w in &map_workloads {
+                for &w in map_workloads {
                     points.push((w, KeyDist::Uniform));
                     points.push((w, KeyDist::Zipf));
                 }

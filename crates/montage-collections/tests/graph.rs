@@ -197,7 +197,7 @@ fn concurrent_histories_are_linearizable() {
 /// advances and syncs; after a crash at a random event, the graph must be the model of the
 /// operations of the recovered epochs.
 fn crash_seed(seed: u64) {
-    let mode = SimMode::ALL[(seed % 4) as usize];
+    let mode = montage_testkit::crash_mode(seed);
     let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
     let mut rng = SplitMix64::new(seed);
     let mut heap = Heap::create(&config).unwrap();

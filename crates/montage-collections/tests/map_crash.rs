@@ -77,7 +77,7 @@ fn model(start: &BTreeMap<u64, u64>, log: &[Done], cut: u64) -> BTreeMap<u64, u6
 }
 
 fn run_seed(open: Opener, seed: u64) {
-    let mode = SimMode::ALL[(seed % 4) as usize];
+    let mode = montage_testkit::crash_mode(seed);
     let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
     let mut rng = SplitMix64::new(seed);
     let mut heap = Heap::create(&config).unwrap();

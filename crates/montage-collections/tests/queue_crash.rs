@@ -76,7 +76,7 @@ fn check(before: &[u64], pushes: &[(u64, u64)], pops: &[(u64, u64)], cut: u64, g
 }
 
 fn run_seed(open: common::QueueOpener, seed: u64) {
-    let mode = SimMode::ALL[(seed % 4) as usize];
+    let mode = montage_testkit::crash_mode(seed);
     let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
     let mut rng = SplitMix64::new(seed);
     let mut heap = Heap::create(&config).unwrap();

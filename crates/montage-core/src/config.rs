@@ -21,22 +21,30 @@ pub enum SimMode {
     Eadr,
     /// Per 4 KiB page, a random prefix of its stores (an ordinary file under `msync`).
     Msync,
+    /// An ordinary file with the journal backend: the heap file and its journal each
+    /// behind a page cache. Only what an `fdatasync` covered is certain; of every other
+    /// write, each 512-byte sector independently keeps a random prefix, and the heap file's
+    /// mapped pages may reach the disk at any moment before.
+    File,
 }
 
 #[cfg(any(test, feature = "sim"))]
 impl SimMode {
     /// Every mode, for tests that sweep them all.
-    pub const ALL: [SimMode; 4] = [
+    pub const ALL: [SimMode; 5] = [
         SimMode::Prefix,
         SimMode::WordTear,
         SimMode::Eadr,
         SimMode::Msync,
+        SimMode::File,
     ];
 
-    /// The unit a crash keeps or loses as a whole prefix of stores: a line, or a page.
+    /// The unit a crash keeps or loses as a whole prefix of stores: a line, a page, or a
+    /// disk sector.
     pub(crate) fn unit(self) -> u64 {
         match self {
             SimMode::Msync => 4096,
+            SimMode::File => 512,
             _ => 64,
         }
     }
@@ -54,9 +62,15 @@ pub enum BackendKind {
     Pmem,
     /// Platforms whose caches are in the persistence domain (eADR): no flushes, `sfence` only.
     Eadr,
-    /// An ordinary file: a flush records dirty pages, a fence `msync`s them in few ranges.
-    /// A failed `msync` poisons the heap.
+    /// An ordinary file, written back in place: a flush records dirty pages, a fence
+    /// `msync`s them in few ranges. A failed `msync` poisons the heap.
     Msync,
+    /// An ordinary file with a redo journal beside it (`<heap file>.journal`): an epoch
+    /// advance appends what the epoch wrote to the journal as one record, `sync` makes it
+    /// durable with one `fdatasync` shared by every caller waiting at that moment, and the
+    /// heap file itself is made durable only at checkpoints, in the background. A failed
+    /// write or flush poisons the heap.
+    Journal,
     /// No write-back at all: for measuring the runtime's own overhead. Not crash-safe.
     Volatile,
     /// The power-failure simulator (in memory only): every store is logged so that
@@ -67,9 +81,9 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    /// The backend a file heap uses when none is chosen: `Msync`, which is crash-safe on any
-    /// file system.
-    pub const DEFAULT: BackendKind = BackendKind::Msync;
+    /// The backend a file heap uses when none is chosen: `Journal`, which is crash-safe on
+    /// any file system.
+    pub const DEFAULT: BackendKind = BackendKind::Journal;
 }
 
 /// When an operation's writes are written back to the persistence domain.
@@ -138,6 +152,7 @@ pub struct HeapConfig {
     pub(crate) epoch_length: EpochLength,
     pub(crate) progress: Option<Progress>,
     pub(crate) write_back: WriteBack,
+    pub(crate) journal_size: Option<u64>,
 }
 
 /// A recovery progress callback (see [`HeapConfig::on_recovery_progress`]).
@@ -149,6 +164,9 @@ impl std::fmt::Debug for Progress {
         f.write_str("Progress(..)")
     }
 }
+
+/// The smallest journal: its header page and a 64 KiB ring of records.
+pub(crate) const MIN_JOURNAL_LEN: u64 = 0x1000 + (64 << 10);
 
 /// The heap size used when none is given: 64 MiB.
 pub const DEFAULT_HEAP_SIZE: u64 = 64 << 20;
@@ -168,6 +186,7 @@ impl HeapConfig {
             epoch_length: EpochLength::DEFAULT,
             progress: None,
             write_back: WriteBack::Epoch,
+            journal_size: None,
         }
     }
 
@@ -185,6 +204,7 @@ impl HeapConfig {
             epoch_length: EpochLength::DEFAULT,
             progress: None,
             write_back: WriteBack::Epoch,
+            journal_size: None,
         }
     }
 
@@ -263,6 +283,23 @@ impl HeapConfig {
         self
     }
 
+    /// The size of the journal file a journal heap creates (default: half the heap, at
+    /// least 1 MiB and at most 64 MiB). A checkpoint starts when half of it is in use; a
+    /// larger journal means fewer checkpoints and a longer replay after a crash.
+    #[must_use]
+    pub fn journal_size(mut self, bytes: u64) -> Self {
+        self.journal_size = Some(bytes);
+        self
+    }
+
+    /// The journal size a new journal gets.
+    pub(crate) fn journal_len(&self) -> u64 {
+        let len = self
+            .journal_size
+            .unwrap_or_else(|| (self.size / 2).clamp(1 << 20, 64 << 20));
+        len.div_ceil(512) * 512
+    }
+
     /// The configured heap size in bytes.
     pub fn heap_size(&self) -> u64 {
         self.size
@@ -297,9 +334,17 @@ impl HeapConfig {
                 what: "recovery_threads must be at least 1",
             });
         }
+        if self.journal_size.is_some_and(|size| size < MIN_JOURNAL_LEN) {
+            return Err(Error::InvalidConfig {
+                what: "a journal must be at least 68 KiB",
+            });
+        }
         match (&self.location, self.backend) {
             (Location::Memory, BackendKind::Msync) => Err(Error::InvalidConfig {
                 what: "the msync backend needs a heap file",
+            }),
+            (Location::Memory, BackendKind::Journal) => Err(Error::InvalidConfig {
+                what: "the journal backend needs a heap file",
             }),
             #[cfg(any(test, feature = "sim"))]
             (Location::File(_), BackendKind::Simulated(_)) => Err(Error::InvalidConfig {

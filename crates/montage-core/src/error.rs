@@ -23,6 +23,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The journal beside a heap file cannot be used with it: it is missing though the heap
+    /// names one, it belongs to another heap, or it is damaged. Neither file was changed.
+    #[error("journal {path} cannot be used: {what}")]
+    Journal {
+        /// The journal file.
+        path: PathBuf,
+        /// What is wrong.
+        what: &'static str,
+    },
     /// The heap file is locked by another process or by another open heap in this process.
     #[error("heap file {path} is locked by another open heap")]
     Locked {

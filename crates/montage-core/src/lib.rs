@@ -70,6 +70,7 @@ mod meta;
 pub mod payload;
 mod persist;
 mod primitive;
+mod random;
 mod recovery;
 mod thread_id;
 pub mod verified;

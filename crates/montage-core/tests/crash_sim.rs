@@ -280,7 +280,7 @@ fn crash_once(mode: SimMode, seed: u64) {
     assert!(!fresh.is_empty() || !before_fill.is_empty() || recovered.stats().free_spans == 0);
     let sim = recovered.simulator().unwrap();
     recovered.close().unwrap();
-    let image = montage_core::sim::CrashImage::from_bytes(sim.durable_image());
+    let image = sim.durable();
     let reopened = open_raw(image, &config(mode)).unwrap();
     assert!(reopened.recovery_report().clean_shutdown);
     assert!(contents(&reopened).is_empty());
@@ -320,7 +320,7 @@ fn crash_during_recovery(mode: SimMode, seed: u64) {
     let recovery_events = first_sim.events();
     // INV-REC-2: what recovery dropped is durably gone when open returns: even a recovery
     // that would keep everything does not see it again.
-    let durable = montage_core::sim::CrashImage::from_bytes(first_sim.durable_image());
+    let durable = first_sim.durable();
     let keep_all = open_raw(durable, &config(mode)).unwrap();
     assert_eq!(contents(&keep_all), want, "a dropped block came back");
     drop(keep_all);
@@ -343,7 +343,7 @@ fn crash_during_recovery(mode: SimMode, seed: u64) {
     // And recovery is idempotent: recovering the recovered heap changes nothing.
     let sim = second.simulator().unwrap();
     drop(second);
-    let third_image = montage_core::sim::CrashImage::from_bytes(sim.durable_image());
+    let third_image = sim.durable();
     let third = raw::open_image_with(third_image, &config(mode), decide).unwrap();
     assert_eq!(contents(&third), want);
     assert_eq!(third.recovery_report().blocks_dropped, 0);

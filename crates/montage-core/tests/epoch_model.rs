@@ -112,7 +112,7 @@ fn fresh_slots(blocks: &BTreeMap<u64, PBlock>) -> Vec<Mutex<Slot>> {
 }
 
 fn run_seed(seed: u64) {
-    let mode = SimMode::ALL[(seed % 4) as usize];
+    let mode = montage_testkit::crash_mode(seed);
     let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
     let mut rng = SplitMix64::new(seed);
     let mut heap = Heap::create(&config).unwrap();
@@ -153,7 +153,7 @@ fn run_seed(seed: u64) {
         apply(&heap, owner, &slots, &Ended::default(), key, None);
     }
     heap.sync().unwrap();
-    let image = CrashImage::from_bytes(heap.simulator().unwrap().durable_image());
+    let image = heap.simulator().unwrap().durable();
     drop(heap);
     let heap = Heap::open_image(image, &config).unwrap();
     assert!(kv_state(&heap, owner).is_empty());
@@ -241,7 +241,7 @@ fn an_aborted_operation_leaves_no_trace_after_recovery() {
     op.abort().unwrap();
     heap.sync().unwrap();
     heap.sync().unwrap();
-    let image = CrashImage::from_bytes(heap.simulator().unwrap().durable_image());
+    let image = heap.simulator().unwrap().durable();
     let heap = Heap::open_image(image, &config).unwrap();
     let state: Vec<(u64, u64)> = kv_state(&heap, owner)
         .into_values()

@@ -169,7 +169,7 @@ proptest! {
 
     #[test]
     fn every_crash_recovers_exactly_the_covered_epochs(
-        mode in 0usize..4,
+        mode in 0usize..SimMode::ALL.len(),
         steps in proptest::collection::vec(step(), 1..120),
         last_seed: u64,
     ) {
@@ -180,7 +180,7 @@ proptest! {
         harness.crash(last_seed);
         // And a clean shutdown keeps everything.
         harness.heap.sync().unwrap();
-        let image = CrashImage::from_bytes(harness.heap.simulator().unwrap().durable_image());
+        let image = harness.heap.simulator().unwrap().durable();
         let reopened = Heap::open_image(image, &harness.config).unwrap();
         let count = reopened.collect(ScanFilter::all().owner(harness.owner)).unwrap().len();
         prop_assert_eq!(count, harness.index.len());

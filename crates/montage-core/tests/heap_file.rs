@@ -397,6 +397,7 @@ fn every_backend_creates_and_reopens_a_file_heap() {
         BackendKind::Pmem,
         BackendKind::Eadr,
         BackendKind::Msync,
+        BackendKind::Journal,
         BackendKind::Volatile,
     ]
     .into_iter()
@@ -416,4 +417,88 @@ fn every_backend_creates_and_reopens_a_file_heap() {
         assert_eq!(found.len(), 1, "{backend:?}");
         assert_eq!(heap.read_payload(found[0].block).unwrap(), b"payload");
     }
+}
+
+fn journal_of(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".journal");
+    PathBuf::from(name)
+}
+
+#[test]
+fn a_journal_heap_without_its_journal_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let journal = journal_of(&path);
+    assert!(journal.exists(), "the default backend keeps a journal");
+    std::fs::rename(&journal, dir.path().join("elsewhere")).unwrap();
+    let before = file_bytes(&path);
+    let err = open_raw(&config(&path)).unwrap_err();
+    assert!(matches!(err, Error::Journal { .. }), "{err:?}");
+    assert_eq!(file_bytes(&path), before);
+    assert!(!journal.exists());
+}
+
+#[test]
+fn another_heaps_journal_is_refused_and_both_files_are_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.heap"), dir.path().join("b.heap"));
+    make_heap(&a);
+    make_heap(&b);
+    std::fs::copy(journal_of(&b), journal_of(&a)).unwrap();
+    let (heap_before, journal_before) = (file_bytes(&a), file_bytes(&journal_of(&a)));
+    let err = open_raw(&config(&a)).unwrap_err();
+    assert!(
+        matches!(&err, Error::Journal { what, .. } if what.contains("another heap")),
+        "{err:?}"
+    );
+    assert_eq!(file_bytes(&a), heap_before);
+    assert_eq!(file_bytes(&journal_of(&a)), journal_before);
+}
+
+#[test]
+fn a_damaged_journal_header_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let journal = journal_of(&path);
+    let mut bytes = file_bytes(&journal);
+    // Both header slots.
+    bytes[0x10] ^= 1;
+    bytes[0x210] ^= 1;
+    std::fs::write(&journal, &bytes).unwrap();
+    let before = file_bytes(&path);
+    let err = open_raw(&config(&path)).unwrap_err();
+    assert!(matches!(err, Error::Journal { .. }), "{err:?}");
+    assert_eq!(file_bytes(&path), before);
+    assert_eq!(file_bytes(&journal), bytes);
+}
+
+#[test]
+fn switching_backends_moves_the_heap_on_and_off_its_journal() {
+    use montage_core::BackendKind;
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    // On msync the journal is replayed, folded and removed.
+    let heap = open_raw(&config(&path).backend(BackendKind::Msync)).unwrap();
+    assert_eq!(heap.collect(ScanFilter::all()).unwrap().len(), 3);
+    heap.close().unwrap();
+    assert!(!journal_of(&path).exists());
+    // Back on the journal: a new one, and the same payloads.
+    let heap = open_raw(&config(&path)).unwrap();
+    assert!(journal_of(&path).exists());
+    assert_eq!(heap.collect(ScanFilter::all()).unwrap().len(), 3);
+}
+
+#[test]
+fn create_refuses_a_leftover_journal_and_leaves_no_heap() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    std::fs::write(journal_of(&path), b"someone else's").unwrap();
+    let err = Heap::create(&config(&path)).unwrap_err();
+    assert!(matches!(err, Error::Journal { .. }), "{err:?}");
+    assert!(!path.exists());
+    assert_eq!(file_bytes(&journal_of(&path)), b"someone else's");
 }

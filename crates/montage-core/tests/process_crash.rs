@@ -1,4 +1,4 @@
-//! Real process crashes on the `Msync` backend: a child process writes keys through
+//! Real process crashes on the file backends (`Journal`, `Msync`): a child process writes keys through
 //! operations and prints each one only after `sync()` returned; the parent kills it with
 //! SIGKILL at a random moment, reopens the heap, and checks that every acknowledged write
 //! is there and that the state is a prefix of what the child did. Twenty rounds on one heap
@@ -20,34 +20,49 @@ use montage_core::{BackendKind, EpochLength, Heap, HeapConfig};
 const KEYS: u64 = 16;
 const ROUNDS: u64 = 20;
 
-fn config(path: &Path) -> HeapConfig {
+fn backend_named(name: &str) -> BackendKind {
+    match name {
+        "journal" => BackendKind::Journal,
+        "msync" => BackendKind::Msync,
+        other => panic!("no file backend {other}"),
+    }
+}
+
+fn config(path: &Path, backend: &str) -> HeapConfig {
     HeapConfig::new(path)
         .size(8 << 20)
-        .backend(BackendKind::Msync)
+        .backend(backend_named(backend))
         .epoch_length(EpochLength::Every(Duration::from_millis(5)))
 }
 
 fn main() -> std::process::ExitCode {
-    if let (Some(path), Some(seed)) = (
+    if let (Some(path), Some(seed), Some(backend)) = (
         std::env::var_os("MONTAGE_CHILD_HEAP"),
         std::env::var("MONTAGE_CHILD_SEED").ok(),
+        std::env::var("MONTAGE_CHILD_BACKEND").ok(),
     ) {
-        child_writer(Path::new(&path), &seed);
+        child_writer(Path::new(&path), &seed, &backend);
     }
-    montage_testkit::run_tests(&[(
-        "every_acknowledged_write_survives_sigkill",
-        every_acknowledged_write_survives_sigkill,
-    )])
+    montage_testkit::run_tests(&[
+        (
+            "every_acknowledged_write_survives_sigkill_on_a_journaled_file",
+            || every_acknowledged_write_survives_sigkill("journal"),
+        ),
+        (
+            "every_acknowledged_write_survives_sigkill_on_a_file_written_in_place",
+            || every_acknowledged_write_survives_sigkill("msync"),
+        ),
+    ])
 }
 
 /// The child process the test starts: opens (or creates) the heap at `path`, then writes
 /// random keys until it is killed, printing `MONTAGE begin <key> <value|-1>` before and
 /// `MONTAGE ack` after each synced operation.
-fn child_writer(path: &Path, seed: &str) -> ! {
+fn child_writer(path: &Path, seed: &str, backend: &str) -> ! {
     let heap = if path.exists() {
-        Heap::open(&config(path)).unwrap()
+        Heap::open(&config(path, backend)).unwrap()
     } else {
-        Heap::create(&config(path)).unwrap()
+        Heap::create(&config(path, backend)).unwrap()
     };
     let owner = heap.register("kv").unwrap();
     let mut slots: BTreeMap<u64, Key> = kv_state(&heap, owner)
@@ -88,7 +103,7 @@ fn child_writer(path: &Path, seed: &str) -> ! {
     }
 }
 
-fn every_acknowledged_write_survives_sigkill() {
+fn every_acknowledged_write_survives_sigkill(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kill.heap");
     let mut model: BTreeMap<u64, u64> = BTreeMap::new();
@@ -98,6 +113,7 @@ fn every_acknowledged_write_survives_sigkill() {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .env("MONTAGE_CHILD_HEAP", &path)
             .env("MONTAGE_CHILD_SEED", round.to_string())
+            .env("MONTAGE_CHILD_BACKEND", backend)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -143,7 +159,7 @@ fn every_acknowledged_write_survives_sigkill() {
         }
         total_acks += acked;
 
-        let heap = Heap::open(&config(&path)).unwrap();
+        let heap = Heap::open(&config(&path, backend)).unwrap();
         let owner = heap.lookup("kv").unwrap();
         let got: BTreeMap<u64, u64> = kv_state(&heap, owner)
             .into_iter()

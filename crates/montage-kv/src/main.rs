@@ -31,7 +31,7 @@ struct Cli {
     #[arg(long, value_parser = parse_size, default_value = "1GiB")]
     size: u64,
     /// How writes reach the medium.
-    #[arg(long, value_enum, default_value_t = Backend::Msync)]
+    #[arg(long, value_enum, default_value_t = Backend::Journal)]
     backend: Backend,
     /// Reply to writes before they are durable: faster, but a crash can lose writes the
     /// clients were told were stored (they still become durable within a few epochs).
@@ -53,7 +53,10 @@ struct Cli {
 enum Backend {
     /// Persistent memory: a DAX file, or a file on tmpfs (cache-line write-back and fences).
     Pmem,
-    /// An ordinary file on any file system (msync).
+    /// An ordinary file on any file system, with a redo journal beside it: one sequential
+    /// write and one device flush per group commit.
+    Journal,
+    /// An ordinary file written back in place (msync).
     Msync,
 }
 
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<(), String> {
     let backend = match cli.backend {
         Backend::Pmem => BackendKind::Pmem,
+        Backend::Journal => BackendKind::Journal,
         Backend::Msync => BackendKind::Msync,
     };
     let config = HeapConfig::new(&cli.heap).size(cli.size).backend(backend);

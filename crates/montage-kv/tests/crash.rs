@@ -46,7 +46,13 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 #[test]
-fn every_acknowledged_write_survives_sigkill_on_a_file() {
+fn every_acknowledged_write_survives_sigkill_on_a_journaled_file() {
+    let dir = tempfile::tempdir().unwrap();
+    crash_rounds(&dir.path().join("kv.heap"), &["--backend", "journal"]);
+}
+
+#[test]
+fn every_acknowledged_write_survives_sigkill_on_a_file_written_in_place() {
     let dir = tempfile::tempdir().unwrap();
     crash_rounds(&dir.path().join("kv.heap"), &["--backend", "msync"]);
 }

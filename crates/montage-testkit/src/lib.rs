@@ -209,8 +209,31 @@ pub fn check_synced(syncs: &[SyncRecord], crash_step: u64, cut: Epoch) -> Result
     }
 }
 
+/// The bit that marks a seed as one for the file model ([`SimMode::File`]).
+const FILE_SEED: u64 = 1 << 40;
+
+/// The crash model a seed runs in: seeds with the file bit ([`crash_seeds`] adds one for
+/// every plain seed) run [`SimMode::File`], the others cycle through the persistent-memory
+/// models and `msync`.
+///
+/// [`SimMode::File`]: montage_core::sim::SimMode::File
+pub fn crash_mode(seed: u64) -> sim::SimMode {
+    const OTHERS: [sim::SimMode; 4] = [
+        sim::SimMode::Prefix,
+        sim::SimMode::WordTear,
+        sim::SimMode::Eadr,
+        sim::SimMode::Msync,
+    ];
+    if seed & FILE_SEED != 0 {
+        return sim::SimMode::File;
+    }
+    OTHERS[(seed % 4) as usize]
+}
+
 /// The seeds a crash test should run: `MONTAGE_CRASH_SEED=<n>` selects exactly one (to replay
-/// a failure), `MONTAGE_CRASH_SEEDS=<count>` changes how many, and otherwise `0..default`.
+/// a failure), `MONTAGE_CRASH_SEEDS=<count>` changes how many, and otherwise `0..default`;
+/// each of those once in the model [`crash_mode`] gives it and once on the file model.
+/// `MONTAGE_CRASH_MODELS=file` (or `memory`) keeps only the file seeds (or only the others).
 pub fn crash_seeds(default: u64) -> Vec<u64> {
     if let Some(seed) = std::env::var("MONTAGE_CRASH_SEED")
         .ok()
@@ -222,7 +245,20 @@ pub fn crash_seeds(default: u64) -> Vec<u64> {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(default);
-    (0..count).collect()
+    let models = std::env::var("MONTAGE_CRASH_MODELS").unwrap_or_default();
+    let (memory, file) = match models.trim() {
+        "file" => (false, true),
+        "memory" => (true, false),
+        _ => (true, true),
+    };
+    let mut seeds = Vec::new();
+    if memory {
+        seeds.extend(0..count);
+    }
+    if file {
+        seeds.extend((0..count).map(|seed| seed | FILE_SEED));
+    }
+    seeds
 }
 
 /// Runs `test` once per seed of [`crash_seeds`]. When one panics, prints the seed and how to

@@ -2,6 +2,7 @@
 //! the transient baselines and the embedded stores a user would pick instead.
 
 pub(crate) mod baseline;
+pub(crate) mod device;
 pub(crate) mod montage;
 #[cfg(feature = "peers")]
 pub(crate) mod peers;
@@ -66,6 +67,7 @@ pub(crate) enum Contender {
     MontageQueue,
     MontageNbQueue,
     TransientQueue,
+    Device,
 }
 
 impl Contender {
@@ -85,6 +87,7 @@ impl Contender {
             Contender::MontageQueue => "montage-queue",
             Contender::MontageNbQueue => "montage-nb-queue",
             Contender::TransientQueue => "transient-queue",
+            Contender::Device => "device",
         }
     }
 
@@ -102,7 +105,14 @@ impl Contender {
 
     /// Whether `sync` makes anything durable (the sync-heavy workloads run only on these).
     pub(crate) fn is_durable(self, backend: Backend) -> bool {
-        self.is_peer() || matches!(backend, Backend::Pmem | Backend::Msync)
+        self.is_peer()
+            || self == Contender::Device
+            || matches!(backend, Backend::Pmem | Backend::Msync | Backend::Journal)
+    }
+
+    /// Whether it only runs the sync workloads (the device floor has no index).
+    pub(crate) fn sync_only(self) -> bool {
+        self == Contender::Device
     }
 }
 
@@ -112,6 +122,7 @@ pub(crate) enum Backend {
     Volatile,
     Pmem,
     Msync,
+    Journal,
     None,
 }
 
@@ -122,6 +133,7 @@ impl Backend {
             Backend::Volatile => "volatile",
             Backend::Pmem => "pmem",
             Backend::Msync => "msync",
+            Backend::Journal => "journal",
             Backend::None => "none",
         }
     }
@@ -132,7 +144,8 @@ impl Backend {
 pub(crate) struct Dirs {
     /// For the `pmem` backend: a memory file system (tmpfs or DAX).
     pub(crate) pmem: PathBuf,
-    /// For the `msync` backend and the embedded stores: a file system on a disk.
+    /// For the file backends, the embedded stores and the device floor: a file system on a
+    /// disk.
     pub(crate) disk: PathBuf,
 }
 
@@ -167,6 +180,12 @@ pub(crate) fn with_map(
         | Contender::StrictDurableHashMap => montage::with_map(contender, backend, dirs, sizing, f),
         Contender::TransientHashMap => f(&baseline::TransientMap::new()),
         Contender::DashMap => f(&baseline::Dash::default()),
+        Contender::Device => {
+            let dir = tempfile::Builder::new()
+                .prefix("montage-bench-device-")
+                .tempdir_in(&dirs.disk)?;
+            f(&device::Device::create(&dir.path().join("device"))?)
+        }
         #[cfg(feature = "peers")]
         _ if contender.is_peer() => peers::with_map(contender, dirs, sizing, f),
         _ => Err(format!(

@@ -17,11 +17,11 @@ fn with_heap<R>(
     let size = sizing.heap_bytes();
     let (config, dir) = match backend {
         Backend::Volatile => (HeapConfig::in_memory(size), None),
-        Backend::Pmem | Backend::Msync => {
-            let (parent, kind) = if backend == Backend::Pmem {
-                (&dirs.pmem, BackendKind::Pmem)
-            } else {
-                (&dirs.disk, BackendKind::Msync)
+        Backend::Pmem | Backend::Msync | Backend::Journal => {
+            let (parent, kind) = match backend {
+                Backend::Pmem => (&dirs.pmem, BackendKind::Pmem),
+                Backend::Msync => (&dirs.disk, BackendKind::Msync),
+                _ => (&dirs.disk, BackendKind::Journal),
             };
             let dir = tempfile::Builder::new()
                 .prefix("montage-bench-")

@@ -61,7 +61,7 @@ impl Place {
 
 /// A freed block whose header invalidation is not yet known to be durable.
 #[derive(Debug, Clone, Copy)]
-struct Pending {
+pub(crate) struct Pending {
     offset: u64,
     place: Place,
 }
@@ -302,6 +302,17 @@ impl Allocator {
     /// and gives them to the shared pools (not to the calling thread's cache: the caller is
     /// usually the epoch advancer, which does not allocate).
     pub(crate) fn release(&self, media: &Media, blocks: &[PBlock]) -> Result<()> {
+        let pending = self.invalidate(media, blocks)?;
+        // PERSIST: INV-ALLOC-1: the invalidations are durable before the blocks are reused.
+        media.fence()?;
+        self.reuse(pending);
+        Ok(())
+    }
+
+    /// Zeroes the meta words of `blocks` (and the span entries of large ones) and flushes
+    /// them, without a fence: the blocks go back to the free lists through
+    /// [`reuse`](Self::reuse) once that is durable (INV-ALLOC-1).
+    pub(crate) fn invalidate(&self, media: &Media, blocks: &[PBlock]) -> Result<Vec<Pending>> {
         let mut pending = Vec::with_capacity(blocks.len());
         for block in blocks {
             let place = self.locate(block.0)?;
@@ -314,7 +325,19 @@ impl Allocator {
                 place,
             });
         }
-        self.make_durable(media, &pending)?;
+        for p in &pending {
+            // PERSIST: INV-ALLOC-1: the caller's fence (or commit) makes these durable.
+            media.flush(p.offset, 8)?;
+            if let Place::Large { span, .. } = p.place {
+                // PERSIST: INV-SPAN-2, as above.
+                media.flush(self.geometry.span_entry_offset(span), 8)?;
+            }
+        }
+        Ok(pending)
+    }
+
+    /// Hands blocks whose invalidation is durable back to the free lists.
+    pub(crate) fn reuse(&self, pending: Vec<Pending>) {
         let mut by_class: Vec<Vec<u64>> = vec![Vec::new(); NUM_CLASSES];
         for p in pending {
             match p.place {
@@ -327,7 +350,6 @@ impl Allocator {
                 lock(&self.class_pools[class]).extend(blocks);
             }
         }
-        Ok(())
     }
 
     fn alloc_small(&self, media: &Media, class: u8, len: u64) -> Result<u64> {
@@ -476,8 +498,9 @@ impl Allocator {
                 SpanEntry::Class(class).encode(span, self.geometry.creation_id),
             )?;
             // PERSIST: the span's class is durable before any of its blocks is handed out
-            // (INV-SPAN-2), so recovery can parse every block it may hold.
-            media.persist(entry, 8)
+            // (INV-SPAN-2), so recovery can parse every block it may hold. On the journal,
+            // in order before the blocks' own records (see `Media::persist_ordered`).
+            media.persist_ordered(entry, 8)
         });
         if let Err(err) = result {
             self.return_spans(span, 1);
@@ -505,8 +528,9 @@ impl Allocator {
             let entry = self.geometry.span_entry_offset(span);
             let word = SpanEntry::Large(extent as u32).encode(span, self.geometry.creation_id);
             media.store(entry, word)?;
-            // PERSIST: the extent is durable before the block is handed out (INV-SPAN-2).
-            media.persist(entry, 8)
+            // PERSIST: the extent is durable before the block is handed out (INV-SPAN-2), or
+            // on the journal in order before the block's own records.
+            media.persist_ordered(entry, 8)
         });
         if let Err(err) = result {
             self.return_spans(span, extent);

@@ -21,6 +21,7 @@
 //! 0x38  data offset      u64      offset of span 0
 //! 0x40  epoch word       u64      alone on its cache line
 //! 0x80  clean shutdown   u64      1 after a clean close, 0 while open; alone on its line
+//! 0xC0  journal id       u64      the journal beside the file (journal backend); 0 = none
 //!
 //! Directory entry (64 B)
 //! 0x00  name             [u8; 32] NUL-padded UTF-8
@@ -76,6 +77,7 @@ pub(crate) const MAGIC_OFFSET: u64 = 0x00;
 pub(crate) const SUPERBLOCK_HEAD_LEN: u64 = 0x40;
 pub(crate) const EPOCH_OFFSET: u64 = 0x40;
 pub(crate) const CLEAN_SHUTDOWN_OFFSET: u64 = 0x80;
+pub(crate) const JOURNAL_ID_OFFSET: u64 = 0xC0;
 
 /// The size of a cache line: the unit of write-back on persistent memory.
 pub const CACHE_LINE: u64 = 64;

@@ -9,22 +9,23 @@
 //! which share them: group commit). With the clock at `e`:
 //!
 //! 1. wait until no operation that began in `e - 1` is still running (INV-EP-1);
-//! 2. write back every range that operations of `e - 1` wrote (one batched pass);
-//! 3. reclaim: invalidate the versions superseded or deleted in `e - 2` (and blocks killed
-//!    in `e - 2`), and the anti-blocks written in `e - 3`;
-//! 4. fence: the write-backs and the invalidations are durable;
-//! 5. store `e + 1` into the epoch word, flush, fence (INV-EP-2);
-//! 6. publish `e + 1` to new operations.
+//! 2. flush every range that operations of `e - 1` wrote (one batched pass);
+//! 3. reclaim (`reclaim.rs`): invalidate what operations of earlier epochs superseded,
+//!    deleted or killed, and anti-blocks, as far as INV-EP-3 and INV-EP-5 allow;
+//! 4. seal (`Media::seal_epoch`): fence, store `e + 1` into the epoch word, flush, fence
+//!    (INV-EP-2); on the journal backend, one record holding all of the above and the
+//!    word, written but not yet committed (`sync` commits);
+//! 5. publish `e + 1` to new operations.
 //!
-//! So when the stored word reads `w`, every block written in epochs `<= w - 2` is durable, and
-//! recovery keeps exactly the blocks of epochs `<= w - 2` (newest version per uid, anti-blocks
+//! So when the durable word reads `w` (on the journal: the word of the last committed
+//! record), every block written in epochs `<= w - 2` is durable, and recovery keeps exactly the blocks of epochs `<= w - 2` (newest version per uid, anti-blocks
 //! meaning deleted).
 //!
 //! The background advancer skips an advance that would have nothing to write back or
 //! reclaim, so an idle heap stops writing; `sync` returns at once when no ended operation has
 //! writes waiting, because they are then durable and covered by the stored word already.
 //!
-//! # Reclamation rules (INV-EP-3)
+//! # Reclamation rules (INV-EP-3; on the journal also INV-EP-5, see `reclaim.rs`)
 //!
 //! * A version superseded (copy-on-write) or deleted in epoch `r` stays valid on the media
 //!   until the advance to `r + 3`. By then its replacement or anti-block, written in `r`, is
@@ -47,6 +48,7 @@
 //! has the handshake and its argument, and loom tests that explore it.
 
 pub(crate) mod op;
+pub(crate) mod reclaim;
 pub(crate) mod stamped;
 pub(crate) mod tracker;
 
@@ -59,12 +61,23 @@ use crossbeam_utils::CachePadded;
 use crate::alloc::Allocator;
 use crate::alloc::block::PBlock;
 use crate::base::epoch::Epoch;
-use crate::base::layout::EPOCH_OFFSET;
 use crate::config::{EpochLength, WriteBack};
 use crate::error::{Error, Result};
 use crate::meta::registry::Registry;
 use crate::persist::Media;
+use reclaim::Reclaim;
 use tracker::Tracker;
+
+/// How long sealed journal records may wait for a background commit.
+const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the advance lock guards.
+#[derive(Debug)]
+struct Advancing {
+    /// Advances made since the heap opened.
+    count: u64,
+    reclaim: Reclaim,
+}
 
 /// What operations of one epoch left for the advancer, in one thread slot.
 #[derive(Debug, Default)]
@@ -97,8 +110,8 @@ pub(crate) struct Epochs {
     /// persisted before a new value is published.
     tracker: Tracker,
     slots: Box<[CachePadded<Slot>]>,
-    /// Serializes advances; holds the number of advances made (for tests and stats).
-    advance: Mutex<u64>,
+    /// Serializes advances; holds their count and the reclamation pipeline.
+    advance: Mutex<Advancing>,
     /// Set when an advance failed half-way: durability can no longer be promised.
     stopped: AtomicBool,
     /// The next uid to hand out.
@@ -117,7 +130,10 @@ impl Epochs {
             slots: (0..slots.max(1))
                 .map(|_| CachePadded::new(Slot::default()))
                 .collect(),
-            advance: Mutex::new(0),
+            advance: Mutex::new(Advancing {
+                count: 0,
+                reclaim: Reclaim::new(epoch),
+            }),
             stopped: AtomicBool::new(false),
             next_uid: AtomicU64::new(next_uid),
             // ORDERING: only distinctness matters.
@@ -212,28 +228,49 @@ impl Epochs {
 
     /// Takes the advance lock, which serializes advances and holds the number made. A
     /// poisoned lock means an advance panicked half-way: durability can't be promised.
-    fn lock_advance(&self) -> Result<MutexGuard<'_, u64>> {
+    fn lock_advance(&self) -> Result<MutexGuard<'_, Advancing>> {
         self.advance.lock().map_err(|_| Error::ClockStopped {
             reason: "an epoch advance panicked; reopen the heap to recover",
         })
     }
 
-    /// Moves the clock forward once (see the module docs); returns the new epoch.
+    /// Moves the clock forward once (see the module docs); returns the new epoch. Like a
+    /// background tick, commits the journal when reclamation has waited on it for two
+    /// advances, so a heap advanced only by hand still reclaims.
     pub(crate) fn advance(&self, media: &Media, alloc: &Allocator) -> Result<Epoch> {
         self.check_open()?;
-        let mut advances = self.lock_advance()?;
-        self.advance_held(&mut advances, media, alloc)
+        let mut advancing = self.lock_advance()?;
+        let epoch = self.advance_held(&mut advancing, media, alloc)?;
+        let commit = advancing.reclaim.blocked_for(2);
+        drop(advancing);
+        if commit {
+            self.commit(media, media.last_sealed())?;
+        }
+        Ok(epoch)
     }
 
-    /// One advance, with the advance lock held (`advances` is its guarded count). A failure
-    /// stops the clock.
-    fn advance_held(&self, advances: &mut u64, media: &Media, alloc: &Allocator) -> Result<Epoch> {
+    /// One advance, with the advance lock held. A failure stops the clock.
+    fn advance_held(
+        &self,
+        advancing: &mut Advancing,
+        media: &Media,
+        alloc: &Allocator,
+    ) -> Result<Epoch> {
         self.check_running()?;
-        let result = self.advance_locked(media, alloc);
+        let result = self.advance_locked(&mut advancing.reclaim, media, alloc);
         if result.is_err() {
             self.stop();
         } else {
-            *advances += 1;
+            advancing.count += 1;
+        }
+        result
+    }
+
+    /// Makes `ticket` durable; a failure stops the clock.
+    fn commit(&self, media: &Media, ticket: u64) -> Result<()> {
+        let result = media.commit(ticket);
+        if result.is_err() {
+            self.stop();
         }
         result
     }
@@ -264,31 +301,58 @@ impl Epochs {
     pub(crate) fn sync_closing(&self, media: &Media, alloc: &Allocator) -> Result<()> {
         self.check_running()?;
         let target = self.current().plus(2);
-        let mut advances = self.lock_advance()?;
-        if !self.nothing_pending(false) {
-            while self.current() < target {
-                self.advance_held(&mut advances, media, alloc)?;
+        let ticket = {
+            let mut advancing = self.lock_advance()?;
+            if !self.nothing_pending(false) {
+                while self.current() < target {
+                    self.advance_held(&mut advancing, media, alloc)?;
+                }
             }
-        }
+            media.last_sealed()
+        };
+        // Outside the advance lock, so the next caller's advances overlap this flush; every
+        // caller whose records this flush covers returns without one of its own.
+        self.commit(media, ticket)?;
         self.check_running()
     }
 
     /// One tick of the background advancer: an advance, unless it would have nothing to
-    /// write back or reclaim (then it would only rewrite the epoch word, an msync of a page
-    /// on a file heap), so an idle heap stops writing.
+    /// write back or reclaim (then it would only rewrite the epoch word), so an idle heap
+    /// stops writing. On the journal, then a commit if reclamation has waited on one for two
+    /// ticks or records have waited a second or filled an eighth of the ring, and a
+    /// checkpoint when half the ring is in use.
     fn tick(&self, media: &Media, alloc: &Allocator) -> Result<()> {
-        let mut advances = self.lock_advance()?;
-        if !self.nothing_pending(true) {
-            self.advance_held(&mut advances, media, alloc)?;
+        let mut advancing = self.lock_advance()?;
+        if !(self.nothing_pending(true) && advancing.reclaim.is_empty()) {
+            self.advance_held(&mut advancing, media, alloc)?;
+        }
+        let blocked = advancing.reclaim.blocked_for(2);
+        drop(advancing);
+        if let Some(journal) = media.journal() {
+            if blocked || journal.commit_due(COMMIT_INTERVAL) {
+                self.commit(media, journal.last_sealed())?;
+            }
+            if journal.checkpoint_due() {
+                let result = journal.checkpoint();
+                if result.is_err() {
+                    self.stop();
+                }
+                result?;
+            }
         }
         Ok(())
     }
 
-    fn advance_locked(&self, media: &Media, alloc: &Allocator) -> Result<Epoch> {
+    fn advance_locked(
+        &self,
+        reclaim: &mut Reclaim,
+        media: &Media,
+        alloc: &Allocator,
+    ) -> Result<Epoch> {
         let e = self.current();
         // 1. Every operation of e - 1 has ended (INV-EP-1).
         self.tracker.wait_quiescent(e.minus(1));
-        // 2-3. Collect the write-backs of e - 1 and the reclamation owed.
+        // 2-3. Collect the write-backs of e - 1 and what e - 2 retired.
         let mut persist = Vec::new();
         let mut victims = Vec::new();
         let mut antis = Vec::new();
@@ -298,25 +362,23 @@ impl Epochs {
             // empty.
             persist.append(&mut buckets[e.minus(1).slot4()].persist);
             victims.append(&mut buckets[e.minus(2).slot4()].victims);
-            antis.append(&mut buckets[e.minus(3).slot4()].antis);
+            antis.append(&mut buckets[e.minus(2).slot4()].antis);
         }
+        reclaim.retire(e.minus(2), victims, antis);
         // Not sorted or merged: a line flushed twice costs little, sorting hundreds of
-        // thousands of ranges per epoch costs a core (the msync backend merges pages itself).
+        // thousands of ranges per epoch costs a core (the msync and journal backends merge
+        // them themselves).
         for (offset, len) in persist {
             // PERSIST: INV-EP-2: every block written in e - 1 is durable before the word
-            // reads e + 1; the fence below completes these flushes.
+            // reads e + 1; `seal_epoch` below completes these flushes first.
             media.flush(offset, len)?;
         }
-        // PERSIST: the write-backs above become durable; the victims' invalidation below
-        // carries its own fence, before the anti-blocks that shadow them are released.
-        media.fence()?;
-        alloc.release(media, &victims)?;
-        alloc.release(media, &antis)?;
-        // 5. The new epoch word.
+        // 4. Reclaim what INV-EP-3 and INV-EP-5 allow.
+        let staged = reclaim.invalidate_due(media, alloc, e)?;
+        // 5. The new epoch word, after everything above (INV-EP-2).
         let next = e.next();
-        media.store(EPOCH_OFFSET, next.get())?;
-        // PERSIST: INV-EP-2: the word is durable before any operation can join epoch e + 1.
-        media.persist(EPOCH_OFFSET, 8)?;
+        let ticket = media.seal_epoch(next.get())?;
+        reclaim.sealed(alloc, media, next, ticket, staged);
         // 6. Publish (INV-EP-1).
         self.tracker.publish(next);
         Ok(next)
@@ -341,7 +403,7 @@ impl Epochs {
 
     /// How many advances this heap has made since it was opened.
     pub(crate) fn advances(&self) -> u64 {
-        *lock(&self.advance)
+        lock(&self.advance).count
     }
 }
 

@@ -3,6 +3,7 @@
 //! registry. Opening is in `open.rs`, the directory in `directory.rs`, reads and scans in
 //! `blocks.rs`, and the raw block layer in `raw.rs`.
 
+mod attach;
 mod blocks;
 mod directory;
 mod open;
@@ -314,7 +315,12 @@ impl Inner {
         shared.runtime.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
         // PERSIST: the clean flag is the last thing written; everything before it is durable
         // by the drains above and by the callers' own persists.
-        shared.runtime.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)
+        shared.runtime.media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
+        // A journal heap leaves its heap file complete, so the next open replays nothing.
+        match shared.runtime.media.journal() {
+            Some(journal) => journal.checkpoint(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -334,17 +340,37 @@ mod tests {
     use crate::config::HeapConfig;
     use crate::raw::BlockSpec;
 
+    /// Makes the heap's next write-back (an msync, or a flush of the journal or the heap
+    /// file) fail as a device error would.
+    fn fail_next_write_back(heap: &Heap) {
+        let media = heap.media();
+        match (media.msync_state(), media.journal()) {
+            (Some(state), _) => state.fail_next.store(true, Ordering::Relaxed),
+            (_, Some(journal)) => journal.fail_next.store(true, Ordering::Relaxed),
+            _ => panic!("not a file backend"),
+        }
+    }
+
+    const FILE_BACKENDS: [BackendKind; 2] = [BackendKind::Msync, BackendKind::Journal];
+
     #[test]
-    fn a_failed_msync_poisons_every_later_write_and_sync() {
+    fn a_failed_write_back_poisons_every_later_write_and_sync() {
+        for backend in FILE_BACKENDS {
+            a_failed_write_back_poisons(backend);
+        }
+    }
+
+    fn a_failed_write_back_poisons(backend: BackendKind) {
         let dir = tempfile::tempdir().unwrap();
-        let config = HeapConfig::new(dir.path().join("poison.heap")).size(1 << 20);
+        let config = HeapConfig::new(dir.path().join("poison.heap"))
+            .size(1 << 20)
+            .backend(backend);
         let heap = Heap::create(&config).unwrap();
         let block = heap
             .raw()
             .alloc_bytes(BlockSpec::new(Epoch::new(1), 1), b"before")
             .unwrap();
-        let state = heap.media().msync_state().unwrap();
-        state.fail_next.store(true, Ordering::Relaxed);
+        fail_next_write_back(&heap);
         assert!(matches!(
             heap.raw().persist_block(block),
             Err(Error::WriteBack { .. })
@@ -366,15 +392,21 @@ mod tests {
 
     #[test]
     fn a_failed_advance_stops_the_clock_and_sync_reports_it() {
+        for backend in FILE_BACKENDS {
+            a_failed_advance_stops_the_clock(backend);
+        }
+    }
+
+    fn a_failed_advance_stops_the_clock(backend: BackendKind) {
         let dir = tempfile::tempdir().unwrap();
         let config = HeapConfig::new(dir.path().join("stopped.heap"))
             .size(1 << 20)
+            .backend(backend)
             .epoch_length(EpochLength::Manual);
         let heap = Heap::create(&config).unwrap();
         let owner = heap.register("kv").unwrap();
         heap.run_op(|op| op.alloc(owner, 1, b"payload")).unwrap();
-        let state = heap.media().msync_state().unwrap();
-        state.fail_next.store(true, Ordering::Relaxed);
+        fail_next_write_back(&heap);
         assert!(matches!(heap.sync(), Err(Error::WriteBack { .. })));
         // From now on nothing can be promised durable: every caller hears it, none hangs.
         assert!(matches!(heap.sync(), Err(Error::ClockStopped { .. })));

@@ -2,20 +2,20 @@
 //! and the recovery every open runs before the heap is handed out.
 
 use std::fs::{File, OpenOptions};
-use std::hash::{BuildHasher, Hasher};
 use std::io::Read;
 use std::path::Path;
 use std::sync::Mutex;
 
 use zerocopy::IntoBytes;
 
+use super::attach::{self, Files};
 use super::directory::read_directory;
 use super::{Heap, Shared};
 use crate::alloc::{Allocator, FreeState};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{
-    CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, MAGIC_OFFSET,
-    SUPERBLOCK_HEAD_LEN,
+    CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, JOURNAL_ID_OFFSET,
+    MAGIC_OFFSET, SUPERBLOCK_HEAD_LEN,
 };
 use crate::base::mapping::Mapping;
 use crate::base::region::Region;
@@ -23,6 +23,7 @@ use crate::config::{BackendKind, HeapConfig, Location};
 use crate::epoch::{Epochs, Runtime};
 use crate::error::{Error, Result};
 use crate::meta::registry::Registry;
+use crate::persist::journal::Journal;
 #[cfg(any(test, feature = "sim"))]
 use crate::persist::sim::CrashImage;
 use crate::persist::{Backend, Media};
@@ -41,7 +42,7 @@ pub(super) enum Policy<'a> {
 enum Source<'a> {
     File(&'a Path),
     #[cfg(any(test, feature = "sim"))]
-    Image(Vec<u8>),
+    Image(Vec<u8>, Option<Vec<u8>>),
 }
 
 impl Heap {
@@ -100,9 +101,32 @@ impl Heap {
             ),
         };
         let region = Region::new(mapping);
-        let backend = Backend::new(config, || vec![0u8; len])?;
-        let media = Media::new(region, backend);
-        format(&media, &geometry)?;
+        let media =
+            if let Some(files) = journal_files(config, file.as_ref(), || vec![0u8; len], None) {
+                let made = attach::create(&files, creation_id, config.journal_len(), 1)
+                    .and_then(|(device, header)| Journal::new(device, header, 0));
+                let journal = match made {
+                    Ok(journal) => journal,
+                    Err(err) => {
+                        if let Some((_, path)) = &file {
+                            // We made this file a moment ago and it holds nothing yet.
+                            let _ = std::fs::remove_file(path);
+                        }
+                        return Err(err);
+                    }
+                };
+                let id = journal.id();
+                let media = Media::new(region, Backend::Journal(Box::new(journal)));
+                format(&media, &geometry, id)?;
+                media
+            } else {
+                let media = Media::new(region, Backend::new(config, || vec![0u8; len])?);
+                format(&media, &geometry, 0)?;
+                media
+            };
+        if let Some(journal) = media.journal() {
+            journal.start_logging();
+        }
         let free = FreeState {
             free_spans: (0..geometry.span_count).collect(),
             ..FreeState::new(geometry.span_count)
@@ -176,7 +200,8 @@ impl Heap {
                 what: "open_image needs an in-memory configuration",
             });
         }
-        Self::open_source(config, Source::Image(image.into_bytes()), policy)
+        let (bytes, journal) = image.into_parts();
+        Self::open_source(config, Source::Image(bytes, journal), policy)
     }
 
     fn open_source(config: &HeapConfig, source: Source<'_>, policy: Policy<'_>) -> Result<Heap> {
@@ -204,30 +229,26 @@ impl Heap {
                 })?;
                 let mapping = Mapping::file(&file, len, wants_map_sync(config.backend))
                     .map_err(|e| Error::io("mmap", path, e))?;
-                (
-                    geometry,
-                    mapping,
-                    Some((file, path.to_path_buf())),
-                    None::<Vec<u8>>,
-                )
+                (geometry, mapping, Some((file, path.to_path_buf())), None)
             }
             #[cfg(any(test, feature = "sim"))]
-            Source::Image(bytes) => {
+            Source::Image(bytes, journal) => {
                 let geometry = Geometry::from_superblock(&bytes, bytes.len() as u64)?;
                 let mapping = Mapping::anonymous(bytes.len())
                     .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?;
-                (geometry, mapping, None, Some(bytes))
+                (geometry, mapping, None, Some((bytes, journal)))
             }
         };
         let region = Region::new(mapping);
-        if let Some(bytes) = &initial {
-            // Loading the image is not a store the simulator should see: it is the durable
-            // state the simulator starts from.
-            region.write(0, bytes)?;
-        }
-        let backend = Backend::new(config, || initial.unwrap_or_default())?;
-        let media = Media::new(region, backend);
-
+        let (initial, journal_image) = load_image(&region, initial)?;
+        let (media, replayed) = open_media(
+            config,
+            file.as_ref(),
+            &geometry,
+            region,
+            initial,
+            journal_image,
+        )?;
         // PERSIST: INV-REC-1: recovery decides on the durable image, so whatever a crashed
         // process left dirty is written back before it is read.
         media.settle_before_recovery(geometry.data_offset)?;
@@ -260,6 +281,13 @@ impl Heap {
         media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
         // PERSIST: the heap is marked open (not cleanly shut down) before it is used.
         media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
+        if let Some(journal) = media.journal() {
+            journal.start_logging();
+        }
+        if let Some(replayed) = replayed {
+            report.journal_records = replayed.records;
+            report.journal_bytes = replayed.bytes;
+        }
         let shared = Shared {
             runtime: Runtime {
                 alloc: Allocator::new(geometry, config.thread_slots, free),
@@ -283,6 +311,82 @@ impl Heap {
     }
 }
 
+/// Loads a saved image into a fresh in-memory mapping and returns the heap's and the
+/// journal's bytes. Not a store the simulator should see: it is the durable state the
+/// simulator starts from.
+fn load_image(region: &Region, image: Option<Image>) -> Result<Loaded> {
+    match image {
+        Some((bytes, journal)) => {
+            region.write(0, &bytes)?;
+            Ok((Some(bytes), journal))
+        }
+        None => Ok((None, None)),
+    }
+}
+
+/// A saved heap's bytes and its journal's, if it has one.
+type Image = (Vec<u8>, Option<Vec<u8>>);
+
+/// What [`load_image`] hands on: the heap's bytes and the journal's, when there was an image.
+type Loaded = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// The media of a heap being opened: on the journal backend with its journal replayed and
+/// folded (and what replay found); on another backend, after removing a journal the heap
+/// names (replayed first).
+fn open_media(
+    config: &HeapConfig,
+    file: Option<&(File, std::path::PathBuf)>,
+    geometry: &Geometry,
+    region: Region,
+    initial: Option<Vec<u8>>,
+    journal_image: Option<Vec<u8>>,
+) -> Result<(Media, Option<attach::Replayed>)> {
+    let files = journal_files(
+        config,
+        file,
+        || initial.clone().unwrap_or_default(),
+        journal_image,
+    );
+    if let Some(files) = files {
+        let opened = attach::open(&files, region, geometry.creation_id, config.journal_len())?;
+        return Ok((opened.media, opened.replayed));
+    }
+    if let Some((file, path)) = file {
+        attach::detach(file, path, &region, geometry.creation_id)?;
+    }
+    let backend = Backend::new(config, || initial.unwrap_or_default())?;
+    Ok((Media::new(region, backend), None))
+}
+
+/// Where the journal of a heap opened with `config` lives, if it has one: beside the heap
+/// file, or in the simulator's file model (`initial` and `journal` are the images it starts
+/// from).
+#[cfg_attr(not(any(test, feature = "sim")), allow(unused_variables))]
+fn journal_files<'a>(
+    config: &HeapConfig,
+    file: Option<&'a (File, std::path::PathBuf)>,
+    initial: impl FnOnce() -> Vec<u8>,
+    journal: Option<Vec<u8>>,
+) -> Option<Files<'a>> {
+    match (config.backend, file) {
+        (BackendKind::Journal, Some((heap, path))) => Some(Files::Real { heap, path }),
+        #[cfg(any(test, feature = "sim"))]
+        (BackendKind::Simulated(crate::config::SimMode::File), None) => {
+            let journal = journal.unwrap_or_else(|| vec![0u8; config.journal_len() as usize]);
+            let sim = crate::persist::sim::Simulator::new(
+                crate::config::SimMode::File,
+                initial(),
+                Some(journal),
+            );
+            if let Some(step) = config.sim_crash_at {
+                sim.crash_at(step);
+            }
+            Some(Files::Sim(std::sync::Arc::new(sim)))
+        }
+        _ => None,
+    }
+}
+
 fn wants_map_sync(backend: BackendKind) -> bool {
     matches!(backend, BackendKind::Pmem | BackendKind::Eadr)
 }
@@ -297,25 +401,19 @@ fn lock_file(file: &File, path: &Path) -> Result<()> {
     }
 }
 
-fn random_id() -> u64 {
-    let mut hasher = std::hash::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.write_u32(std::process::id());
-    hasher.finish()
+pub(super) fn random_id() -> u64 {
+    crate::random::random_u64()
 }
 
 /// Writes a new heap's superblock. The magic goes last, so a crash while formatting leaves
 /// a file that open rejects as "not a heap" rather than a half-made heap.
-fn format(media: &Media, geometry: &Geometry) -> Result<()> {
+fn format(media: &Media, geometry: &Geometry, journal_id: u64) -> Result<()> {
     let head = geometry.superblock();
     let bytes = head.as_bytes();
     media.write(8, &bytes[8..])?;
     media.store(EPOCH_OFFSET, Epoch::FIRST.get())?;
     media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
+    media.store(JOURNAL_ID_OFFSET, journal_id)?;
     // PERSIST: every superblock field is durable before the magic that makes it a heap.
     media.persist(0, geometry.data_offset)?;
     media.write(MAGIC_OFFSET, &bytes[..8])?;

@@ -6,6 +6,7 @@
 //! the mapping. Only the simulator intercepts stores (it must log them), and only the msync
 //! backend checks its poison flag on the write path.
 
+pub(crate) mod journal;
 pub(crate) mod msync;
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod sim;
@@ -20,6 +21,7 @@ use std::sync::atomic::Ordering;
 use crate::base::region::Region;
 use crate::config::{BackendKind, HeapConfig};
 use crate::error::{Error, Result};
+use journal::{Journal, Ticket};
 use msync::MsyncState;
 #[cfg(any(test, feature = "sim"))]
 use sim::Simulator;
@@ -33,6 +35,9 @@ pub(crate) enum Backend {
     Pmem(x86::FlushInstr),
     Eadr,
     Msync(MsyncState),
+    /// A file with a redo journal. Built by the opener (it needs the files), never by
+    /// [`Backend::new`].
+    Journal(Box<Journal>),
     Volatile,
     #[cfg(any(test, feature = "sim"))]
     Simulated(Arc<Simulator>),
@@ -55,10 +60,15 @@ impl Backend {
             }
             BackendKind::Eadr => Backend::Eadr,
             BackendKind::Msync => Backend::Msync(MsyncState::default()),
+            BackendKind::Journal => {
+                return Err(Error::InvalidConfig {
+                    what: "the journal backend is built with its files",
+                });
+            }
             BackendKind::Volatile => Backend::Volatile,
             #[cfg(any(test, feature = "sim"))]
             BackendKind::Simulated(mode) => {
-                let sim = Simulator::new(mode, initial());
+                let sim = Simulator::new(mode, initial(), None);
                 if let Some(step) = config.sim_crash_at {
                     sim.crash_at(step);
                 }
@@ -88,15 +98,28 @@ impl Media {
     pub(crate) fn simulator(&self) -> Option<&Arc<Simulator>> {
         match &self.backend {
             Backend::Simulated(sim) => Some(sim),
+            Backend::Journal(journal) => match journal.device() {
+                journal::device::Device::Sim(sim) => Some(sim),
+                journal::device::Device::File { .. } => None,
+            },
             _ => None,
         }
     }
 
-    /// Fails if an earlier write-back failed (msync backend only).
+    /// The journal, on the journal backend.
+    pub(crate) fn journal(&self) -> Option<&Journal> {
+        match &self.backend {
+            Backend::Journal(journal) => Some(journal),
+            _ => None,
+        }
+    }
+
+    /// Fails if an earlier write-back failed (file backends only).
     #[inline]
     fn check_poison(&self) -> Result<()> {
         match &self.backend {
             Backend::Msync(state) if state.is_poisoned() => Err(Error::Poisoned),
+            Backend::Journal(journal) if journal.is_poisoned() => Err(Error::Poisoned),
             _ => Ok(()),
         }
     }
@@ -116,7 +139,8 @@ impl Media {
     pub(crate) fn store(&self, offset: u64, value: u64) -> Result<()> {
         let value = value.to_le();
         #[cfg(any(test, feature = "sim"))]
-        if let Backend::Simulated(sim) = &self.backend {
+        if let Some(sim) = self.simulator() {
+            self.check_poison()?;
             // ORDERING: Release pairs with the Acquire in `load`.
             return sim.store(&self.region, offset, value, Ordering::Release);
         }
@@ -136,7 +160,8 @@ impl Media {
     ) -> Result<Result<u64, u64>> {
         let (current, new) = (current.to_le(), new.to_le());
         #[cfg(any(test, feature = "sim"))]
-        if let Backend::Simulated(sim) = &self.backend {
+        if let Some(sim) = self.simulator() {
+            self.check_poison()?;
             let result = sim.compare_exchange(&self.region, offset, current, new)?;
             return Ok(result.map(u64::from_le).map_err(u64::from_le));
         }
@@ -161,7 +186,8 @@ impl Media {
     #[inline]
     pub(crate) fn write(&self, offset: u64, bytes: &[u8]) -> Result<()> {
         #[cfg(any(test, feature = "sim"))]
-        if let Backend::Simulated(sim) = &self.backend {
+        if let Some(sim) = self.simulator() {
+            self.check_poison()?;
             return sim.write(&self.region, offset, bytes);
         }
         self.check_poison()?;
@@ -182,6 +208,7 @@ impl Media {
             }
             Backend::Eadr | Backend::Volatile => Ok(()),
             Backend::Msync(state) => state.record(offset, len),
+            Backend::Journal(journal) => journal.flush(offset, len),
             #[cfg(any(test, feature = "sim"))]
             Backend::Simulated(sim) => {
                 sim.flush(offset, len);
@@ -212,11 +239,49 @@ impl Media {
             }
             Backend::Volatile => Ok(()),
             Backend::Msync(state) => state.fence(self.region.mapping()),
+            Backend::Journal(journal) => journal.fence(&self.region),
             #[cfg(any(test, feature = "sim"))]
             Backend::Simulated(sim) => {
                 sim.fence();
                 Ok(())
             }
+        }
+    }
+
+    /// The end of an epoch advance: makes what was flushed ordered before the new epoch
+    /// word `word`, and the word itself, persistent. On the journal backend the two go into
+    /// one record that is written but not yet durable: the returned ticket is, once
+    /// [`commit`](Self::commit)ted. On the other backends everything is durable on return
+    /// (INV-EP-2).
+    pub(crate) fn seal_epoch(&self, word: u64) -> Result<Ticket> {
+        if let Backend::Journal(journal) = &self.backend {
+            self.store(crate::base::layout::EPOCH_OFFSET, word)?;
+            return journal.seal(&self.region, Some(word));
+        }
+        // PERSIST: INV-EP-2: everything flushed before is durable before the word can be.
+        self.fence()?;
+        self.store(crate::base::layout::EPOCH_OFFSET, word)?;
+        // PERSIST: INV-EP-2: the word is durable before any operation can join its epoch.
+        self.persist(crate::base::layout::EPOCH_OFFSET, 8)?;
+        Ok(0)
+    }
+
+    /// The last ticket [`seal_epoch`](Self::seal_epoch) or a fence handed out.
+    pub(crate) fn last_sealed(&self) -> Ticket {
+        self.journal().map_or(0, Journal::last_sealed)
+    }
+
+    /// Whether `ticket` is durable.
+    pub(crate) fn is_durable(&self, ticket: Ticket) -> bool {
+        self.journal()
+            .is_none_or(|journal| journal.is_durable(ticket))
+    }
+
+    /// Makes `ticket` durable (one device flush shared by concurrent callers).
+    pub(crate) fn commit(&self, ticket: Ticket) -> Result<()> {
+        match self.journal() {
+            Some(journal) => journal.commit(ticket),
+            None => Ok(()),
         }
     }
 
@@ -230,6 +295,8 @@ impl Media {
             // PERSIST: msync of a clean mapping writes nothing; of a dirty one, what the
             // crashed process left in the page cache.
             Backend::Msync(_) => self.persist(0, self.region.len()),
+            // PERSIST: before the journal logs, a fence makes the whole heap file durable.
+            Backend::Journal(journal) => journal.fence(&self.region),
             // PERSIST: superblock, directory and span table, before they are trusted.
             _ => self.persist(0, metadata_len),
         }
@@ -245,6 +312,21 @@ impl Media {
             #[cfg(target_arch = "x86_64")]
             Backend::Pmem(_) => self.flush(offset, crate::base::layout::HEADER_LEN),
             _ => Ok(()),
+        }
+    }
+
+    /// Makes `[offset, offset + len)` persistent in order with everything flushed before and
+    /// after it, for a store that only adds (a new span's entry): what depends on it is
+    /// flushed later, so no durable state can hold that without it. Durable at once on every
+    /// backend but the journal, where the next commit makes it durable.
+    pub(crate) fn persist_ordered(&self, offset: u64, len: u64) -> Result<()> {
+        match &self.backend {
+            Backend::Journal(journal) => {
+                // PERSIST: sealed in order before anything flushed after it.
+                self.flush(offset, len)?;
+                journal.seal(&self.region, None).map(|_| ())
+            }
+            _ => self.persist(offset, len),
         }
     }
 

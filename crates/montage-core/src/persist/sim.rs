@@ -25,6 +25,12 @@
 //! one global store order, ignores flushes and treats a fence as draining the calling
 //! thread's store buffer (everything up to its last store becomes durable), and [`SimMode::Msync`] works on whole pages.
 //!
+//! [`SimMode::File`] models an ordinary file with the journal backend: stores into the heap
+//! are logged per 512-byte sector and become durable only when the heap file is synced (a
+//! checkpoint); the journal file is a second image whose writes are logged per sector and
+//! become durable at its `fdatasync`. A crash keeps, per sector of each file, a random
+//! prefix of what was not synced: any early write-back of the mapping, torn at sectors.
+//!
 //! A crash can also be taken *in the past*: [`Simulator::crash_at`] makes the simulator
 //! snapshot its state just before the given persistence event, and `crash` then builds the
 //! image from that snapshot while the workload runs on to its end.
@@ -89,6 +95,44 @@ struct Persisted {
     /// eADR mode: every store not yet folded into `durable`, in global order, with the
     /// thread that made it.
     global: VecDeque<(ThreadId, Store)>,
+    /// File mode: the journal file's durable bytes and unsynced writes.
+    journal: Option<FileLog>,
+}
+
+/// A simulated file behind a page cache: its durable bytes and, per sector, the writes not
+/// yet synced.
+#[derive(Debug, Clone)]
+struct FileLog {
+    durable: Vec<u8>,
+    units: BTreeMap<u64, UnitLog>,
+}
+
+impl FileLog {
+    fn log(&mut self, offset: u64, bytes: &[u8]) {
+        split_units(offset, bytes, JOURNAL_SECTOR, |store| {
+            self.units
+                .entry(store.offset / JOURNAL_SECTOR)
+                .or_default()
+                .pending
+                .push_back(store);
+        });
+    }
+
+    fn sync(&mut self) {
+        fold(&mut self.units, &mut self.durable);
+    }
+}
+
+/// The sector of the simulated journal file.
+const JOURNAL_SECTOR: u64 = 512;
+
+/// Makes every logged store durable.
+fn fold(units: &mut BTreeMap<u64, UnitLog>, durable: &mut [u8]) {
+    for (_, log) in std::mem::take(units) {
+        for store in log.pending {
+            store.apply(durable);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -99,12 +143,15 @@ struct State {
     events: u64,
     crash_at: Option<u64>,
     snapshot: Option<(u64, Persisted)>,
+    /// File mode: what reads of the journal file return.
+    journal: Vec<u8>,
 }
 
 /// A post-crash heap image, with the seed and crash step that produced it.
 #[derive(Debug, Clone)]
 pub struct CrashImage {
     bytes: Vec<u8>,
+    journal: Option<Vec<u8>>,
     seed: u64,
     step: Option<u64>,
 }
@@ -120,9 +167,24 @@ impl CrashImage {
         self.bytes
     }
 
+    /// Consumes the image into the heap's bytes and the journal's, if any.
+    pub(crate) fn into_parts(self) -> (Vec<u8>, Option<Vec<u8>>) {
+        (self.bytes, self.journal)
+    }
+
+    /// The journal file's bytes, for an image of a journal heap ([`SimMode::File`]).
+    pub fn journal(&self) -> Option<&[u8]> {
+        self.journal.as_deref()
+    }
+
     /// The epoch word the image holds, which decides what recovery of it keeps (the blocks
-    /// of epochs up to two below it); `None` if the image is too short to hold a superblock.
+    /// of epochs up to two below it): for a journal heap the word of the journal's last
+    /// valid record, else the heap's stored word. `None` if the image is too short to hold
+    /// a superblock, or its journal has no valid header or is damaged.
     pub fn epoch_word(&self) -> Option<Epoch> {
+        if let Some(journal) = &self.journal {
+            return crate::persist::journal::durable_word_of(journal).map(Epoch::new);
+        }
         let at = crate::base::layout::EPOCH_OFFSET as usize;
         let bytes = self.bytes.get(at..at + 8)?;
         Some(Epoch::new(u64::from_le_bytes(bytes.try_into().ok()?)))
@@ -143,6 +205,7 @@ impl CrashImage {
     pub fn from_bytes(bytes: Vec<u8>) -> CrashImage {
         CrashImage {
             bytes,
+            journal: None,
             seed: 0,
             step: None,
         }
@@ -160,8 +223,9 @@ pub struct Simulator {
 }
 
 impl Simulator {
-    /// A simulator whose durable image starts as `initial` (all of it durable).
-    pub(crate) fn new(mode: SimMode, initial: Vec<u8>) -> Simulator {
+    /// A simulator whose durable image starts as `initial` (all of it durable), with, in
+    /// file mode, a journal file that starts as `journal`.
+    pub(crate) fn new(mode: SimMode, initial: Vec<u8>, journal: Option<Vec<u8>>) -> Simulator {
         Simulator {
             mode,
             state: Mutex::new(State {
@@ -169,11 +233,16 @@ impl Simulator {
                     durable: initial,
                     units: BTreeMap::new(),
                     global: VecDeque::new(),
+                    journal: journal.clone().map(|durable| FileLog {
+                        durable,
+                        units: BTreeMap::new(),
+                    }),
                 },
                 flushed: HashMap::new(),
                 events: 0,
                 crash_at: None,
                 snapshot: None,
+                journal: journal.unwrap_or_default(),
             }),
         }
     }
@@ -217,12 +286,88 @@ impl Simulator {
             None => (None, &state.persisted),
         };
         let bytes = build_image(self.mode, persisted, seed);
-        CrashImage { bytes, seed, step }
+        let journal = persisted.journal.as_ref().map(|file| {
+            let mut rng = SplitMix64::new(seed ^ 0x6A6F_7572_6E61_6C00);
+            let mut image = file.durable.clone();
+            for log in file.units.values() {
+                let keep = rng.prefix_len(log.pending.len() as u64) as usize;
+                for store in log.pending.iter().take(keep) {
+                    store.apply(&mut image);
+                }
+            }
+            image
+        });
+        CrashImage {
+            bytes,
+            journal,
+            seed,
+            step,
+        }
     }
 
     /// The durable image alone: what survives if every pending store is lost.
     pub fn durable_image(&self) -> Vec<u8> {
         self.lock().persisted.durable.clone()
+    }
+
+    /// The durable state alone as a crash image (with the journal's, in file mode).
+    pub fn durable(&self) -> CrashImage {
+        let state = self.lock();
+        CrashImage {
+            bytes: state.persisted.durable.clone(),
+            journal: state.persisted.journal.as_ref().map(|f| f.durable.clone()),
+            seed: 0,
+            step: None,
+        }
+    }
+
+    /// File mode: the journal file's length.
+    pub(crate) fn journal_len(&self) -> u64 {
+        self.lock().journal.len() as u64
+    }
+
+    /// File mode: a write into the journal file's page cache.
+    pub(crate) fn journal_write(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+        let mut state = self.lock();
+        let at = offset as usize;
+        let Some(dst) = state.journal.get_mut(at..at + bytes.len()) else {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        };
+        dst.copy_from_slice(bytes);
+        Self::event(&mut state);
+        if let Some(file) = &mut state.persisted.journal {
+            file.log(offset, bytes);
+        }
+        Ok(())
+    }
+
+    /// File mode: a read of the journal file.
+    pub(crate) fn journal_read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let state = self.lock();
+        let at = offset as usize;
+        let src = state
+            .journal
+            .get(at..at + buf.len())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// File mode: `fdatasync` of the journal file.
+    pub(crate) fn journal_sync(&self) {
+        let mut state = self.lock();
+        Self::event(&mut state);
+        if let Some(file) = &mut state.persisted.journal {
+            file.sync();
+        }
+    }
+
+    /// File mode: `fdatasync` of the heap file: every store so far is durable.
+    pub(crate) fn data_sync(&self) {
+        let mut state = self.lock();
+        Self::event(&mut state);
+        let Persisted { durable, units, .. } = &mut state.persisted;
+        fold(units, durable);
     }
 
     /// Counts one event, taking the snapshot first if this is the crash point.
@@ -439,7 +584,7 @@ fn build_image(mode: SimMode, persisted: &Persisted, seed: u64) -> Vec<u8> {
     let mut rng = SplitMix64::new(seed);
     let mut image = persisted.durable.clone();
     match mode {
-        SimMode::Prefix | SimMode::Msync => {
+        SimMode::Prefix | SimMode::Msync | SimMode::File => {
             for log in persisted.units.values() {
                 let keep = rng.prefix_len(log.pending.len() as u64) as usize;
                 for store in log.pending.iter().take(keep) {
@@ -495,7 +640,7 @@ mod tests {
     const LEN: usize = 8192;
 
     fn media(mode: SimMode) -> (Media, Arc<Simulator>) {
-        let sim = Arc::new(Simulator::new(mode, vec![0u8; LEN]));
+        let sim = Arc::new(Simulator::new(mode, vec![0u8; LEN], None));
         let region = Region::new(Mapping::anonymous(LEN).unwrap());
         (Media::new(region, Backend::Simulated(sim.clone())), sim)
     }

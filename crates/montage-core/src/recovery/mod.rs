@@ -57,6 +57,10 @@ pub struct RecoveryReport {
     pub clean_shutdown: bool,
     /// Wall-clock time of the scan.
     pub duration: Duration,
+    /// Journal records replayed before the scan (journal backend).
+    pub journal_records: u64,
+    /// Heap bytes those records rewrote.
+    pub journal_bytes: u64,
 }
 
 /// How a recovery runs.
