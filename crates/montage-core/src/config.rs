@@ -284,8 +284,9 @@ impl HeapConfig {
     }
 
     /// The size of the journal file a journal heap creates (default: half the heap, at
-    /// least 1 MiB and at most 64 MiB). A checkpoint starts when half of it is in use; a
-    /// larger journal means fewer checkpoints and a longer replay after a crash.
+    /// least 1 MiB and at most 1 GiB). A checkpoint (an `fdatasync` of the heap file) starts
+    /// when three quarters of it are in use: a larger journal means fewer checkpoints, each
+    /// page of the heap file written back fewer times, and a longer replay after a crash.
     #[must_use]
     pub fn journal_size(mut self, bytes: u64) -> Self {
         self.journal_size = Some(bytes);
@@ -296,7 +297,7 @@ impl HeapConfig {
     pub(crate) fn journal_len(&self) -> u64 {
         let len = self
             .journal_size
-            .unwrap_or_else(|| (self.size / 2).clamp(1 << 20, 64 << 20));
+            .unwrap_or_else(|| (self.size / 2).clamp(1 << 20, 1 << 30));
         len.div_ceil(512) * 512
     }
 

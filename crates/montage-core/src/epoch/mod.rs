@@ -320,7 +320,7 @@ impl Epochs {
     /// write back or reclaim (then it would only rewrite the epoch word), so an idle heap
     /// stops writing. On the journal, then a commit if reclamation has waited on one for two
     /// ticks or records have waited a second or filled an eighth of the ring, and a
-    /// checkpoint when half the ring is in use.
+    /// checkpoint when three quarters of the ring are in use.
     fn tick(&self, media: &Media, alloc: &Allocator) -> Result<()> {
         let mut advancing = self.lock_advance()?;
         if !(self.nothing_pending(true) && advancing.reclaim.is_empty()) {

@@ -406,10 +406,12 @@ impl Journal {
                 || self.unsynced.load(Ordering::Relaxed) >= self.ring / 8)
     }
 
-    /// Whether the live part of the ring has passed half of it.
+    /// Whether the live part of the ring has passed three quarters of it: late enough that
+    /// a page of the heap file dirtied again and again is written back once per checkpoint,
+    /// early enough that the last quarter absorbs what is sealed while the checkpoint runs.
     pub(crate) fn checkpoint_due(&self) -> bool {
         let w = lock(&self.writer);
-        w.vpos - w.vtail > self.ring / 2
+        w.vpos - w.vtail > self.ring / 4 * 3
     }
 
     /// Makes the heap file durable up to the last sealed record, records that in the header
