@@ -121,7 +121,7 @@ fn recovery_scan(c: &mut Criterion) {
         });
     }
     group.finish();
-    let _ = std::fs::remove_file(&path);
+    let _ = montage::Heap::remove(&path);
 }
 
 criterion_group!(benches, alloc_free, recovery_scan);

@@ -100,7 +100,7 @@ fn cas(c: &mut Criterion) {
     });
     group.finish();
     drop(heap);
-    let _ = std::fs::remove_file(&path);
+    let _ = montage::Heap::remove(&path);
 }
 
 criterion_group!(benches, cas);

@@ -2,7 +2,9 @@
 //! beside a plain `Box` allocation, `sync()` latency (median and p99) with 1 and 2 threads
 //! issuing operations, and update throughput across epoch lengths from 100 us to 100 ms.
 //! Heap files go to `MONTAGE_BENCH_DIR` (default `/dev/shm`), on the pmem backend (or
-//! msync with `MONTAGE_BENCH_BACKEND=msync`);
+//! `MONTAGE_BENCH_BACKEND=journal` or `msync`, for a directory on a disk; the latency report
+//! then also times the device itself, a 512-byte `pwrite` and an `fdatasync`, in that
+//! directory);
 //! `MONTAGE_BENCH_REPORTS=0` skips the latency and epoch-length reports.
 
 #![forbid(unsafe_code)]
@@ -18,10 +20,11 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use montage::{BackendKind, EpochLength, Heap, HeapConfig, OwnerId, PBlock};
 
-/// The backend under test: pmem (clwb + sfence), or msync with `MONTAGE_BENCH_BACKEND=msync`.
+/// The backend under test: pmem (clwb + sfence), or `MONTAGE_BENCH_BACKEND=journal|msync`.
 fn backend() -> BackendKind {
     match std::env::var("MONTAGE_BENCH_BACKEND").as_deref() {
         Ok("msync") => BackendKind::Msync,
+        Ok("journal") => BackendKind::Journal,
         _ => BackendKind::Pmem,
     }
 }
@@ -85,7 +88,7 @@ fn op_overhead(c: &mut Criterion) {
     });
     group.finish();
     drop(heap);
-    let _ = std::fs::remove_file(path);
+    let _ = montage::Heap::remove(&path);
 }
 
 criterion_group!(benches, op_overhead);
@@ -114,6 +117,40 @@ fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
     sorted[(sorted.len() - 1) * per_mille / 1000]
 }
 
+/// The device's own durable write in the bench directory: a 512-byte `pwrite` (a small
+/// journal record) and an `fdatasync`, for 2 seconds, into a preallocated file.
+fn device_latency() -> Vec<Duration> {
+    use std::os::unix::fs::FileExt;
+    let path = common::fresh_path("device");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    let len = 16u64 << 20;
+    let zeros = vec![0u8; 1 << 20];
+    for at in (0..len).step_by(zeros.len()) {
+        file.write_all_at(&zeros, at).unwrap();
+    }
+    file.sync_all().unwrap();
+    let record = [7u8; 512];
+    let mut samples = Vec::new();
+    let mut at = 0;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let start = Instant::now();
+        file.write_all_at(&record, at).unwrap();
+        file.sync_data().unwrap();
+        samples.push(start.elapsed());
+        at = (at + 512) % len;
+    }
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    samples.sort_unstable();
+    samples
+}
+
 fn sync_latency() {
     println!(
         "\nsync() latency, {:?} backend, 50 ms epochs (syncs advance the clock themselves)",
@@ -121,6 +158,15 @@ fn sync_latency() {
     );
     println!("| threads issuing operations | syncs | median | p99 |");
     println!("|---|---|---|---|");
+    if backend() != BackendKind::Pmem {
+        let device = device_latency();
+        println!(
+            "| the device: 512 B pwrite + fdatasync | {} | {:?} | {:?} |",
+            device.len(),
+            percentile(&device, 500),
+            percentile(&device, 990)
+        );
+    }
     for writers in [0u64, 1, 2] {
         let (heap, path) = bench_heap("sync", 256 << 20, EpochLength::DEFAULT);
         let owner = heap.register("bench").unwrap();
@@ -149,7 +195,7 @@ fn sync_latency() {
             percentile(&samples, 990)
         );
         drop(heap);
-        let _ = std::fs::remove_file(path);
+        let _ = montage::Heap::remove(&path);
     }
 }
 
@@ -184,7 +230,7 @@ fn throughput_by_epoch_length() {
             heap.advances()
         );
         drop(heap);
-        let _ = std::fs::remove_file(path);
+        let _ = montage::Heap::remove(&path);
     }
 }
 

@@ -53,7 +53,7 @@ fn write_persist(c: &mut Criterion) {
         }
         if let Some(path) = config.path() {
             drop(heap);
-            let _ = std::fs::remove_file(path);
+            let _ = montage::Heap::remove(path);
         }
     }
     group.finish();

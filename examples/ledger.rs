@@ -100,9 +100,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         || std::env::temp_dir().join("montage-ledger.heap"),
         std::path::PathBuf::from,
     );
-    if path.exists() {
-        std::fs::remove_file(&path)?;
-    }
+    // The heap file and its journal, if an earlier run left them.
+    Heap::remove(&path)?;
     let config = HeapConfig::new(&path).size(64 << 20);
 
     let heap = Heap::create(&config)?;
@@ -157,6 +156,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("every synced deposit was recovered");
     drop(ledger);
     heap.close()?;
-    std::fs::remove_file(&path)?;
+    Heap::remove(&path)?;
     Ok(())
 }

@@ -19,6 +19,6 @@ pub(crate) fn bench_dir() -> PathBuf {
 /// A fresh heap file path in the bench directory, removed first if a previous run left it.
 pub(crate) fn fresh_path(name: &str) -> PathBuf {
     let path = bench_dir().join(format!("montage-bench-{}-{name}.heap", std::process::id()));
-    let _ = std::fs::remove_file(&path);
+    let _ = montage::Heap::remove(&path);
     path
 }

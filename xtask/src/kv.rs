@@ -228,6 +228,10 @@ pub(crate) fn bench(args: &[String]) -> Result {
             montage: None,
         },
         Contender {
+            name: "montage-kv journal (default), durable replies",
+            montage: Some(("journal", disk.clone(), false)),
+        },
+        Contender {
             name: "montage-kv msync, durable replies",
             montage: Some(("msync", disk.clone(), false)),
         },

@@ -502,3 +502,20 @@ fn create_refuses_a_leftover_journal_and_leaves_no_heap() {
     assert!(!path.exists());
     assert_eq!(file_bytes(&journal_of(&path)), b"someone else's");
 }
+
+#[test]
+fn remove_deletes_the_heap_and_its_journal_but_not_while_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    let heap = Heap::create(&config(&path)).unwrap();
+    let err = Heap::remove(&path).unwrap_err();
+    assert!(matches!(err, Error::Locked { .. }), "{err:?}");
+    assert!(path.exists() && journal_of(&path).exists());
+    heap.close().unwrap();
+    Heap::remove(&path).unwrap();
+    assert!(!path.exists() && !journal_of(&path).exists());
+    // Nothing is in the way of a new heap now, and removing nothing is no error.
+    Heap::create(&config(&path)).unwrap().close().unwrap();
+    Heap::remove(&path).unwrap();
+    Heap::remove(&path).unwrap();
+}

@@ -166,6 +166,32 @@ impl Heap {
         Self::open_file(config, Policy::Epochs)
     }
 
+    /// Deletes the heap file at `path` and the journal beside it (`<path>.journal`), if
+    /// they exist. Use it rather than deleting the heap file alone: a journal left behind
+    /// is in the way of the next heap created at `path` ([`Error::Journal`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Locked`] while the heap is open, in this process or another (both files are
+    /// left); [`Error::Io`] if a file cannot be removed.
+    pub fn remove(path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let journal = attach::journal_path(path);
+        match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(file) => {
+                lock_file(&file, path)?;
+                std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e))?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("open", path, e)),
+        }
+        match std::fs::remove_file(&journal) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove", &journal, e)),
+        }
+    }
+
     pub(super) fn open_file(config: &HeapConfig, policy: Policy<'_>) -> Result<Heap> {
         config.validate()?;
         match &config.location {

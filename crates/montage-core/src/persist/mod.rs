@@ -318,14 +318,13 @@ impl Media {
     /// Makes `[offset, offset + len)` persistent in order with everything flushed before and
     /// after it, for a store that only adds (a new span's entry): what depends on it is
     /// flushed later, so no durable state can hold that without it. Durable at once on every
-    /// backend but the journal, where the next commit makes it durable.
+    /// backend but the journal, where the range joins the flushed ranges in order and the
+    /// next record holds it (no record is written here, so an allocating thread never waits
+    /// for the advancer's copy).
     pub(crate) fn persist_ordered(&self, offset: u64, len: u64) -> Result<()> {
         match &self.backend {
-            Backend::Journal(journal) => {
-                // PERSIST: sealed in order before anything flushed after it.
-                self.flush(offset, len)?;
-                journal.seal(&self.region, None).map(|_| ())
-            }
+            // PERSIST: in flush order, so in a record no later than anything flushed after.
+            Backend::Journal(journal) => journal.flush(offset, len),
             _ => self.persist(offset, len),
         }
     }
