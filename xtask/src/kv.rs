@@ -296,6 +296,8 @@ fn measure(binary: &Path, contender: &Contender, args: &BenchArgs, config: &Path
         Some((backend, dir, ack_early)) => {
             let heap = dir.join("bench.heap");
             let _ = std::fs::remove_file(&heap);
+            // The journal backend keeps one beside the heap file.
+            let _ = std::fs::remove_file(dir.join("bench.heap.journal"));
             let mut extra = vec![
                 "--backend",
                 backend,
