@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use common::{Opener, TestMap};
 use montage_core::Epoch;
-use montage_core::sim::{SimMode, SplitMix64};
+use montage_core::sim::SplitMix64;
 use montage_core::{Heap, HeapConfig};
 use montage_testkit::{crash_generation, for_each_seed, run_against_clock};
 

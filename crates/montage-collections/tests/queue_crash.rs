@@ -14,7 +14,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use montage_core::sim::{SimMode, SplitMix64};
+use montage_core::sim::SplitMix64;
 use montage_core::{Heap, HeapConfig};
 use montage_testkit::{crash_generation, for_each_seed, run_against_clock};
 

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use common::{Key, TYPE_KV, decode, encode, kv_state, write_key};
-use montage_core::sim::{CrashImage, SimMode, SplitMix64};
+use montage_core::sim::{SimMode, SplitMix64};
 use montage_core::{Error, Heap, HeapConfig, OwnerId, PBlock};
 use montage_testkit::{Ended, SyncRecord, crash_generation, for_each_seed, run_against_clock};
 

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use montage_core::Epoch;
-use montage_core::sim::{CrashImage, SimMode};
+use montage_core::sim::SimMode;
 use montage_core::{Heap, HeapConfig, OwnerId, PBlock, ScanFilter};
 use proptest::prelude::*;
 

@@ -108,12 +108,11 @@ fn synced_writes_survive_and_unsynced_ones_form_a_prefix() {
         assert!(keys.len() >= 4, "synced keys lost: {keys:?}");
         let want: Vec<u64> = (0..keys.len() as u64).collect();
         assert_eq!(keys, want, "not a prefix");
-        for (_, block) in heap
+        for found in heap
             .collect(montage_core::ScanFilter::all().owner(owner))
             .unwrap()
-            .into_iter()
-            .map(|b| ((), b.block))
         {
+            let block = found.block;
             let info = heap.info(block).unwrap();
             if info.spec.type_id == TYPE_KV + 1 {
                 assert_eq!(

@@ -1,4 +1,4 @@
-//! A FUSE file system for power-failure tests of real processes, in the spirit of LazyFS.
+//! A FUSE file system for power-failure tests of real processes, in the spirit of `LazyFS`.
 //!
 //! A `SIGKILL` leaves the page cache intact, so it never tests what an unflushed write
 //! loses. This file system keeps every write in its own cache until an `fsync` or
