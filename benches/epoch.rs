@@ -2,7 +2,7 @@
 //! beside a plain `Box` allocation, `sync()` latency (median and p99) with 1 and 2 threads
 //! issuing operations, and update throughput across epoch lengths from 100 us to 100 ms.
 //! Heap files go to `MONTAGE_BENCH_DIR` (default `/dev/shm`), on the pmem backend (or
-//! `MONTAGE_BENCH_BACKEND=journal` or `msync`, for a directory on a disk; the latency report
+//! `MONTAGE_BENCH_BACKEND=journal`, for a directory on a disk; the latency report
 //! then also times the device itself, a 512-byte `pwrite` and an `fdatasync`, in that
 //! directory);
 //! `MONTAGE_BENCH_REPORTS=0` skips the latency and epoch-length reports.
@@ -20,10 +20,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use montage::{BackendKind, EpochLength, Heap, HeapConfig, OwnerId, PBlock};
 
-/// The backend under test: pmem (clwb + sfence), or `MONTAGE_BENCH_BACKEND=journal|msync`.
+/// The backend under test: pmem (clwb + sfence), or `MONTAGE_BENCH_BACKEND=journal`.
 fn backend() -> BackendKind {
     match std::env::var("MONTAGE_BENCH_BACKEND").as_deref() {
-        Ok("msync") => BackendKind::Msync,
         Ok("journal") => BackendKind::Journal,
         _ => BackendKind::Pmem,
     }

@@ -26,8 +26,8 @@ fn backends() -> Vec<(&'static str, HeapConfig)> {
             HeapConfig::in_memory(size).backend(BackendKind::Pmem),
         ),
         (
-            "msync",
-            HeapConfig::new(common::fresh_path("persist-msync")).size(size),
+            "journal",
+            HeapConfig::new(common::fresh_path("persist-journal")).size(size),
         ),
         ("simulated", HeapConfig::simulated(size, SimMode::Prefix)),
     ]

@@ -232,10 +232,6 @@ pub(crate) fn bench(args: &[String]) -> Result {
             montage: Some(("journal", disk.clone(), false)),
         },
         Contender {
-            name: "montage-kv msync, durable replies",
-            montage: Some(("msync", disk.clone(), false)),
-        },
-        Contender {
             name: "montage-kv pmem (tmpfs), durable replies",
             montage: Some(("pmem", shm.clone(), false)),
         },

@@ -96,7 +96,6 @@ fn map_contenders() -> Vec<(Contender, Backend)> {
         (Contender::MontageHashMap, Backend::Volatile),
         (Contender::MontageHashMap, Backend::Pmem),
         (Contender::MontageHashMap, Backend::Journal),
-        (Contender::MontageHashMap, Backend::Msync),
         (Contender::MontageNbHashMap, Backend::Pmem),
         (Contender::StrictDurableHashMap, Backend::Pmem),
         (Contender::TransientHashMap, Backend::None),

@@ -315,11 +315,6 @@ pub(crate) fn targets(records: &[Record]) -> String {
             ),
         );
     }
-    summarize(
-        &mut out,
-        "`sync-each` on msync, 2 threads, vs the best flushing store",
-        &durable_ratios(records, "msync", "sync-each", 2, 1.0, &flushing),
-    );
     // Buffered writes: every map point of the journal against the same point on pmem.
     let buffered: Vec<Ratio> = records
         .iter()

@@ -19,8 +19,6 @@ pub enum SimMode {
     /// One global store order, flushes irrelevant: a random prefix of every store not yet
     /// folded into the durable image (platforms with eADR).
     Eadr,
-    /// Per 4 KiB page, a random prefix of its stores (an ordinary file under `msync`).
-    Msync,
     /// An ordinary file with the journal backend: the heap file and its journal each
     /// behind a page cache. Only what an `fdatasync` covered is certain; of every other
     /// write, each 512-byte sector independently keeps a random prefix, and the heap file's
@@ -31,19 +29,17 @@ pub enum SimMode {
 #[cfg(any(test, feature = "sim"))]
 impl SimMode {
     /// Every mode, for tests that sweep them all.
-    pub const ALL: [SimMode; 5] = [
+    pub const ALL: [SimMode; 4] = [
         SimMode::Prefix,
         SimMode::WordTear,
         SimMode::Eadr,
-        SimMode::Msync,
         SimMode::File,
     ];
 
-    /// The unit a crash keeps or loses as a whole prefix of stores: a line, a page, or a
-    /// disk sector.
+    /// The unit a crash keeps or loses as a whole prefix of stores: a line, or a disk
+    /// sector.
     pub(crate) fn unit(self) -> u64 {
         match self {
-            SimMode::Msync => 4096,
             SimMode::File => 512,
             _ => 64,
         }
@@ -62,9 +58,6 @@ pub enum BackendKind {
     Pmem,
     /// Platforms whose caches are in the persistence domain (eADR): no flushes, `sfence` only.
     Eadr,
-    /// An ordinary file, written back in place: a flush records dirty pages, a fence
-    /// `msync`s them in few ranges. A failed `msync` poisons the heap.
-    Msync,
     /// An ordinary file with a redo journal beside it (`<heap file>.journal`): an epoch
     /// advance appends what the epoch wrote to the journal as one record, `sync` makes it
     /// durable with one `fdatasync` shared by every caller waiting at that moment, and the
@@ -137,7 +130,7 @@ pub(crate) enum Location {
 /// use montage_core::{BackendKind, HeapConfig};
 /// let config = HeapConfig::new("/tmp/example.heap")
 ///     .size(64 << 20)
-///     .backend(BackendKind::Msync);
+///     .backend(BackendKind::Journal);
 /// assert_eq!(config.heap_size(), 64 << 20);
 /// ```
 #[derive(Debug, Clone)]
@@ -341,9 +334,6 @@ impl HeapConfig {
             });
         }
         match (&self.location, self.backend) {
-            (Location::Memory, BackendKind::Msync) => Err(Error::InvalidConfig {
-                what: "the msync backend needs a heap file",
-            }),
             (Location::Memory, BackendKind::Journal) => Err(Error::InvalidConfig {
                 what: "the journal backend needs a heap file",
             }),

@@ -15,7 +15,7 @@ pub enum Error {
     /// An operating-system call on the heap file failed.
     #[error("{op} failed on {path}")]
     Io {
-        /// What was being done (`"open"`, `"msync"`, ...).
+        /// What was being done (`"open"`, `"fdatasync"`, ...).
         op: &'static str,
         /// The heap file.
         path: PathBuf,
@@ -156,7 +156,7 @@ pub enum Error {
     /// Writing dirty pages back to the heap file failed. The heap is poisoned from now on.
     #[error("write-back of the heap file failed; the heap is now poisoned")]
     WriteBack {
-        /// The operating system's error from `msync`.
+        /// The operating system's error from the write or flush.
         #[source]
         source: std::io::Error,
     },

@@ -39,7 +39,7 @@ fn bytes(seed: u64, len: u64) -> Vec<u8> {
 }
 
 fn test_dir() -> tempfile::TempDir {
-    // tmpfs keeps msync cheap; any directory gives the same results.
+    // tmpfs keeps the file's flushes cheap; any directory gives the same results.
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         tempfile::tempdir_in(shm).unwrap()

@@ -78,6 +78,6 @@ fn threads_and_a_fast_clock_on_pmem_leave_exactly_the_final_state() {
 }
 
 #[test]
-fn threads_and_a_fast_clock_on_msync_leave_exactly_the_final_state() {
-    run(BackendKind::Msync, 2, 5_000);
+fn threads_and_a_fast_clock_on_the_journal_leave_exactly_the_final_state() {
+    run(BackendKind::Journal, 2, 5_000);
 }

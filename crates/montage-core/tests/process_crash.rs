@@ -1,4 +1,4 @@
-//! Real process crashes on the file backends (`Journal`, `Msync`): a child process writes
+//! Real process crashes on the file backend (`Journal`): a child process writes
 //! keys through operations and prints each one only after `sync()` returned; the parent kills
 //! it at a random moment, reopens the heap, and checks that every acknowledged write is there
 //! and that the state is a prefix of what the child did. Twenty rounds on one heap file,
@@ -30,7 +30,6 @@ const ROUNDS: u64 = 20;
 fn backend_named(name: &str) -> BackendKind {
     match name {
         "journal" => BackendKind::Journal,
-        "msync" => BackendKind::Msync,
         other => panic!("no file backend {other}"),
     }
 }
@@ -56,16 +55,8 @@ fn main() -> std::process::ExitCode {
             || every_acknowledged_write_survives_sigkill("journal"),
         ),
         (
-            "every_acknowledged_write_survives_sigkill_on_a_file_written_in_place",
-            || every_acknowledged_write_survives_sigkill("msync"),
-        ),
-        (
             "every_acknowledged_write_survives_a_power_cut_on_a_journaled_file",
             || every_acknowledged_write_survives_a_power_cut("journal"),
-        ),
-        (
-            "every_acknowledged_write_survives_a_power_cut_on_a_file_written_in_place",
-            || every_acknowledged_write_survives_a_power_cut("msync"),
         ),
     ])
 }

@@ -12,10 +12,9 @@
 //! Rounds overlap: with two commit threads, a round can start while the previous one is
 //! still advancing the clock. A `sync` needs the clock two epochs past its call; called
 //! during the previous round's second advance, it needs only one advance more, so under
-//! steady load a round costs about one advance instead of two (on the `msync` backend each
-//! advance is two device flushes; on the journal, the default, an advance only appends a
-//! record and the round ends in one `fdatasync`, shared with the other thread's round if
-//! they overlap).
+//! steady load a round costs about one advance instead of two (on the journal an advance
+//! only appends a record and the round ends in one `fdatasync`, shared with the other
+//! thread's round if they overlap).
 //!
 //! The threads are plain threads, not async tasks: `sync` blocks (it writes back and
 //! fences), and it must not hold up the runtime's workers, which keep serving reads and

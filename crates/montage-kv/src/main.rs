@@ -56,8 +56,6 @@ enum Backend {
     /// An ordinary file on any file system, with a redo journal beside it: one sequential
     /// write and one device flush per group commit.
     Journal,
-    /// An ordinary file written back in place (msync).
-    Msync,
 }
 
 fn main() -> ExitCode {
@@ -75,7 +73,6 @@ fn run(cli: &Cli) -> Result<(), String> {
     let backend = match cli.backend {
         Backend::Pmem => BackendKind::Pmem,
         Backend::Journal => BackendKind::Journal,
-        Backend::Msync => BackendKind::Msync,
     };
     let config = HeapConfig::new(&cli.heap).size(cli.size).backend(backend);
     let heap_name = cli.heap.display();

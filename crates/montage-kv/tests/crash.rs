@@ -5,8 +5,7 @@
 //! A write that was sent but not answered when the server died may or may not have
 //! survived, so each key may read as its last acknowledged state or as the one write in
 //! flight on it. Rounds run on one heap, so each restart also re-checks everything the
-//! earlier rounds left. Every backend runs: the journal and `msync` on a file, `pmem` on
-//! tmpfs; and the journal on the `montage-powercut` FUSE file system, where each SIGKILL is
+//! earlier rounds left. Every backend runs: the journal on a file, `pmem` on tmpfs; and the journal on the `montage-powercut` FUSE file system, where each SIGKILL is
 //! followed by a power cut that loses every write no `fsync` covered (without `/dev/fuse` or
 //! the right to mount, that test says so and skips).
 //! `MONTAGE_KV_CRASH_ROUNDS` sets the number of rounds (default 10 per backend) and
@@ -76,12 +75,6 @@ fn every_acknowledged_write_survives_a_power_cut_on_a_journaled_file() {
         let cut = mounted.take().unwrap().power_cut(rng.next_u64()).unwrap();
         mounted = Some(cut.remount().unwrap());
     });
-}
-
-#[test]
-fn every_acknowledged_write_survives_sigkill_on_a_file_written_in_place() {
-    let dir = tempfile::tempdir().unwrap();
-    crash_rounds(&dir.path().join("kv.heap"), &["--backend", "msync"], |_| {});
 }
 
 #[test]

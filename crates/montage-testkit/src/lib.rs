@@ -214,20 +214,19 @@ const FILE_SEED: u64 = 1 << 40;
 
 /// The crash model a seed runs in: seeds with the file bit ([`crash_seeds`] adds one for
 /// every plain seed) run [`SimMode::File`], the others cycle through the persistent-memory
-/// models and `msync`.
+/// models.
 ///
 /// [`SimMode::File`]: montage_core::sim::SimMode::File
 pub fn crash_mode(seed: u64) -> sim::SimMode {
-    const OTHERS: [sim::SimMode; 4] = [
+    const OTHERS: [sim::SimMode; 3] = [
         sim::SimMode::Prefix,
         sim::SimMode::WordTear,
         sim::SimMode::Eadr,
-        sim::SimMode::Msync,
     ];
     if seed & FILE_SEED != 0 {
         return sim::SimMode::File;
     }
-    OTHERS[(seed % 4) as usize]
+    OTHERS[(seed % 3) as usize]
 }
 
 /// The seeds a crash test should run: `MONTAGE_CRASH_SEED=<n>` selects exactly one (to replay

@@ -107,7 +107,7 @@ impl Contender {
     pub(crate) fn is_durable(self, backend: Backend) -> bool {
         self.is_peer()
             || self == Contender::Device
-            || matches!(backend, Backend::Pmem | Backend::Msync | Backend::Journal)
+            || matches!(backend, Backend::Pmem | Backend::Journal)
     }
 
     /// Whether it only runs the sync workloads (the device floor has no index).
@@ -121,7 +121,6 @@ impl Contender {
 pub(crate) enum Backend {
     Volatile,
     Pmem,
-    Msync,
     Journal,
     None,
 }
@@ -132,7 +131,6 @@ impl Backend {
         match self {
             Backend::Volatile => "volatile",
             Backend::Pmem => "pmem",
-            Backend::Msync => "msync",
             Backend::Journal => "journal",
             Backend::None => "none",
         }

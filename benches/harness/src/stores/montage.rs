@@ -17,10 +17,9 @@ fn with_heap<R>(
     let size = sizing.heap_bytes();
     let (config, dir) = match backend {
         Backend::Volatile => (HeapConfig::in_memory(size), None),
-        Backend::Pmem | Backend::Msync | Backend::Journal => {
+        Backend::Pmem | Backend::Journal => {
             let (parent, kind) = match backend {
                 Backend::Pmem => (&dirs.pmem, BackendKind::Pmem),
-                Backend::Msync => (&dirs.disk, BackendKind::Msync),
                 _ => (&dirs.disk, BackendKind::Journal),
             };
             let dir = tempfile::Builder::new()

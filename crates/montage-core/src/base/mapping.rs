@@ -101,34 +101,6 @@ impl Mapping {
     pub(crate) fn is_dax(&self) -> bool {
         matches!(self.kind, Kind::Sync { .. })
     }
-
-    /// Writes back `len` bytes at `offset` to the file with `msync(MS_SYNC)`.
-    pub(crate) fn msync(&self, offset: usize, len: usize) -> io::Result<()> {
-        match &self.kind {
-            Kind::Raw(raw) => raw.flush_range(offset, len),
-            Kind::Sync { ptr, len: map_len } => {
-                let end = offset.checked_add(len).filter(|end| end <= map_len);
-                let Some(end) = end else {
-                    return Err(io::Error::from(io::ErrorKind::InvalidInput));
-                };
-                let page = page_size();
-                let start = offset - offset % page;
-                // SAFETY:
-                // - `start <= offset <= end <= map_len`, checked above, so the range lies
-                //   inside this live mapping and `add` stays in bounds;
-                let addr = unsafe { ptr.as_ptr().add(start) };
-                // SAFETY:
-                // - `addr` is page-aligned and `[addr, addr + (end - start))` lies inside this
-                //   mapping (checked above); msync only writes back, it never changes memory.
-                let rc = unsafe { libc::msync(addr.cast(), end - start, libc::MS_SYNC) };
-                if rc == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::last_os_error())
-                }
-            }
-        }
-    }
 }
 
 impl Drop for Mapping {
@@ -139,10 +111,4 @@ impl Drop for Mapping {
             let _ = unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
         }
     }
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size).unwrap_or(4096)
 }

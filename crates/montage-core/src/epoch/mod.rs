@@ -366,7 +366,7 @@ impl Epochs {
         }
         reclaim.retire(e.minus(2), victims, antis);
         // Not sorted or merged: a line flushed twice costs little, sorting hundreds of
-        // thousands of ranges per epoch costs a core (the msync and journal backends merge
+        // thousands of ranges per epoch costs a core (the journal backend merges
         // them themselves).
         for (offset, len) in persist {
             // PERSIST: INV-EP-2: every block written in e - 1 is durable before the word

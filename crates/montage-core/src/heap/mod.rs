@@ -340,31 +340,17 @@ mod tests {
     use crate::config::HeapConfig;
     use crate::raw::BlockSpec;
 
-    /// Makes the heap's next write-back (an msync, or a flush of the journal or the heap
-    /// file) fail as a device error would.
+    /// Makes the heap's next flush of the journal or the heap file fail as a device error
+    /// would.
     fn fail_next_write_back(heap: &Heap) {
-        let media = heap.media();
-        match (media.msync_state(), media.journal()) {
-            (Some(state), _) => state.fail_next.store(true, Ordering::Relaxed),
-            (_, Some(journal)) => journal.fail_next.store(true, Ordering::Relaxed),
-            _ => panic!("not a file backend"),
-        }
+        let journal = heap.media().journal().expect("a journal heap");
+        journal.fail_next.store(true, Ordering::Relaxed);
     }
-
-    const FILE_BACKENDS: [BackendKind; 2] = [BackendKind::Msync, BackendKind::Journal];
 
     #[test]
     fn a_failed_write_back_poisons_every_later_write_and_sync() {
-        for backend in FILE_BACKENDS {
-            a_failed_write_back_poisons(backend);
-        }
-    }
-
-    fn a_failed_write_back_poisons(backend: BackendKind) {
         let dir = tempfile::tempdir().unwrap();
-        let config = HeapConfig::new(dir.path().join("poison.heap"))
-            .size(1 << 20)
-            .backend(backend);
+        let config = HeapConfig::new(dir.path().join("poison.heap")).size(1 << 20);
         let heap = Heap::create(&config).unwrap();
         let block = heap
             .raw()
@@ -392,16 +378,9 @@ mod tests {
 
     #[test]
     fn a_failed_advance_stops_the_clock_and_sync_reports_it() {
-        for backend in FILE_BACKENDS {
-            a_failed_advance_stops_the_clock(backend);
-        }
-    }
-
-    fn a_failed_advance_stops_the_clock(backend: BackendKind) {
         let dir = tempfile::tempdir().unwrap();
         let config = HeapConfig::new(dir.path().join("stopped.heap"))
             .size(1 << 20)
-            .backend(backend)
             .epoch_length(EpochLength::Manual);
         let heap = Heap::create(&config).unwrap();
         let owner = heap.register("kv").unwrap();

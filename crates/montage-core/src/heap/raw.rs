@@ -139,7 +139,7 @@ impl RawHeap<'_> {
     ///
     /// # Errors
     ///
-    /// [`Error::WriteBack`] if `msync` fails (the heap is poisoned from then on), or
+    /// [`Error::WriteBack`] if a file write or flush fails (the heap is poisoned from then on), or
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn fence(&self) -> Result<()> {
         // PERSIST: completes this thread's earlier flushes.

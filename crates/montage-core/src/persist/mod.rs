@@ -3,11 +3,10 @@
 //!
 //! The backend is an enum fixed for the heap's lifetime, so each call is one well-predicted
 //! branch on its tag; on the `Pmem`, `Eadr` and `Volatile` arms a store is a plain store to
-//! the mapping. Only the simulator intercepts stores (it must log them), and only the msync
+//! the mapping. Only the simulator intercepts stores (it must log them), and only the journal
 //! backend checks its poison flag on the write path.
 
 pub(crate) mod journal;
-pub(crate) mod msync;
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod sim;
 #[cfg(target_arch = "x86_64")]
@@ -22,11 +21,10 @@ use crate::base::region::Region;
 use crate::config::{BackendKind, HeapConfig};
 use crate::error::{Error, Result};
 use journal::{Journal, Ticket};
-use msync::MsyncState;
 #[cfg(any(test, feature = "sim"))]
 use sim::Simulator;
 
-pub(crate) use crate::base::layout::{CACHE_LINE, PAGE_SIZE};
+pub(crate) use crate::base::layout::CACHE_LINE;
 
 /// The backend of one open heap.
 #[derive(Debug)]
@@ -34,7 +32,6 @@ pub(crate) enum Backend {
     #[cfg(target_arch = "x86_64")]
     Pmem(x86::FlushInstr),
     Eadr,
-    Msync(MsyncState),
     /// A file with a redo journal. Built by the opener (it needs the files), never by
     /// [`Backend::new`].
     Journal(Box<Journal>),
@@ -59,7 +56,6 @@ impl Backend {
                 });
             }
             BackendKind::Eadr => Backend::Eadr,
-            BackendKind::Msync => Backend::Msync(MsyncState::default()),
             BackendKind::Journal => {
                 return Err(Error::InvalidConfig {
                     what: "the journal backend is built with its files",
@@ -118,7 +114,6 @@ impl Media {
     #[inline]
     fn check_poison(&self) -> Result<()> {
         match &self.backend {
-            Backend::Msync(state) if state.is_poisoned() => Err(Error::Poisoned),
             Backend::Journal(journal) if journal.is_poisoned() => Err(Error::Poisoned),
             _ => Ok(()),
         }
@@ -207,7 +202,6 @@ impl Media {
                 Ok(())
             }
             Backend::Eadr | Backend::Volatile => Ok(()),
-            Backend::Msync(state) => state.record(offset, len),
             Backend::Journal(journal) => journal.flush(offset, len),
             #[cfg(any(test, feature = "sim"))]
             Backend::Simulated(sim) => {
@@ -238,7 +232,6 @@ impl Media {
                 Ok(())
             }
             Backend::Volatile => Ok(()),
-            Backend::Msync(state) => state.fence(self.region.mapping()),
             Backend::Journal(journal) => journal.fence(&self.region),
             #[cfg(any(test, feature = "sim"))]
             Backend::Simulated(sim) => {
@@ -286,15 +279,12 @@ impl Media {
     }
 
     /// Before recovery reads the heap: makes durable what a crashed process may have left
-    /// dirty in the metadata area `[0, metadata_len)` and, for a file, anywhere in it
-    /// (INV-REC-1). On persistent memory the block headers are written back one by one as
+    /// dirty in the metadata area `[0, metadata_len)` and, for a journal heap, anywhere in
+    /// the heap file (INV-REC-1). On persistent memory the block headers are written back one by one as
     /// the scan reads them ([`settle_header`](Self::settle_header)), so pages recovery never
     /// touches are not faulted in.
     pub(crate) fn settle_before_recovery(&self, metadata_len: u64) -> Result<()> {
         match &self.backend {
-            // PERSIST: msync of a clean mapping writes nothing; of a dirty one, what the
-            // crashed process left in the page cache.
-            Backend::Msync(_) => self.persist(0, self.region.len()),
             // PERSIST: before the journal logs, a fence makes the whole heap file durable.
             Backend::Journal(journal) => journal.fence(&self.region),
             // PERSIST: superblock, directory and span table, before they are trusted.
@@ -335,14 +325,6 @@ impl Media {
         self.flush(offset, len)?;
         // PERSIST: completes the flush above.
         self.fence()
-    }
-
-    #[cfg(test)]
-    pub(crate) fn msync_state(&self) -> Option<&MsyncState> {
-        match &self.backend {
-            Backend::Msync(state) => Some(state),
-            _ => None,
-        }
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 //! The heap's bytes (the *volatile image*) are what loads return. Beside them the simulator
 //! keeps the *durable image* (what is guaranteed to survive) and, per persistence unit (a
-//! 64-byte cache line, or a 4 KiB page in [`SimMode::Msync`]), the log of stores to that unit
+//! 64-byte cache line, or a 512-byte sector in [`SimMode::File`]), the log of stores to that unit
 //! that are not yet durable, in program order.
 //!
 //! * A store updates the volatile image and appends to its unit's log.
@@ -23,7 +23,7 @@
 //! Modes change the last step: [`SimMode::WordTear`] lets each 8-byte word of a dirty line be
 //! old or new independently (a stricter superset of the prefix rule), [`SimMode::Eadr`] keeps
 //! one global store order, ignores flushes and treats a fence as draining the calling
-//! thread's store buffer (everything up to its last store becomes durable), and [`SimMode::Msync`] works on whole pages.
+//! thread's store buffer (everything up to its last store becomes durable).
 //!
 //! [`SimMode::File`] models an ordinary file with the journal backend: stores into the heap
 //! are logged per 512-byte sector and become durable only when the heap file is synced (a
@@ -584,7 +584,7 @@ fn build_image(mode: SimMode, persisted: &Persisted, seed: u64) -> Vec<u8> {
     let mut rng = SplitMix64::new(seed);
     let mut image = persisted.durable.clone();
     match mode {
-        SimMode::Prefix | SimMode::Msync | SimMode::File => {
+        SimMode::Prefix | SimMode::File => {
             for log in persisted.units.values() {
                 let keep = rng.prefix_len(log.pending.len() as u64) as usize;
                 for store in log.pending.iter().take(keep) {
@@ -758,12 +758,12 @@ mod tests {
     }
 
     #[test]
-    fn msync_mode_keeps_order_within_a_page_but_not_across_pages() {
-        let (m, sim) = media(SimMode::Msync);
+    fn file_mode_keeps_order_within_a_sector_but_not_across_sectors() {
+        let (m, sim) = media(SimMode::File);
         m.store(0, 1).unwrap();
-        m.store(1024, 1).unwrap();
-        m.store(4096, 1).unwrap();
-        let seen = outcomes(&sim, &[0, 1024, 4096]);
+        m.store(256, 1).unwrap();
+        m.store(512, 1).unwrap();
+        let seen = outcomes(&sim, &[0, 256, 512]);
         assert!(!seen.contains(&vec![0, 1, 0]) && !seen.contains(&vec![0, 1, 1]));
         assert!(seen.contains(&vec![0, 0, 1]));
         assert_eq!(seen.len(), 6);
