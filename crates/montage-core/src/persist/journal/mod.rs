@@ -21,7 +21,9 @@
 //! a fence, so a store that destroys what a durable state needs (reclaiming a superseded
 //! version, say) waits until the record that makes it safe is committed (see
 //! `epoch/reclaim.rs`). Everything outside the epoch advance keeps the fence it always had,
-//! which here is a seal and a commit.
+//! which here is a seal and a commit; only a new span's entry, which adds and which the
+//! blocks carved from it follow in flush order, is flushed without one
+//! (`Media::persist_ordered`).
 //!
 //! The protocol and its invariants are in `docs/design.md` ("The journal").
 
