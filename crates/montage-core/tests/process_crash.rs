@@ -27,36 +27,28 @@ use montage_powercut::Mounted;
 const KEYS: u64 = 16;
 const ROUNDS: u64 = 20;
 
-fn backend_named(name: &str) -> BackendKind {
-    match name {
-        "journal" => BackendKind::Journal,
-        other => panic!("no file backend {other}"),
-    }
-}
-
-fn config(path: &Path, backend: &str) -> HeapConfig {
+fn config(path: &Path) -> HeapConfig {
     HeapConfig::new(path)
         .size(8 << 20)
-        .backend(backend_named(backend))
+        .backend(BackendKind::Journal)
         .epoch_length(EpochLength::Every(Duration::from_millis(5)))
 }
 
 fn main() -> std::process::ExitCode {
-    if let (Some(path), Some(seed), Some(backend)) = (
+    if let (Some(path), Some(seed)) = (
         std::env::var_os("MONTAGE_CHILD_HEAP"),
         std::env::var("MONTAGE_CHILD_SEED").ok(),
-        std::env::var("MONTAGE_CHILD_BACKEND").ok(),
     ) {
-        child_writer(Path::new(&path), &seed, &backend);
+        child_writer(Path::new(&path), &seed);
     }
     montage_testkit::run_tests(&[
         (
             "every_acknowledged_write_survives_sigkill_on_a_journaled_file",
-            || every_acknowledged_write_survives_sigkill("journal"),
+            every_acknowledged_write_survives_sigkill,
         ),
         (
             "every_acknowledged_write_survives_a_power_cut_on_a_journaled_file",
-            || every_acknowledged_write_survives_a_power_cut("journal"),
+            every_acknowledged_write_survives_a_power_cut,
         ),
     ])
 }
@@ -69,12 +61,12 @@ enum Cut {
     Power(Mounted),
 }
 
-fn every_acknowledged_write_survives_sigkill(backend: &str) {
+fn every_acknowledged_write_survives_sigkill() {
     let dir = tempfile::tempdir().unwrap();
-    rounds(backend, &dir.path().join("kill.heap"), Cut::Kill);
+    rounds(&dir.path().join("kill.heap"), Cut::Kill);
 }
 
-fn every_acknowledged_write_survives_a_power_cut(backend: &str) {
+fn every_acknowledged_write_survives_a_power_cut() {
     let dir = tempfile::tempdir().unwrap();
     let mounted = match Mounted::mount(dir.path()) {
         Ok(mounted) => mounted,
@@ -84,17 +76,17 @@ fn every_acknowledged_write_survives_a_power_cut(backend: &str) {
         }
     };
     let path = mounted.dir().join("cut.heap");
-    rounds(backend, &path, Cut::Power(mounted));
+    rounds(&path, Cut::Power(mounted));
 }
 
 /// The child process the test starts: opens (or creates) the heap at `path`, then writes
 /// random keys until it is killed, printing `MONTAGE begin <key> <value|-1>` before and
 /// `MONTAGE ack` after each synced operation.
-fn child_writer(path: &Path, seed: &str, backend: &str) -> ! {
+fn child_writer(path: &Path, seed: &str) -> ! {
     let heap = if path.exists() {
-        Heap::open(&config(path, backend)).unwrap()
+        Heap::open(&config(path)).unwrap()
     } else {
-        Heap::create(&config(path, backend)).unwrap()
+        Heap::create(&config(path)).unwrap()
     };
     let owner = heap.register("kv").unwrap();
     let mut slots: BTreeMap<u64, Key> = kv_state(&heap, owner)
@@ -135,7 +127,7 @@ fn child_writer(path: &Path, seed: &str, backend: &str) -> ! {
     }
 }
 
-fn rounds(backend: &str, path: &Path, mut cut: Cut) {
+fn rounds(path: &Path, mut cut: Cut) {
     let path = path.to_path_buf();
     let mut model: BTreeMap<u64, u64> = BTreeMap::new();
     let mut rng = SplitMix64::new(42);
@@ -144,7 +136,6 @@ fn rounds(backend: &str, path: &Path, mut cut: Cut) {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .env("MONTAGE_CHILD_HEAP", &path)
             .env("MONTAGE_CHILD_SEED", round.to_string())
-            .env("MONTAGE_CHILD_BACKEND", backend)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -194,7 +185,7 @@ fn rounds(backend: &str, path: &Path, mut cut: Cut) {
         }
         total_acks += acked;
 
-        let heap = Heap::open(&config(&path, backend)).unwrap();
+        let heap = Heap::open(&config(&path)).unwrap();
         let owner = heap.lookup("kv").unwrap();
         let got: BTreeMap<u64, u64> = kv_state(&heap, owner)
             .into_iter()

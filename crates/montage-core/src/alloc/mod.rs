@@ -325,14 +325,8 @@ impl Allocator {
                 place,
             });
         }
-        for p in &pending {
-            // PERSIST: INV-ALLOC-1: the caller's fence (or commit) makes these durable.
-            media.flush(p.offset, 8)?;
-            if let Place::Large { span, .. } = p.place {
-                // PERSIST: INV-SPAN-2, as above.
-                media.flush(self.geometry.span_entry_offset(span), 8)?;
-            }
-        }
+        // PERSIST: INV-ALLOC-1: the caller's fence (or commit) makes these durable.
+        self.flush_invalidated(media, &pending)?;
         Ok(pending)
     }
 
@@ -588,19 +582,25 @@ impl Allocator {
 
     /// Flushes the zeroed meta words (and span entries) of `pending` and fences.
     fn make_durable(&self, media: &Media, pending: &[Pending]) -> Result<()> {
+        // PERSIST: the flushes are issued by the fencing thread, as fences are per thread.
+        self.flush_invalidated(media, pending)?;
+        // PERSIST: completes every flush above.
+        media.fence()
+    }
+
+    /// Flushes the zeroed meta words (and the zeroed span entries of large blocks) of
+    /// `pending`: they must be durable before the blocks are reused (INV-ALLOC-1) and the
+    /// spans carved again (INV-SPAN-2).
+    fn flush_invalidated(&self, media: &Media, pending: &[Pending]) -> Result<()> {
         for pending in pending {
-            // PERSIST: the zeroed meta must be durable before the block is reused
-            // (INV-ALLOC-1); the flush is issued by the fencing thread, as fences are
-            // per thread.
+            // PERSIST: INV-ALLOC-1; the caller fences or commits.
             media.flush(pending.offset, 8)?;
             if let Place::Large { span, .. } = pending.place {
-                // PERSIST: the zeroed span entry must be durable before the spans are carved
-                // again (INV-SPAN-2).
+                // PERSIST: INV-SPAN-2; the caller fences or commits.
                 media.flush(self.geometry.span_entry_offset(span), 8)?;
             }
         }
-        // PERSIST: completes every flush above.
-        media.fence()
+        Ok(())
     }
 
     /// Drains every thread cache's pending frees (at close).

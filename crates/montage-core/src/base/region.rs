@@ -45,11 +45,6 @@ impl Region {
         &self.mapping
     }
 
-    /// The region's length in bytes.
-    pub(crate) fn len(&self) -> u64 {
-        self.len as u64
-    }
-
     /// Checks that `[offset, offset + len)` lies inside the region and returns `offset` as a
     /// `usize`.
     pub(crate) fn check(&self, offset: u64, len: u64) -> Result<usize> {

@@ -55,14 +55,19 @@ pub(super) struct Opened {
     pub(super) replayed: Option<Replayed>,
 }
 
-fn named_journal(region: &Region) -> Result<u64> {
-    let mut word = [0u8; 8];
-    region.read(JOURNAL_ID_OFFSET, &mut word)?;
-    Ok(u64::from_le_bytes(word))
+/// The superblock word at `offset` (the journal id, the epoch word), read before a `Media`
+/// exists.
+fn superblock_word(region: &Region, offset: u64) -> Result<u64> {
+    // ORDERING: read by the opening thread before the heap is shared.
+    Ok(u64::from_le(
+        region
+            .word(offset)?
+            .load(std::sync::atomic::Ordering::Acquire),
+    ))
 }
 
 fn random_journal_id() -> u64 {
-    super::open::random_id() | 1
+    crate::random::random_u64() | 1
 }
 
 /// Creates and formats a new journal of `len` bytes; fails if a file is in the way.
@@ -136,7 +141,7 @@ pub(super) fn open(
     creation_id: u64,
     len: u64,
 ) -> Result<Opened> {
-    let named = named_journal(&region)?;
+    let named = superblock_word(&region, JOURNAL_ID_OFFSET)?;
     let jpath = files.journal_path();
     let existing = match files {
         Files::Real { heap, path } => {
@@ -176,11 +181,16 @@ pub(super) fn open(
             }
             let (device, header) = match existing {
                 Some(device) => {
-                    let word = epoch_word(&region)?;
+                    let word = superblock_word(&region, EPOCH_OFFSET)?;
                     let header = Journal::format(&device, creation_id, random_journal_id(), word)?;
                     (device, header)
                 }
-                None => create(files, creation_id, len, epoch_word(&region)?)?,
+                None => create(
+                    files,
+                    creation_id,
+                    len,
+                    superblock_word(&region, EPOCH_OFFSET)?,
+                )?,
             };
             let media = Media::new(
                 region,
@@ -229,12 +239,6 @@ pub(super) fn open(
     }
 }
 
-fn epoch_word(region: &Region) -> Result<u64> {
-    let mut word = [0u8; 8];
-    region.read(EPOCH_OFFSET, &mut word)?;
-    Ok(u64::from_le_bytes(word))
-}
-
 /// Replays the journal into the heap, makes the heap file durable and folds the records.
 fn replay(media: &Media, jpath: &Path) -> Result<Replayed> {
     let journal = media.journal().ok_or(Error::InvalidConfig {
@@ -259,21 +263,17 @@ fn replay(media: &Media, jpath: &Path) -> Result<Replayed> {
 }
 
 /// For a heap opened on another backend: if it names a journal, replays it, makes the heap
-/// file durable, un-names it and removes the file. Runs before recovery.
-pub(super) fn detach(heap: &File, path: &Path, region: &Region, creation_id: u64) -> Result<()> {
-    let named = named_journal(region)?;
-    if named == 0 {
-        return Ok(());
+/// file durable, un-names it and removes the file. Runs before recovery; hands the region
+/// back for the other backend.
+pub(super) fn detach(heap: &File, path: &Path, region: Region, creation_id: u64) -> Result<Region> {
+    if superblock_word(&region, JOURNAL_ID_OFFSET)? == 0 {
+        return Ok(region);
     }
-    let files = Files::Real { heap, path };
-    // The region is borrowed: replay through a temporary media over the same mapping.
-    let mapping = crate::base::mapping::Mapping::file(heap, region.len() as usize, false)
-        .map_err(|e| Error::io("mmap", path, e))?;
-    let media = open(&files, Region::new(mapping), creation_id, 0)?.media;
+    let media = open(&Files::Real { heap, path }, region, creation_id, 0)?.media;
     media.store(JOURNAL_ID_OFFSET, 0)?;
     // PERSIST: the heap no longer names the journal before the file goes.
     media.persist(JOURNAL_ID_OFFSET, 8)?;
-    drop(media);
     let jpath = journal_path(path);
-    std::fs::remove_file(&jpath).map_err(|e| Error::io("remove", &jpath, e))
+    std::fs::remove_file(&jpath).map_err(|e| Error::io("remove", &jpath, e))?;
+    Ok(media.into_region())
 }

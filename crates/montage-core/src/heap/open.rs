@@ -56,7 +56,7 @@ impl Heap {
     /// sized, [`Error::InvalidConfig`] for an inconsistent configuration.
     pub fn create(config: &HeapConfig) -> Result<Heap> {
         config.validate()?;
-        let creation_id = random_id();
+        let creation_id = crate::random::random_u64();
         let geometry = Geometry::for_new(config.size, creation_id)?;
         let len = usize::try_from(geometry.heap_size).map_err(|_| Error::BadSize {
             size: geometry.heap_size,
@@ -367,19 +367,22 @@ fn open_media(
     initial: Option<Vec<u8>>,
     journal_image: Option<Vec<u8>>,
 ) -> Result<(Media, Option<attach::Replayed>)> {
+    let mut initial = initial;
+    // The simulator takes the image only on the file model; otherwise the backend below does.
     let files = journal_files(
         config,
         file,
-        || initial.clone().unwrap_or_default(),
+        || initial.take().unwrap_or_default(),
         journal_image,
     );
     if let Some(files) = files {
         let opened = attach::open(&files, region, geometry.creation_id, config.journal_len())?;
         return Ok((opened.media, opened.replayed));
     }
-    if let Some((file, path)) = file {
-        attach::detach(file, path, &region, geometry.creation_id)?;
-    }
+    let region = match file {
+        Some((file, path)) => attach::detach(file, path, region, geometry.creation_id)?,
+        None => region,
+    };
     let backend = Backend::new(config, || initial.unwrap_or_default())?;
     Ok((Media::new(region, backend), None))
 }
@@ -425,10 +428,6 @@ fn lock_file(file: &File, path: &Path) -> Result<()> {
         }),
         Err(std::fs::TryLockError::Error(e)) => Err(Error::io("flock", path, e)),
     }
-}
-
-pub(super) fn random_id() -> u64 {
-    crate::random::random_u64()
 }
 
 /// Writes a new heap's superblock. The magic goes last, so a crash while formatting leaves

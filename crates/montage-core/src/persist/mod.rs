@@ -90,6 +90,11 @@ impl Media {
         &self.region
     }
 
+    /// The mapped bytes, without the backend (which is dropped).
+    pub(crate) fn into_region(self) -> Region {
+        self.region
+    }
+
     #[cfg(any(test, feature = "sim"))]
     pub(crate) fn simulator(&self) -> Option<&Arc<Simulator>> {
         match &self.backend {

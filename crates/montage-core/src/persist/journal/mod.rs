@@ -442,6 +442,12 @@ impl Journal {
         if let Err(e) = self.sync_data() {
             return Err(self.poison(e));
         }
+        self.checkpoint_here(w)
+    }
+
+    /// Names the writer's position as the checkpoint: everything sealed so far must be
+    /// durable in the heap file already.
+    fn checkpoint_here(&self, w: &mut Writer) -> Result<()> {
         let (seq, word, vpos) = (w.next_seq - 1, w.word, w.vpos);
         self.write_header(w, seq, word, vpos)
     }
@@ -522,9 +528,7 @@ impl Journal {
         // ORDERING: set before the header that names it is written, under the writer lock
         // below; no record is written before `fold` returns.
         self.session.store(new_session(), Ordering::Relaxed);
-        let mut w = lock(&self.writer);
-        let (seq, word, vpos) = (w.next_seq - 1, w.word, w.vpos);
-        self.write_header(&mut w, seq, word, vpos)
+        self.checkpoint_here(&mut lock(&self.writer))
     }
 
     /// The valid records from ring position `start`, expected to begin with `first_seq`.
