@@ -21,7 +21,9 @@
 use crossbeam_utils::CachePadded;
 
 use crate::base::epoch::Epoch;
-use crate::primitive::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence, yield_now};
+use crate::primitive::{
+    AtomicBool, AtomicU32, AtomicU64, Ordering, after_seqcst_rmw, fence, yield_now,
+};
 
 /// The clock and the running-operation counters.
 #[derive(Debug)]
@@ -79,11 +81,10 @@ impl Tracker {
             let epoch = self.current();
             // ORDERING: SeqCst, part of the handshake (module docs).
             self.counter(slot, epoch).fetch_add(1, Ordering::SeqCst);
-            // ORDERING: the store-load half of the handshake (a Dekker pattern): the fence
-            // orders the increment before the re-read even for models, like loom's, that
-            // treat SeqCst accesses as acquire/release. On x86 it costs one `mfence` beside
-            // the locked add.
-            fence(Ordering::SeqCst);
+            // ORDERING: the store-load half of the handshake (a Dekker pattern): the SeqCst
+            // increment precedes the SeqCst re-read in the single total order; loom needs a
+            // fence to see that (see `after_seqcst_rmw`).
+            after_seqcst_rmw();
             // ORDERING: SeqCst, the operation's half of the closing handshake (see `close_heap`):
             // read after the increment, so either `close_heap` sees the increment or this sees
             // the flag.
@@ -152,9 +153,9 @@ impl Tracker {
         // ORDERING: SeqCst, the writer's half of the handshake (module docs).
         counter.fetch_add(1, Ordering::SeqCst);
         let _leave = Leave(counter);
-        // ORDERING: store-load: the increment is ordered before the read of `closing`, as
-        // in `announce`.
-        fence(Ordering::SeqCst);
+        // ORDERING: store-load: the SeqCst increment is ordered before the SeqCst read of
+        // `closing`, as in `announce`.
+        after_seqcst_rmw();
         // ORDERING: SeqCst, part of the handshake (module docs).
         if self.closing.load(Ordering::SeqCst) >= epoch.get() {
             return None;
