@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use montage_core::payload::Fingerprint;
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 /// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
 pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> u64 {
@@ -23,12 +23,33 @@ pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> u64 {
 
 /// The entry's bytes.
 pub(crate) fn encode<K: Codec, V: Codec>(key: &K, value: &V) -> Vec<u8> {
-    let mut out = vec![0u8; 4];
-    key.encode(&mut out);
+    let mut out = Vec::new();
+    encode_into(&mut out, key, value);
+    out
+}
+
+/// The entry's bytes, in `out` (cleared first), so that a caller with a buffer of its own
+/// allocates nothing.
+pub(crate) fn encode_into<K: Codec, V: Codec>(out: &mut Vec<u8>, key: &K, value: &V) {
+    out.clear();
+    out.extend_from_slice(&[0; 4]);
+    key.encode(out);
     let key_len = u32::try_from(out.len() - 4).unwrap_or(u32::MAX);
     out[..4].copy_from_slice(&key_len.to_le_bytes());
-    value.encode(&mut out);
-    out
+    value.encode(out);
+}
+
+/// Runs `f` with the entry's bytes, encoded into this thread's encoding buffer (one buffer
+/// per thread rather than an allocation per write; a nested call gets a buffer of its own).
+pub(crate) fn with_encoded<K: Codec, V: Codec, R>(
+    key: &K,
+    value: &V,
+    f: impl FnOnce(&[u8]) -> R,
+) -> R {
+    crate::structure::with_encode_buffer(|out| {
+        encode_into(out, key, value);
+        f(out)
+    })
 }
 
 /// Splits an entry into its key and value bytes.
@@ -58,6 +79,19 @@ pub(crate) fn decode<K: Codec, V: Codec>(bytes: &[u8]) -> Result<(K, V)> {
 pub(crate) fn decode_value<V: Codec>(bytes: &[u8]) -> Result<V> {
     let (_, value) = split(bytes).ok_or_else(corrupted)?;
     V::decode(value).ok_or_else(corrupted)
+}
+
+/// The value of the entry `view` shows, copied out of the heap once: the key's length, then
+/// the value's bytes straight into the value (see [`Codec::decode_from`]); the key is not
+/// read.
+pub(crate) fn view_value<V: Codec>(view: &BlockView<'_>) -> Result<V> {
+    let mut len = [0u8; 4];
+    view.read(0, &mut len).map_err(|_| corrupted())?;
+    let at = u64::from(u32::from_le_bytes(len)) + 4;
+    let value_len = u64::from(view.info().len)
+        .checked_sub(at)
+        .ok_or_else(corrupted)?;
+    V::decode_from(value_len as usize, |buf| view.read(at, buf))?.ok_or_else(corrupted)
 }
 
 /// The value of the entry in `block`, read in `op` through this thread's buffer.

@@ -35,6 +35,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
+use hashbrown::HashTable;
 use montage_core::{Codec, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
@@ -57,19 +58,69 @@ pub enum Change<V> {
 /// Stripes in a new map's index (a power of two).
 const STRIPES: usize = 1024;
 
-/// One stripe of the index.
+/// One stripe of the index: the keys whose hash picks it, each with its payload's block.
+/// The table takes the hash the map computed to pick the stripe, so an operation hashes its
+/// key once.
 #[derive(Debug)]
 struct Stripe<K> {
-    blocks: std::collections::HashMap<K, PBlock>,
+    blocks: HashTable<(K, PBlock)>,
 }
 
-impl<K: Hash + Eq> Stripe<K> {
-    /// Points a key the stripe holds at its updated block (no clone of the key, as an
-    /// insert would need).
-    fn replace(&mut self, key: &K, block: PBlock) {
-        if let Some(slot) = self.blocks.get_mut(key) {
+impl<K: Eq> Stripe<K> {
+    /// The block of `key` (whose hash is `hash`).
+    fn get<Q>(&self, hash: u64, key: &Q) -> Option<PBlock>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        self.blocks
+            .find(hash, |(k, _)| k.borrow() == key)
+            .map(|&(_, block)| block)
+    }
+
+    /// The slot holding the block of `key`.
+    fn get_mut<Q>(&mut self, hash: u64, key: &Q) -> Option<&mut PBlock>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        self.blocks
+            .find_mut(hash, |(k, _)| k.borrow() == key)
+            .map(|(_, block)| block)
+    }
+
+    /// Adds `key`, which the stripe does not hold; `hasher` rehashes keys when the table grows.
+    fn insert_new(&mut self, hash: u64, key: K, block: PBlock, hasher: &RandomState)
+    where
+        K: Hash,
+    {
+        self.blocks
+            .insert_unique(hash, (key, block), |(k, _)| hasher.hash_one(k));
+    }
+
+    /// Points `key`, which the stripe holds, at its updated block (no clone of the key, as
+    /// an insert would need).
+    fn set<Q>(&mut self, hash: u64, key: &Q, block: PBlock)
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        if let Some(slot) = self.get_mut(hash, key) {
             *slot = block;
         }
+    }
+
+    /// Removes `key`; returns its block.
+    fn remove<Q>(&mut self, hash: u64, key: &Q) -> Option<PBlock>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let entry = self
+            .blocks
+            .find_entry(hash, |(k, _)| k.borrow() == key)
+            .ok()?;
+        Some(entry.remove().0.1)
     }
 }
 
@@ -137,7 +188,7 @@ where
             stripes: (0..STRIPES)
                 .map(|_| {
                     CachePadded::new(StampedLock::new(Stripe {
-                        blocks: std::collections::HashMap::new(),
+                        blocks: HashTable::new(),
                     }))
                 })
                 .collect(),
@@ -161,20 +212,25 @@ where
             &self.len,
             |key, value, block| {
                 visit(&key, &value);
-                Ok(self
-                    .stripe(&key)
-                    .lock_outside_op()
-                    .blocks
-                    .insert(key, block)
-                    .is_none())
+                let (hash, stripe) = self.stripe(&key);
+                let mut stripe = stripe.lock_outside_op();
+                if stripe.get(hash, &key).is_some() {
+                    return Ok(false);
+                }
+                stripe.insert_new(hash, key, block, &self.hasher);
+                Ok(true)
             },
         )
     }
 
-    fn stripe<Q: Hash + ?Sized>(&self, key: &Q) -> &StampedLock<Stripe<K>> {
+    /// The hash of `key` and the stripe it picks.
+    fn stripe<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &StampedLock<Stripe<K>>) {
         let hash = self.hasher.hash_one(key);
-        // The high bits: the stripe's own table uses the low ones.
-        &self.stripes[(hash >> 32) as usize & (self.stripes.len() - 1)]
+        // Bits 32 and up pick the stripe; the stripe's table uses the lowest bits for its
+        // buckets and the top seven as tags, so the choices do not correlate below 1024
+        // stripes.
+        let stripe = &self.stripes[(hash >> 32) as usize & (self.stripes.len() - 1)];
+        (hash, stripe)
     }
 
     /// The value of `key`. As with `std`'s map, the key may be any borrowed form of `K`
@@ -190,12 +246,10 @@ where
     {
         // No operation: the stripe lock keeps the block live and its bytes still while it is
         // read (module docs).
-        let stripe = self.stripe(key).lock_outside_op();
-        match stripe.blocks.get(key) {
-            Some(&block) => structure::with_buffer(|bytes| {
-                self.heap.read_payload_into(block, bytes)?;
-                entry::decode_value(bytes).map(Some)
-            }),
+        let (hash, stripe) = self.stripe(key);
+        let stripe = stripe.lock_outside_op();
+        match stripe.get(hash, key) {
+            Some(block) => entry::view_value(&self.heap.view(block)?).map(Some),
             None => Ok(None),
         }
     }
@@ -210,7 +264,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        Ok(self.stripe(key).lock_outside_op().blocks.contains_key(key))
+        let (hash, stripe) = self.stripe(key);
+        Ok(stripe.lock_outside_op().get(hash, key).is_some())
     }
 
     /// Sets `key` to `value`; returns the value it replaced.
@@ -222,25 +277,54 @@ where
     // index, since an aborted attempt must be able to run again).
     #[allow(clippy::needless_pass_by_value)]
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
-        let bytes = entry::encode(&key, &value);
-        self.heap.run_op(|op| self.insert_in(op, &key, &bytes))
+        entry::with_encoded(&key, &value, |bytes| {
+            self.heap.run_op(|op| {
+                let mut old = None;
+                self.put_in(op, &key, bytes, Some(&mut old))?;
+                Ok(old)
+            })
+        })
     }
 
-    fn insert_in(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<Option<V>> {
-        let mut stripe = self.stripe(key).lock(op)?;
-        let old = if let Some(&block) = stripe.blocks.get(key) {
-            let old = entry::read_value(op, block)?;
+    /// Sets `key` to `value` as [`insert`](Self::insert) does, without reading the value it
+    /// replaces; returns whether the key was present. The faster write when the old value is
+    /// not wanted (a cache's `set`).
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // as `insert`
+    pub fn put(&self, key: K, value: V) -> Result<bool> {
+        entry::with_encoded(&key, &value, |bytes| {
+            self.heap.run_op(|op| self.put_in(op, &key, bytes, None))
+        })
+    }
+
+    /// Writes the entry `bytes` for `key`; returns whether the key was present, and reads the
+    /// value it replaces into `old` if asked to.
+    fn put_in(
+        &self,
+        op: &OpGuard<'_>,
+        key: &K,
+        bytes: &[u8],
+        old: Option<&mut Option<V>>,
+    ) -> Result<bool> {
+        let (hash, stripe) = self.stripe(key);
+        let mut stripe = stripe.lock(op)?;
+        if let Some(block) = stripe.get(hash, key) {
+            if let Some(old) = old {
+                *old = Some(entry::read_value(op, block)?);
+            }
             let block = op.update(block, bytes)?;
-            stripe.replace(key, block);
-            Some(old)
+            stripe.set(hash, key, block);
+            Ok(true)
         } else {
             let block = op.alloc(self.owner, self.type_id, bytes)?;
-            stripe.blocks.insert(key.clone(), block);
+            stripe.insert_new(hash, key.clone(), block, &self.hasher);
             // ORDERING: a statistic; the stripe lock orders the entry itself.
             self.len.fetch_add(1, Ordering::Relaxed);
-            None
-        };
-        Ok(old)
+            Ok(false)
+        }
     }
 
     /// Removes `key` (any borrowed form of `K`, as in [`get`](Self::get)); returns its value.
@@ -253,24 +337,47 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.heap.run_op(|op| self.remove_in(op, key))
+        self.heap.run_op(|op| {
+            let mut old = None;
+            self.remove_in(op, key, Some(&mut old))?;
+            Ok(old)
+        })
     }
 
-    fn remove_in<Q>(&self, op: &OpGuard<'_>, key: &Q) -> Result<Option<V>>
+    /// Removes `key` as [`remove`](Self::remove) does, without reading its value; returns
+    /// whether it was present.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn delete<Q>(&self, key: &Q) -> Result<bool>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let mut stripe = self.stripe(key).lock(op)?;
-        let Some(&block) = stripe.blocks.get(key) else {
-            return Ok(None);
+        self.heap.run_op(|op| self.remove_in(op, key, None))
+    }
+
+    /// Removes `key`'s entry; returns whether it was present, and reads its value into `old`
+    /// if asked to.
+    fn remove_in<Q>(&self, op: &OpGuard<'_>, key: &Q, old: Option<&mut Option<V>>) -> Result<bool>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, stripe) = self.stripe(key);
+        let mut stripe = stripe.lock(op)?;
+        let Some(block) = stripe.get(hash, key) else {
+            return Ok(false);
         };
-        let old = entry::read_value(op, block)?;
+        if let Some(old) = old {
+            *old = Some(entry::read_value(op, block)?);
+        }
         op.delete(block)?;
-        stripe.blocks.remove(key);
+        stripe.remove(hash, key);
         // ORDERING: a statistic; the stripe lock orders the entry itself.
         self.len.fetch_sub(1, Ordering::Relaxed);
-        Ok(Some(old))
+        Ok(true)
     }
 
     /// Replaces the value of `key` with `f(&value)` atomically; returns the new value, or
@@ -313,25 +420,26 @@ where
         key: &K,
         f: &mut impl FnMut(Option<V>) -> (Change<V>, R),
     ) -> Result<R> {
-        let mut stripe = self.stripe(key).lock(op)?;
-        let block = stripe.blocks.get(key).copied();
+        let (hash, stripe) = self.stripe(key);
+        let mut stripe = stripe.lock(op)?;
+        let block = stripe.get(hash, key);
         let current = block.map(|b| entry::read_value(op, b)).transpose()?;
         let (change, result) = f(current);
         match (change, block) {
             (Change::Keep, _) | (Change::Remove, None) => return Ok(result),
             (Change::Set(new), Some(block)) => {
                 let block = op.update(block, &entry::encode(key, &new))?;
-                stripe.replace(key, block);
+                stripe.set(hash, key, block);
             }
             (Change::Set(new), None) => {
                 let block = op.alloc(self.owner, self.type_id, &entry::encode(key, &new))?;
-                stripe.blocks.insert(key.clone(), block);
+                stripe.insert_new(hash, key.clone(), block, &self.hasher);
                 // ORDERING: a statistic; the stripe lock orders the entry itself.
                 self.len.fetch_add(1, Ordering::Relaxed);
             }
             (Change::Remove, Some(block)) => {
                 op.delete(block)?;
-                stripe.blocks.remove(key);
+                stripe.remove(hash, key);
                 // ORDERING: a statistic; the stripe lock orders the entry itself.
                 self.len.fetch_sub(1, Ordering::Relaxed);
             }
@@ -351,10 +459,10 @@ where
         V: PartialEq,
     {
         let bytes = entry::encode(key, &new);
-        let stripe = self.stripe(key);
+        let (hash, stripe) = self.stripe(key);
         self.heap.run_op(|op| {
             let mut stripe = stripe.lock(op)?;
-            let Some(&block) = stripe.blocks.get(key) else {
+            let Some(block) = stripe.get(hash, key) else {
                 return Ok(Err(None));
             };
             let found: V = entry::read_value(op, block)?;
@@ -362,7 +470,7 @@ where
                 return Ok(Err(Some(found)));
             }
             let block = op.update(block, &bytes)?;
-            stripe.replace(key, block);
+            stripe.set(hash, key, block);
             Ok(Ok(()))
         })
     }
@@ -391,7 +499,7 @@ where
             stripe
                 .blocks
                 .iter()
-                .map(|(key, &block)| Ok((key.clone(), entry::read_value(op, block)?)))
+                .map(|&(ref key, block)| Ok((key.clone(), entry::read_value(op, block)?)))
                 .collect()
         })
     }
@@ -424,10 +532,10 @@ mod tests {
             |old| {
                 let bytes = entry::encode(&1u64, &11u64);
                 assert!(matches!(
-                    map.insert_in(old, &1, &bytes),
+                    map.put_in(old, &1, &bytes, None),
                     Err(Error::Aborted)
                 ));
-                assert!(matches!(map.remove_in(old, &1), Err(Error::Aborted)));
+                assert!(matches!(map.remove_in(old, &1, None), Err(Error::Aborted)));
                 let mut keep = |_: Option<u64>| (Change::Keep, ());
                 assert!(matches!(
                     map.compute_in(old, &1, &mut keep),

@@ -123,6 +123,24 @@ where
     /// of its offset and the read (it becomes invalid when the replacing operation ends)
     /// is looked up again.
     fn find(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<Found<V>>> {
+        self.find_with(op, key, |block| entry::read_value(op, block))
+    }
+
+    /// The key's payload, checked live (as [`find`](Self::find), without reading the value).
+    fn find_block(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<PBlock>> {
+        Ok(self
+            .find_with(op, key, |block| op.info(block).map(|_| ()))?
+            .map(|found| found.block))
+    }
+
+    /// The key's payload and what `read` makes of it, looking the key up again when the
+    /// payload was replaced between the load of its offset and the read.
+    fn find_with<T>(
+        &self,
+        op: &OpGuard<'_>,
+        key: &K,
+        read: impl Fn(PBlock) -> Result<T>,
+    ) -> Result<Option<Found<T>>> {
         let bucket = self.bucket(key);
         let mut last = None;
         loop {
@@ -130,7 +148,7 @@ where
                 return Ok(None);
             };
             let block = PBlock::from_offset(offset);
-            match entry::read_value(op, block) {
+            match read(block) {
                 Ok(value) => return Ok(Some(Found { block, value })),
                 // The same offset twice: not a concurrent replacement but a broken index.
                 Err(Error::InvalidBlock { .. }) if last != Some(offset) => last = Some(offset),
@@ -165,26 +183,51 @@ where
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); as [`get`](Self::get).
     #[allow(clippy::needless_pass_by_value)] // as `std`'s: the map keeps the value (encoded)
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
-        let bytes = entry::encode(&key, &value);
-        self.heap.run_op(|op| self.insert_in(op, &key, &bytes))
+        entry::with_encoded(&key, &value, |bytes| {
+            self.heap.run_op(|op| match self.find(op, &key)? {
+                Some(old) => {
+                    self.replace_in(op, &key, old.block, bytes)?;
+                    Ok(Some(old.value))
+                }
+                None => self.insert_new(op, &key, bytes).map(|()| None),
+            })
+        })
     }
 
-    fn insert_in(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<Option<V>> {
+    /// Sets `key` to `value` as [`insert`](Self::insert) does, without reading the value it
+    /// replaces; returns whether the key was present.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // as `insert`
+    pub fn put(&self, key: K, value: V) -> Result<bool> {
+        entry::with_encoded(&key, &value, |bytes| {
+            self.heap.run_op(|op| match self.find_block(op, &key)? {
+                Some(block) => self.replace_in(op, &key, block, bytes).map(|()| true),
+                None => self.insert_new(op, &key, bytes).map(|()| false),
+            })
+        })
+    }
+
+    /// Replaces the entry `old` of `key` with a new version holding `bytes`.
+    fn replace_in(&self, op: &OpGuard<'_>, key: &K, old: PBlock, bytes: &[u8]) -> Result<()> {
+        let new = op.copy_update(old, bytes).map_err(contended)?;
+        self.bucket(key)
+            .replace(op, key, old.offset(), new.offset())?
+            .map_err(|_| Error::Aborted)
+    }
+
+    /// Adds an entry holding `bytes` for `key`, which `op` found absent.
+    fn insert_new(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<()> {
         let bucket = self.bucket(key);
-        if let Some(old) = self.find(op, key)? {
-            let new = op.copy_update(old.block, bytes).map_err(contended)?;
-            bucket
-                .replace(op, key, old.block.offset(), new.offset())?
-                .map_err(|_| Error::Aborted)?;
-            return Ok(Some(old.value));
-        }
         let new = op.alloc(self.owner, self.type_id, bytes)?;
         bucket
             .insert(op, key, new.offset())?
             .map_err(|_| Error::Aborted)?;
         // ORDERING: a statistic; the verified swap orders the entry itself.
         self.len.fetch_add(1, Ordering::Relaxed);
-        Ok(None)
+        Ok(())
     }
 
     /// Removes `key`; returns its value.
@@ -193,20 +236,39 @@ where
     ///
     /// As [`insert`](Self::insert).
     pub fn remove(&self, key: &K) -> Result<Option<V>> {
-        self.heap.run_op(|op| self.remove_in(op, key))
+        self.heap.run_op(|op| {
+            let Some(old) = self.find(op, key)? else {
+                return Ok(None);
+            };
+            self.remove_in(op, key, old.block)?;
+            Ok(Some(old.value))
+        })
     }
 
-    fn remove_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
-        let Some(old) = self.find(op, key)? else {
-            return Ok(None);
-        };
-        op.delete(old.block).map_err(contended)?;
+    /// Removes `key` as [`remove`](Self::remove) does, without reading its value; returns
+    /// whether it was present.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn delete(&self, key: &K) -> Result<bool> {
+        self.heap.run_op(|op| {
+            let Some(block) = self.find_block(op, key)? else {
+                return Ok(false);
+            };
+            self.remove_in(op, key, block).map(|()| true)
+        })
+    }
+
+    /// Deletes the entry `old` of `key`.
+    fn remove_in(&self, op: &OpGuard<'_>, key: &K, old: PBlock) -> Result<()> {
+        op.delete(old).map_err(contended)?;
         self.bucket(key)
-            .remove(op, key, old.block.offset())?
+            .remove(op, key, old.offset())?
             .map_err(|_| Error::Aborted)?;
         // ORDERING: a statistic; the verified swap orders the entry itself.
         self.len.fetch_sub(1, Ordering::Relaxed);
-        Ok(Some(old.value))
+        Ok(())
     }
 
     /// Replaces the value of `key` with `f(&value)` atomically; returns the new value, or

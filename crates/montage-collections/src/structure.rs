@@ -33,6 +33,16 @@ pub(crate) fn owner(heap: &Heap, name: &str) -> Result<(OwnerId, bool)> {
 
 thread_local! {
     static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ENCODE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with this thread's encoding buffer (see [`with_buffer`], whose payload reads may
+/// happen while an encoded entry is held).
+pub(crate) fn with_encode_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    ENCODE.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut bytes) => f(&mut bytes),
+        Err(_) => f(&mut Vec::new()),
+    })
 }
 
 /// Runs `f` with this thread's payload buffer: one buffer per thread, rather than an

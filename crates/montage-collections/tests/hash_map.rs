@@ -19,7 +19,9 @@ fn sim_heap(size: u64) -> Heap {
 #[derive(Debug, Clone)]
 enum Step {
     Insert(u8, u16),
+    Put(u8, u16),
     Remove(u8),
+    Delete(u8),
     Get(u8),
     Update(u8),
     CompareAndSet(u8, u16, u16),
@@ -30,7 +32,9 @@ enum Step {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         4 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::Insert(k % 16, v)),
+        2 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::Put(k % 16, v)),
         2 => any::<u8>().prop_map(|k| Step::Remove(k % 16)),
+        1 => any::<u8>().prop_map(|k| Step::Delete(k % 16)),
         2 => any::<u8>().prop_map(|k| Step::Get(k % 16)),
         1 => any::<u8>().prop_map(|k| Step::Update(k % 16)),
         1 => (any::<u8>(), any::<u16>(), any::<u16>()).prop_map(|(k, a, b)| Step::CompareAndSet(k % 16, a % 4, b)),
@@ -56,7 +60,13 @@ proptest! {
                     let value = v.to_le_bytes().repeat(usize::from(v % 5));
                     prop_assert_eq!(map.insert(u64::from(k), value.clone()).unwrap(), model.insert(u64::from(k), value));
                 }
+                Step::Put(k, v) => {
+                    // Long values too: they are read back past the default decoder's stack buffer.
+                    let value = v.to_le_bytes().repeat(usize::from(v % 300));
+                    prop_assert_eq!(map.put(u64::from(k), value.clone()).unwrap(), model.insert(u64::from(k), value).is_some());
+                }
                 Step::Remove(k) => prop_assert_eq!(map.remove(&u64::from(k)).unwrap(), model.remove(&u64::from(k))),
+                Step::Delete(k) => prop_assert_eq!(map.delete(&u64::from(k)).unwrap(), model.remove(&u64::from(k)).is_some()),
                 Step::Get(k) => {
                     prop_assert_eq!(map.get(&u64::from(k)).unwrap(), model.get(&u64::from(k)).cloned());
                     prop_assert_eq!(map.contains_key(&u64::from(k)).unwrap(), model.contains_key(&u64::from(k)));

@@ -68,6 +68,18 @@ impl Heap {
             .header(&self.shared().runtime.media, block)
     }
 
+    /// A live block's header, with a reader of its payload: one header check for several
+    /// reads of parts of the payload (read as [`read_payload`](Self::read_payload) reads,
+    /// with the same caveats outside an operation).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) if `block` is not a live block.
+    pub fn view(&self, block: PBlock) -> Result<BlockView<'_>> {
+        let info = self.info(block)?;
+        Ok(BlockView::new(info, &self.shared().runtime.media))
+    }
+
     /// The payload of a live block (its recorded length).
     ///
     /// Outside an operation this reads whatever the block holds now: possibly bytes an

@@ -17,6 +17,44 @@ pub trait Codec: Sized + Send + Sync + 'static {
 
     /// Decodes a value from exactly the bytes `encode` wrote; `None` if they are not one.
     fn decode(bytes: &[u8]) -> Option<Self>;
+
+    /// Decodes a value of `len` encoded bytes that `read` copies into the buffer it is
+    /// given (of exactly `len` bytes), as [`decode`](Self::decode) would from those bytes.
+    /// Structures call it to decode straight from the heap.
+    ///
+    /// The default reads into a buffer on the stack (or, past 256 bytes, one allocation)
+    /// and calls `decode`; byte strings read into their own allocation instead, so a value
+    /// is copied out of the heap once.
+    ///
+    /// # Errors
+    ///
+    /// Whatever `read` returns.
+    fn decode_from(
+        len: usize,
+        read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
+    ) -> crate::error::Result<Option<Self>> {
+        const STACK: usize = 256;
+        if len <= STACK {
+            let mut buf = [0u8; STACK];
+            let bytes = &mut buf[..len];
+            read(bytes)?;
+            Ok(Self::decode(bytes))
+        } else {
+            let mut buf = vec![0u8; len];
+            read(&mut buf)?;
+            Ok(Self::decode(&buf))
+        }
+    }
+}
+
+/// A byte string of `len` bytes read by `read` into its own allocation.
+fn read_bytes(
+    len: usize,
+    read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
+) -> crate::error::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    read(&mut buf)?;
+    Ok(buf)
 }
 
 const fn id(name: &str) -> u64 {
@@ -34,6 +72,12 @@ impl Codec for Vec<u8> {
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.to_vec())
     }
+    fn decode_from(
+        len: usize,
+        read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
+    ) -> crate::error::Result<Option<Self>> {
+        read_bytes(len, read).map(Some)
+    }
 }
 
 impl Codec for Box<[u8]> {
@@ -44,6 +88,12 @@ impl Codec for Box<[u8]> {
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.into())
     }
+    fn decode_from(
+        len: usize,
+        read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
+    ) -> crate::error::Result<Option<Self>> {
+        read_bytes(len, read).map(|bytes| Some(bytes.into_boxed_slice()))
+    }
 }
 
 impl Codec for String {
@@ -53,6 +103,12 @@ impl Codec for String {
     }
     fn decode(bytes: &[u8]) -> Option<Self> {
         String::from_utf8(bytes.to_vec()).ok()
+    }
+    fn decode_from(
+        len: usize,
+        read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
+    ) -> crate::error::Result<Option<Self>> {
+        read_bytes(len, read).map(|bytes| String::from_utf8(bytes).ok())
     }
 }
 
@@ -105,10 +161,48 @@ pub fn encode_payload<T: crate::payload::PayloadField>(value: &T, out: &mut Vec<
 mod tests {
     use super::*;
 
-    fn round_trip<T: Codec + PartialEq + std::fmt::Debug>(value: T) {
+    fn round_trip<T: Codec + PartialEq + std::fmt::Debug + Clone>(value: T) {
         let mut bytes = Vec::new();
         value.encode(&mut bytes);
-        assert_eq!(T::decode(&bytes), Some(value));
+        assert_eq!(T::decode(&bytes), Some(value.clone()));
+        let decoded = T::decode_from(bytes.len(), |buf| {
+            buf.copy_from_slice(&bytes);
+            Ok(())
+        });
+        assert_eq!(decoded.unwrap(), Some(value));
+    }
+
+    /// A fixed-size value longer than the default `decode_from`'s stack buffer.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Long([u8; 300]);
+
+    impl Codec for Long {
+        const CODEC_ID: u64 = id("long");
+        fn encode(&self, out: &mut Vec<u8>) {
+            out.extend_from_slice(&self.0);
+        }
+        fn decode(bytes: &[u8]) -> Option<Self> {
+            Some(Long(bytes.try_into().ok()?))
+        }
+    }
+
+    #[test]
+    fn decode_from_reads_once_and_passes_errors_on() {
+        round_trip(Long([9; 300]));
+        round_trip(vec![3u8; 1000]);
+        assert_eq!(
+            String::decode_from(1, |buf| {
+                buf[0] = 0xff;
+                Ok(())
+            })
+            .unwrap(),
+            None
+        );
+        assert_eq!(u64::decode_from(3, |_| Ok(())).unwrap(), None);
+        let failed = Long::decode_from(300, |_| Err(crate::error::Error::Poisoned));
+        assert!(matches!(failed, Err(crate::error::Error::Poisoned)));
+        let failed = Vec::<u8>::decode_from(8, |_| Err(crate::error::Error::Poisoned));
+        assert!(matches!(failed, Err(crate::error::Error::Poisoned)));
     }
 
     #[test]

@@ -73,7 +73,12 @@ pub struct BlockView<'a> {
     media: &'a Media,
 }
 
-impl BlockView<'_> {
+impl<'a> BlockView<'a> {
+    /// The view of the block `info` describes, which the caller validated.
+    pub(crate) fn new(info: BlockInfo, media: &'a Media) -> BlockView<'a> {
+        BlockView { info, media }
+    }
+
     /// The block's header.
     pub fn info(&self) -> &BlockInfo {
         &self.info
@@ -215,7 +220,7 @@ fn visit_unit<'m>(
             media.settle_header(offset)?;
         }
         let info = read_header(media, creation_id, offset, capacity)?;
-        Ok(info.map(|info| BlockView { info, media }))
+        Ok(info.map(|info| BlockView::new(info, media)))
     };
     let mut blocks = Vec::new();
     match unit {
