@@ -28,11 +28,12 @@ use clap::Parser;
 
 use report::Record;
 use run::Timing;
-use stores::{Backend, Contender, Dirs, Result, Sizing};
+use stores::{Backend, Contender, Dirs, MapStore, Result, Sizing};
 use workload::{KeyDist, Workload};
 
 /// Measures montage's structures against transient and embedded stores.
 #[derive(Debug, Parser)]
+#[allow(clippy::struct_excessive_bools)] // command-line switches
 #[command(name = "montage-bench")]
 struct Args {
     /// A short run for a first look (under 3 minutes on 2 cores): 100,000 keys, 256-byte
@@ -57,6 +58,10 @@ struct Args {
     /// Only these contenders (names as in the results).
     #[arg(long, value_delimiter = ',')]
     contenders: Option<Vec<String>>,
+    /// Only montage contenders on these backends (`volatile`, `pmem`, `journal`); the
+    /// transient and embedded stores are kept.
+    #[arg(long, value_delimiter = ',')]
+    backends: Option<Vec<String>>,
     /// Only these workloads (names as in the results).
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<String>>,
@@ -76,6 +81,12 @@ struct Args {
     /// Keep the points already in `<out>/results.json`, replacing those measured again.
     #[arg(long)]
     append: bool,
+    /// Measure the map contenders side by side: at each value size open and prefill all of
+    /// them, then run every repeat of a point on each in turn, so that drift in the
+    /// machine's speed reaches every contender alike (the map workloads only; needs the
+    /// memory of all the stores at once).
+    #[arg(long)]
+    interleave: bool,
 }
 
 /// The settings of one run, defaults filled in.
@@ -88,6 +99,7 @@ struct Plan {
     queues: Vec<(Contender, Backend)>,
     workloads: Vec<Workload>,
     dirs: Dirs,
+    interleave: bool,
 }
 
 /// Every map contender with the backends it runs on, in the order they are measured.
@@ -149,6 +161,20 @@ impl Plan {
                 .into());
             }
         }
+        if let Some(bad) = args.backends.iter().flatten().find(|n| {
+            ![Backend::Volatile, Backend::Pmem, Backend::Journal]
+                .iter()
+                .any(|b| b.name() == n.as_str())
+        }) {
+            return Err(format!("unknown backend `{bad}` (volatile, pmem, journal)").into());
+        }
+        let on_backend = |backend: Backend| {
+            backend == Backend::None
+                || args
+                    .backends
+                    .as_ref()
+                    .is_none_or(|l| l.iter().any(|n| n == backend.name()))
+        };
         if let Some(names) = &args.workloads
             && let Some(bad) = names
                 .iter()
@@ -179,11 +205,11 @@ impl Plan {
             },
             maps: map_contenders()
                 .into_iter()
-                .filter(|(c, _)| wanted(c.name(), &args.contenders))
+                .filter(|(c, b)| wanted(c.name(), &args.contenders) && on_backend(*b))
                 .collect(),
             queues: queue_contenders()
                 .into_iter()
-                .filter(|(c, _)| wanted(c.name(), &args.contenders))
+                .filter(|(c, b)| wanted(c.name(), &args.contenders) && on_backend(*b))
                 .collect(),
             workloads: Workload::ALL
                 .into_iter()
@@ -193,8 +219,26 @@ impl Plan {
                 pmem: args.pmem_dir.clone(),
                 disk,
             },
+            interleave: args.interleave,
         })
     }
+}
+
+/// Prints `record`, puts it in `records` in place of an earlier record of the same point,
+/// and saves them all to `json`.
+fn save_record(json: &std::path::Path, records: &mut Vec<Record>, record: Record) -> Result {
+    eprintln!(
+        "  {:<36} {:<10} {:<8} {:>5} B {} thr: {:>12.0} ops/s",
+        record.series(),
+        record.workload,
+        record.key_dist,
+        record.value_size,
+        record.threads,
+        record.ops_per_sec
+    );
+    records.retain(|r| !r.same_point(&record));
+    records.push(record);
+    report::write_json(json, records)
 }
 
 /// Runs the plan, adding a record per point to `records` (replacing an earlier record of the
@@ -207,20 +251,7 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
         eprintln!("FAILED: {what}");
         failures.push(what);
     };
-    let save = |record: Record, records: &mut Vec<Record>| -> Result {
-        eprintln!(
-            "  {:<36} {:<10} {:<8} {:>5} B {} thr: {:>12.0} ops/s",
-            record.series(),
-            record.workload,
-            record.key_dist,
-            record.value_size,
-            record.threads,
-            record.ops_per_sec
-        );
-        records.retain(|r| !r.same_point(&record));
-        records.push(record);
-        report::write_json(json, records)
-    };
+    let save = |record: Record, records: &mut Vec<Record>| save_record(json, records, record);
     let map_workloads: Vec<Workload> = Workload::MAP
         .into_iter()
         .filter(|w| plan.workloads.contains(w))
@@ -234,9 +265,20 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
             key_range: plan.key_range,
             value_size,
         };
+        if plan.interleave {
+            let started = Instant::now();
+            if let Err(e) = run_interleaved(plan, sizing, &map_workloads, &mut |r| save(r, records))
+            {
+                failed(format!("{value_size}-byte values, interleaved: {e}"));
+            }
+            eprintln!("  ({:.1} s)", started.elapsed().as_secs_f64());
+        }
         for &(contender, backend) in &plan.maps {
+            if plan.interleave && contender.sync_only() {
+                continue;
+            }
             let durable = contender.is_durable(backend);
-            let map_workloads: &[Workload] = if contender.sync_only() {
+            let map_workloads: &[Workload] = if contender.sync_only() || plan.interleave {
                 &[]
             } else {
                 &map_workloads
@@ -297,6 +339,91 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
         }
     }
     Ok(failures)
+}
+
+/// A map contender opened by [`with_maps`].
+type Opened<'a> = (Contender, Backend, &'a dyn MapStore);
+
+/// Opens every contender of `contenders` at once (in nested scopes, so each store is closed
+/// and its files removed when the scope ends) and runs `f` on all of them.
+fn with_maps(
+    contenders: &[(Contender, Backend)],
+    opened: &[Opened<'_>],
+    dirs: &Dirs,
+    sizing: Sizing,
+    f: &mut dyn FnMut(&[Opened<'_>]) -> Result,
+) -> Result {
+    let Some((&(contender, backend), rest)) = contenders.split_first() else {
+        return f(opened);
+    };
+    stores::with_map(contender, backend, dirs, sizing, &mut |store| {
+        let mut all = opened.to_vec();
+        all.push((contender, backend, store));
+        with_maps(rest, &all, dirs, sizing, f)
+    })
+}
+
+/// The map workloads at one value size with every map contender open at once: each point's
+/// repeats run round-robin over the contenders (`--interleave`).
+fn run_interleaved(
+    plan: &Plan,
+    sizing: Sizing,
+    workloads: &[Workload],
+    save: &mut dyn FnMut(Record) -> Result,
+) -> Result {
+    let contenders: Vec<(Contender, Backend)> = plan
+        .maps
+        .iter()
+        .copied()
+        .filter(|(c, _)| !c.sync_only())
+        .collect();
+    if contenders.is_empty() || workloads.is_empty() {
+        return Ok(());
+    }
+    with_maps(&contenders, &[], &plan.dirs, sizing, &mut |stores| {
+        for &(contender, backend, store) in stores {
+            let filled = Instant::now();
+            run::prefill(store, plan.key_range, sizing.value_size, 2)?;
+            eprintln!(
+                "{} ({}), {}-byte values: prefilled {} keys in {:.1} s",
+                contender.name(),
+                backend.name(),
+                sizing.value_size,
+                plan.key_range / 2,
+                filled.elapsed().as_secs_f64()
+            );
+        }
+        let once = Timing {
+            repeats: 1,
+            ..plan.timing
+        };
+        for &workload in workloads {
+            for dist in [KeyDist::Uniform, KeyDist::Zipf] {
+                for &threads in &plan.threads {
+                    let mut repeats = vec![Vec::new(); stores.len()];
+                    for _ in 0..plan.timing.repeats {
+                        for (i, &(_, _, store)) in stores.iter().enumerate() {
+                            repeats[i].extend(run::map_workload(
+                                store,
+                                workload,
+                                dist,
+                                threads,
+                                plan.key_range,
+                                sizing.value_size,
+                                once,
+                            )?);
+                        }
+                    }
+                    for (&(contender, backend, _), repeats) in stores.iter().zip(repeats) {
+                        save(record(
+                            contender, backend, workload, dist, threads, sizing, repeats,
+                        ))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 /// The queue workload at one value size, on every queue contender. The heap is sized for a

@@ -78,13 +78,15 @@ macro_rules! map_store {
                 Ok($map::get(self, &key)?.map(|v| v.len()))
             }
 
+            // `put` and `delete`: like every other contender's, the write does not read the
+            // value it replaces.
             fn insert(&self, key: u64, value: &[u8]) -> Result {
-                $map::insert(self, key, value.to_vec())?;
+                $map::put(self, key, value.to_vec())?;
                 Ok(())
             }
 
             fn remove(&self, key: u64) -> Result {
-                $map::remove(self, &key)?;
+                $map::delete(self, &key)?;
                 Ok(())
             }
 
