@@ -82,6 +82,10 @@ fn op_overhead(c: &mut Criterion) {
             )
         });
     });
+    // The operation alone, to split the cost above into the operation and the allocation.
+    group.bench_function("montage-pmem begin+end", |b| {
+        b.iter(|| drop(black_box(heap.begin_op().unwrap())));
+    });
     group.bench_function("box-64B", |b| {
         b.iter_custom(|iters| timed_batches(iters, || Box::new(black_box(payload)), drop));
     });

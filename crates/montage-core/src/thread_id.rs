@@ -40,6 +40,13 @@ pub(crate) fn current() -> usize {
     SLOT.try_with(|slot| slot.0).unwrap_or(0)
 }
 
+/// The index of `id` in a per-thread table of `count` entries: `id` itself while it fits
+/// (the common case, decided without a division), else `id % count`.
+#[inline]
+pub(crate) fn index_in(id: usize, count: usize) -> usize {
+    if id < count { id } else { id % count }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -177,8 +177,7 @@ impl Allocator {
     }
 
     fn cache(&self) -> &Mutex<ThreadCache> {
-        let index = crate::thread_id::current() % self.caches.len();
-        &self.caches[index]
+        &self.caches[crate::thread_id::index_in(crate::thread_id::current(), self.caches.len())]
     }
 
     fn mirror(&self, span: u64) -> u32 {

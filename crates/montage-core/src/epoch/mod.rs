@@ -65,6 +65,7 @@ use crate::config::{EpochLength, WriteBack};
 use crate::error::{Error, Result};
 use crate::meta::registry::Registry;
 use crate::persist::Media;
+use crate::thread_id::index_in;
 use reclaim::Reclaim;
 use tracker::Tracker;
 
@@ -154,7 +155,13 @@ impl Epochs {
     }
 
     fn slot(&self, index: usize) -> &Slot {
-        &self.slots[index % self.slots.len()]
+        &self.slots[index_in(index, self.slots.len())]
+    }
+
+    /// The slot an operation of the thread with id `thread` announces in (threads beyond
+    /// the slot count share slots).
+    pub(crate) fn slot_index(&self, thread: usize) -> usize {
+        index_in(thread, self.slots.len())
     }
 
     /// Reserves `count` consecutive uids; returns the first.

@@ -3,7 +3,7 @@
 //! the operation's own epoch are changed in place, older ones by copy-on-write, deletion
 //! writes an anti-block, and meeting a payload of a newer epoch aborts the operation.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, RefMut};
 use std::marker::PhantomData;
 
 use super::Runtime;
@@ -14,14 +14,15 @@ use crate::config::WriteBack;
 use crate::error::{Error, Result};
 
 /// What a thread keeps between its operations.
-#[derive(Default)]
 struct ThreadState {
     /// The heaps (by instance id) on which this thread has an operation open: operations do
     /// not nest, and `sync` inside one would wait for itself.
     active: Vec<u64>,
     /// Logs of finished operations, kept for their capacity: an operation allocates nothing
-    /// once its thread has warmed up.
-    spare_logs: Vec<OpLog>,
+    /// once its thread has warmed up. Boxed, so that handing one to an operation and back
+    /// moves a pointer rather than the five vectors.
+    #[allow(clippy::vec_box)] // the boxes, not the vector, are what moves
+    spare_logs: Vec<Box<OpLog>>,
     /// A range of uids reserved for this thread: (heap instance, next, end).
     uids: (u64, u64, u64),
     /// The epoch of the last operation this thread committed: (heap instance, epoch).
@@ -34,8 +35,20 @@ struct ThreadState {
 /// How many (heap, type) pairs a thread remembers as checked.
 const TYPE_CACHE: usize = 64;
 
+impl ThreadState {
+    const fn new() -> ThreadState {
+        ThreadState {
+            active: Vec::new(),
+            spare_logs: Vec::new(),
+            uids: (0, 0, 0),
+            last_commit: (0, Epoch::ZERO),
+            types: Vec::new(),
+        }
+    }
+}
+
 thread_local! {
-    static LOCAL: RefCell<ThreadState> = RefCell::new(ThreadState::default());
+    static LOCAL: RefCell<ThreadState> = const { RefCell::new(ThreadState::new()) };
 }
 
 /// How many uids a thread reserves at a time.
@@ -78,7 +91,8 @@ pub struct OpGuard<'h> {
     runtime: &'h Runtime,
     epoch: Epoch,
     slot: usize,
-    log: RefCell<OpLog>,
+    /// Taken back to the thread's spare logs when the operation ends.
+    log: RefCell<Option<Box<OpLog>>>,
     done: Cell<bool>,
     _not_send: PhantomData<*const ()>,
 }
@@ -100,13 +114,13 @@ impl<'h> OpGuard<'h> {
                 None
             } else {
                 local.active.push(id);
-                Some(local.spare_logs.pop().unwrap_or_default())
+                Some(local.spare_logs.pop())
             }
         });
         let Some(log) = log else {
             return Err(Error::NestedOperation);
         };
-        let slot = crate::thread_id::current();
+        let slot = runtime.epochs.slot_index(crate::thread_id::current());
         match runtime.epochs.announce(slot) {
             Ok(epoch) => Ok(OpGuard {
                 runtime,
@@ -121,6 +135,13 @@ impl<'h> OpGuard<'h> {
                 Err(err)
             }
         }
+    }
+
+    /// The operation's log (a fresh one if the thread had no spare).
+    fn log(&self) -> RefMut<'_, OpLog> {
+        RefMut::map(self.log.borrow_mut(), |log| {
+            &mut **log.get_or_insert_with(Box::default)
+        })
     }
 
     /// The epoch this operation runs in.
@@ -171,7 +192,7 @@ impl<'h> OpGuard<'h> {
         let block = shared
             .alloc
             .alloc(&shared.media, spec, bytes.len() as u64)?;
-        let mut log = self.log.borrow_mut();
+        let mut log = self.log();
         log.allocated.push(block);
         log.persist
             .push((block.offset(), HEADER_LEN + bytes.len() as u64));
@@ -238,10 +259,7 @@ impl<'h> OpGuard<'h> {
                     .alloc
                     .write_header(&shared.media, block.offset(), &header)?;
             }
-            self.log
-                .borrow_mut()
-                .persist
-                .push((block.offset(), HEADER_LEN + len));
+            self.log().persist.push((block.offset(), HEADER_LEN + len));
             return Ok(block);
         }
         self.replace(&info, bytes)
@@ -290,10 +308,7 @@ impl<'h> OpGuard<'h> {
             self.runtime
                 .media
                 .write(block.payload_offset() + at, bytes)?;
-            self.log
-                .borrow_mut()
-                .persist
-                .push((block.payload_offset() + at, len));
+            self.log().persist.push((block.payload_offset() + at, len));
             return Ok(block);
         }
         let mut payload = vec![0u8; info.len as usize];
@@ -307,7 +322,7 @@ impl<'h> OpGuard<'h> {
     /// Records that this operation wrote `len` bytes at `offset` in place, to be written back
     /// with its epoch.
     pub(crate) fn record_write(&self, offset: u64, len: u64) {
-        self.log.borrow_mut().persist.push((offset, len));
+        self.log().persist.push((offset, len));
     }
 
     /// What this operation runs on.
@@ -369,7 +384,7 @@ impl<'h> OpGuard<'h> {
         };
         match self.alloc_spec(spec, bytes) {
             Ok(block) => {
-                let mut log = self.log.borrow_mut();
+                let mut log = self.log();
                 if old.spec.epoch == self.epoch {
                     log.kills.push(old.block);
                 } else {
@@ -395,11 +410,11 @@ impl<'h> OpGuard<'h> {
         if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
             let shared = self.runtime;
             shared.alloc.mark_retired(&shared.media, block)?;
-            self.log.borrow_mut().kills.push(block);
+            self.log().kills.push(block);
             return Ok(());
         }
         let anti = self.supersede(&info, BlockKind::Delete, &[])?;
-        self.log.borrow_mut().antis.push(anti);
+        self.log().antis.push(anti);
         Ok(())
     }
 
@@ -411,13 +426,13 @@ impl<'h> OpGuard<'h> {
     /// Only if the heap cannot be written (a poisoned heap).
     pub fn abort(self) -> Result<()> {
         let result = self.rollback();
-        self.finish();
+        self.finish(false);
         result
     }
 
     fn rollback(&self) -> Result<()> {
         let shared = self.runtime;
-        let mut log = self.log.borrow_mut();
+        let mut log = self.log();
         let log = &mut *log;
         let mut first_error = Ok(());
         for block in log.victims.drain(..).chain(log.kills.drain(..)) {
@@ -433,14 +448,14 @@ impl<'h> OpGuard<'h> {
     }
 
     /// Commits (or, after `rollback`, just ends): kills, then hands everything to the
-    /// advancer and withdraws the announcement.
-    fn finish(&self) {
+    /// advancer and withdraws the announcement; `committed` records the epoch as the
+    /// thread's last commit.
+    fn finish(&self, committed: bool) {
         if self.done.replace(true) {
             return;
         }
         let shared = self.runtime;
-        let mut log = self.log.borrow_mut();
-        let log = &mut *log;
+        let mut log = self.log.borrow_mut().take().unwrap_or_default();
         for block in log.kills.drain(..) {
             // A failed store leaves the block valid until reclamation invalidates it; the
             // heap is poisoned then and every later write reports it.
@@ -472,25 +487,23 @@ impl<'h> OpGuard<'h> {
         // Everything was handed over; what is left is capacity for the next operation.
         log.allocated.clear();
         debug_assert!(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty());
-        let log = std::mem::take(log);
         let id = shared.epochs.instance();
-        // During thread teardown the state may be gone already; nothing is left to track.
+        // During thread teardown the state may be gone already; nothing is left to track
+        // and nobody can ask for the last commit.
         let _ = LOCAL.try_with(|local| {
             let mut local = local.borrow_mut();
             local.active.retain(|&a| a != id);
             local.spare_logs.push(log);
+            if committed {
+                local.last_commit = (id, self.epoch);
+            }
         });
     }
 }
 
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
-        if !self.done.get() {
-            let commit = (self.runtime.epochs.instance(), self.epoch);
-            // During thread teardown the state may be gone already; nobody can ask then.
-            let _ = LOCAL.try_with(|local| local.borrow_mut().last_commit = commit);
-        }
-        self.finish();
+        self.finish(true);
     }
 }
 

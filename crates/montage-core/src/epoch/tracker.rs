@@ -24,6 +24,7 @@ use crate::base::epoch::Epoch;
 use crate::primitive::{
     AtomicBool, AtomicU32, AtomicU64, Ordering, after_seqcst_rmw, fence, yield_now,
 };
+use crate::thread_id::index_in;
 
 /// The clock and the running-operation counters.
 #[derive(Debug)]
@@ -71,7 +72,7 @@ impl Tracker {
     }
 
     fn counter(&self, slot: usize, epoch: Epoch) -> &AtomicU32 {
-        &self.slots[slot % self.slots.len()].running[epoch.slot4()]
+        &self.slots[index_in(slot, self.slots.len())].running[epoch.slot4()]
     }
 
     /// Announces an operation in `slot`; returns the epoch it runs in, or `None` once the
@@ -149,7 +150,7 @@ impl Tracker {
                 self.0.fetch_sub(1, Ordering::Release);
             }
         }
-        let counter = &self.slots[slot % self.slots.len()].verifying;
+        let counter = &self.slots[index_in(slot, self.slots.len())].verifying;
         // ORDERING: SeqCst, the writer's half of the handshake (module docs).
         counter.fetch_add(1, Ordering::SeqCst);
         let _leave = Leave(counter);
