@@ -75,12 +75,6 @@ pub(crate) fn decode<K: Codec, V: Codec>(bytes: &[u8]) -> Result<(K, V)> {
     ))
 }
 
-/// The value of an entry.
-pub(crate) fn decode_value<V: Codec>(bytes: &[u8]) -> Result<V> {
-    let (_, value) = split(bytes).ok_or_else(corrupted)?;
-    V::decode(value).ok_or_else(corrupted)
-}
-
 /// The value of the entry `view` shows, copied out of the heap once: the key's length, then
 /// the value's bytes straight into the value (see [`Codec::decode_from`]); the key is not
 /// read.
@@ -94,12 +88,9 @@ pub(crate) fn view_value<V: Codec>(view: &BlockView<'_>) -> Result<V> {
     V::decode_from(value_len as usize, |buf| view.read(at, buf))?.ok_or_else(corrupted)
 }
 
-/// The value of the entry in `block`, read in `op` through this thread's buffer.
+/// The value of the entry in `block`, read in `op` (see [`view_value`]).
 pub(crate) fn read_value<V: Codec>(op: &OpGuard<'_>, block: PBlock) -> Result<V> {
-    crate::structure::with_buffer(|bytes| {
-        op.read_into(block, bytes)?;
-        decode_value(bytes)
-    })
+    view_value(&op.view(block)?)
 }
 
 /// Rebuilds a map's index from its entries (scanned on every core): decodes each entry and
@@ -141,9 +132,28 @@ mod tests {
             decode::<Vec<u8>, u64>(&bytes).unwrap(),
             (b"key".to_vec(), 42)
         );
-        assert_eq!(decode_value::<u64>(&bytes).unwrap(), 42);
         assert!(decode::<Vec<u8>, u64>(&bytes[..5]).is_err());
         assert!(decode::<Vec<u8>, u64>(&[9, 0, 0, 0, 1]).is_err());
         assert_ne!(type_id::<u64, u64>("hash"), type_id::<u64, Vec<u8>>("hash"));
+    }
+
+    #[test]
+    fn values_are_read_from_the_heap_and_garbage_is_an_error() {
+        let heap = Heap::create(&montage_core::HeapConfig::in_memory(1 << 20)).unwrap();
+        let owner = heap.register("entries").unwrap();
+        let alloc = |bytes: &[u8]| heap.run_op(|op| op.alloc(owner, 1, bytes)).unwrap();
+        let long = vec![7u8; 1000];
+        let good = alloc(&encode(&b"key".to_vec(), &long));
+        assert_eq!(view_value::<Vec<u8>>(&heap.view(good).unwrap()).unwrap(), long);
+        let number = alloc(&encode(&5u64, &42u64));
+        let read = heap.run_op(|op| read_value::<u64>(op, number)).unwrap();
+        assert_eq!(read, 42);
+        // A key length past the payload, a payload shorter than a key length, and a value of
+        // the wrong size for its type.
+        for garbage in [&[9u8, 0, 0, 0, 1][..], &[1, 0], &encode(&5u64, &42u32)] {
+            let block = alloc(garbage);
+            let err = view_value::<u64>(&heap.view(block).unwrap()).unwrap_err();
+            assert!(matches!(err, Error::Corrupted { .. }), "{err:?}");
+        }
     }
 }

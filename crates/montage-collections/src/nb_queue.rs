@@ -75,16 +75,16 @@ impl<T: Codec> NbQueue<T> {
     /// [`Error::OutOfSpace`](montage_core::Error::OutOfSpace) when the heap is full (nothing changed); a heap error.
     #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
     pub fn push_back(&self, value: T) -> Result<()> {
-        let mut bytes = vec![0u8; 8];
-        value.encode(&mut bytes);
-        self.heap.run_op(|op| {
-            let block = op.alloc(self.owner, self.type_id, &bytes)?;
-            self.index.push(op, block.offset(), |seq| {
-                op.write(block, 0, &seq.to_le_bytes()).map(|_| ())
-            })?;
-            // ORDERING: a statistic; the verified swap orders the element itself.
-            self.len.fetch_add(1, Ordering::Relaxed);
-            Ok(())
+        queue::encode_element(&value, |bytes| {
+            self.heap.run_op(|op| {
+                let block = op.alloc(self.owner, self.type_id, bytes)?;
+                self.index.push(op, block.offset(), |seq| {
+                    op.write(block, 0, &seq.to_le_bytes()).map(|_| ())
+                })?;
+                // ORDERING: a statistic; the verified swap orders the element itself.
+                self.len.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })
         })
     }
 
@@ -98,8 +98,7 @@ impl<T: Codec> NbQueue<T> {
             let mut value = None;
             let popped = self.index.pop(op, |offset, _| {
                 let block = PBlock::from_offset(offset);
-                let bytes = op.read(block).map_err(contended)?;
-                value = Some(queue::decode::<T>(&bytes, offset)?.1);
+                value = Some(queue::read_value::<T>(&op.view(block).map_err(contended)?)?);
                 op.delete(block).map_err(contended)
             })?;
             if popped.is_none() {
@@ -134,8 +133,8 @@ impl<T: Codec> NbQueue<T> {
                 .to_vec(op)
                 .into_iter()
                 .map(|(offset, _)| {
-                    let bytes = op.read(PBlock::from_offset(offset)).map_err(contended)?;
-                    Ok(queue::decode::<T>(&bytes, offset)?.1)
+                    let view = op.view(PBlock::from_offset(offset)).map_err(contended)?;
+                    queue::read_value::<T>(&view)
                 })
                 .collect()
         })

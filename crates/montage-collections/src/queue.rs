@@ -19,7 +19,7 @@ use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
 use montage_core::payload::Fingerprint;
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
+use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
 
 use crate::structure::{self, lock};
 
@@ -67,6 +67,27 @@ pub(crate) fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
         .and_then(T::decode)
         .ok_or_else(|| corrupted(offset))?;
     Ok((seq, value))
+}
+
+/// Runs `f` with an element's bytes, a zero sequence number followed by `value`, encoded
+/// into this thread's encoding buffer.
+pub(crate) fn encode_element<T: Codec, R>(value: &T, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    structure::with_encode_buffer(|bytes| {
+        bytes.clear();
+        bytes.extend_from_slice(&[0; 8]);
+        value.encode(bytes);
+        f(bytes)
+    })
+}
+
+/// The value of the element `view` shows, copied out of the heap once (the sequence number
+/// is not read; see [`Codec::decode_from`]).
+pub(crate) fn read_value<T: Codec>(view: &BlockView<'_>) -> Result<T> {
+    let offset = view.info().block.offset();
+    let len = u64::from(view.info().len)
+        .checked_sub(8)
+        .ok_or_else(|| corrupted(offset))?;
+    T::decode_from(len as usize, |buf| view.read(8, buf))?.ok_or_else(|| corrupted(offset))
 }
 
 /// The type id of a queue's element payloads.
@@ -151,9 +172,9 @@ impl<T: Codec> Queue<T> {
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
     #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
     pub fn push_back(&self, value: T) -> Result<()> {
-        let mut bytes = vec![0u8; 8];
-        value.encode(&mut bytes);
-        self.heap.run_op(|op| self.push_in(op, &mut bytes))
+        encode_element(&value, |bytes| {
+            self.heap.run_op(|op| self.push_in(op, bytes))
+        })
     }
 
     fn push_in(&self, op: &OpGuard<'_>, bytes: &mut [u8]) -> Result<()> {
@@ -180,7 +201,7 @@ impl<T: Codec> Queue<T> {
         let Some(&(_, block)) = state.elements.front() else {
             return Ok(None);
         };
-        let (_, value) = decode(&op.read(block)?, block.offset())?;
+        let value = read_value(&op.view(block)?)?;
         op.delete(block)?;
         state.elements.pop_front();
         Ok(Some(value))
@@ -195,7 +216,7 @@ impl<T: Codec> Queue<T> {
         self.heap.run_op(|op| {
             let state = self.state.lock(op)?;
             match state.elements.front() {
-                Some(&(_, block)) => Ok(Some(decode(&op.read(block)?, block.offset())?.1)),
+                Some(&(_, block)) => Ok(Some(read_value(&op.view(block)?)?)),
                 None => Ok(None),
             }
         })

@@ -76,7 +76,7 @@ mod thread_id;
 pub mod verified;
 
 pub use alloc::AllocStats;
-pub use alloc::block::{BlockInfo, BlockKind, OwnerId, PBlock};
+pub use alloc::block::{BlockInfo, BlockKind, BlockView, OwnerId, PBlock};
 pub use base::epoch::Epoch;
 pub use config::{BackendKind, EpochLength, HeapConfig, WriteBack};
 
@@ -86,7 +86,7 @@ pub use error::{Error, Result};
 pub use heap::raw;
 pub use heap::{Heap, ScanFilter};
 pub use payload::{Codec, POff, PRef, Payload};
-pub use recovery::{BlockView, RecoveryReport};
+pub use recovery::RecoveryReport;
 
 /// The guards of [`StampedLock`] and [`StampedRwLock`].
 pub mod stamped {

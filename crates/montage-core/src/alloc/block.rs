@@ -2,6 +2,8 @@
 
 use crate::base::epoch::Epoch;
 use crate::base::layout::{HEADER_LEN, RawHeader};
+use crate::error::{Error, Result};
+use crate::persist::Media;
 
 /// A handle to one block in a heap: the byte offset of its header. Offsets, never addresses,
 /// so a handle stays valid when the heap is mapped elsewhere, and can itself be stored in
@@ -157,5 +159,52 @@ impl BlockInfo {
             len: raw.len,
             capacity,
         })
+    }
+}
+
+/// A valid block: its header, and read access to its payload. A scan shows each block it
+/// meets as one; `Heap::view` and `OpGuard::view` give one for a block in hand.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockView<'a> {
+    info: BlockInfo,
+    media: &'a Media,
+}
+
+impl<'a> BlockView<'a> {
+    /// The view of the block `info` describes, which the caller validated.
+    pub(crate) fn new(info: BlockInfo, media: &'a Media) -> BlockView<'a> {
+        BlockView { info, media }
+    }
+
+    /// The block's header.
+    pub fn info(&self) -> &BlockInfo {
+        &self.info
+    }
+
+    /// Copies payload bytes starting at `at` into `buf`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfBounds`] if the range does not lie inside the payload.
+    pub fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        if at
+            .checked_add(len)
+            .is_none_or(|end| end > u64::from(self.info.len))
+        {
+            return Err(Error::OutOfBounds { offset: at, len });
+        }
+        self.media.read(self.info.block.payload_offset() + at, buf)
+    }
+
+    /// The whole payload.
+    ///
+    /// # Errors
+    ///
+    /// Only if the heap cannot be read, which a validated heap never causes.
+    pub fn bytes(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.info.len as usize];
+        self.read(0, &mut buf)?;
+        Ok(buf)
     }
 }

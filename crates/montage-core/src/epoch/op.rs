@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell, RefMut};
 use std::marker::PhantomData;
 
 use super::Runtime;
-use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, OwnerId, PBlock};
+use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, BlockView, OwnerId, PBlock};
 use crate::base::epoch::Epoch;
 use crate::base::layout::HEADER_LEN;
 use crate::config::WriteBack;
@@ -213,6 +213,17 @@ impl<'h> OpGuard<'h> {
             return Err(Error::Aborted);
         }
         Ok(info)
+    }
+
+    /// `block`'s header, checked as [`info`](Self::info) checks it, with a reader of its
+    /// payload: one check for several reads of parts of the payload.
+    ///
+    /// # Errors
+    ///
+    /// As [`info`](Self::info).
+    pub fn view(&self, block: PBlock) -> Result<BlockView<'h>> {
+        let info = self.info(block)?;
+        Ok(BlockView::new(info, &self.runtime.media))
     }
 
     /// The payload of `block`.

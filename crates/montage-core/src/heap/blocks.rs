@@ -4,9 +4,8 @@
 use std::sync::{Mutex, PoisonError};
 
 use super::Heap;
-use crate::alloc::block::{BlockInfo, OwnerId, PBlock};
+use crate::alloc::block::{BlockInfo, BlockView, OwnerId, PBlock};
 use crate::error::Result;
-use crate::recovery::BlockView;
 use crate::recovery::scan::{self, UnitVisit};
 
 /// Which blocks a [`Heap::scan`] visits.

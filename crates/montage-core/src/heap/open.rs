@@ -11,6 +11,7 @@ use zerocopy::IntoBytes;
 use super::attach::{self, Files};
 use super::directory::read_directory;
 use super::{Heap, Shared};
+use crate::alloc::block::BlockView;
 use crate::alloc::{Allocator, FreeState};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{
@@ -27,7 +28,7 @@ use crate::persist::journal::Journal;
 #[cfg(any(test, feature = "sim"))]
 use crate::persist::sim::CrashImage;
 use crate::persist::{Backend, Media};
-use crate::recovery::{self, BlockView, RecoveryReport, Verdict};
+use crate::recovery::{self, RecoveryReport, Verdict};
 
 /// How recovery decides which blocks live.
 #[derive(Clone, Copy)]

@@ -3,13 +3,13 @@
 //! contract (see [`RawHeap`]); structures use operations instead.
 
 use super::Heap;
+use crate::alloc::block::BlockView;
 use crate::alloc::block::PBlock;
 use crate::base::layout::{HEADER_LEN, LEN_WORD_OFFSET};
 use crate::config::HeapConfig;
 use crate::error::{Error, Result};
 #[cfg(any(test, feature = "sim"))]
 use crate::persist::sim::CrashImage;
-use crate::recovery::BlockView;
 
 pub use crate::alloc::block::BlockSpec;
 pub use crate::recovery::Verdict;

@@ -22,14 +22,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::alloc::FreeState;
-use crate::alloc::block::{BlockKind, PBlock};
+use crate::alloc::block::{BlockKind, BlockView, PBlock};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{Geometry, META_RETIRED};
 use crate::error::Result;
 use crate::persist::Media;
 use scan::{Unit, UnitVisit};
-
-pub use scan::BlockView;
 
 /// What recovery does with one valid block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

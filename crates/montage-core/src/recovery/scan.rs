@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::alloc::block::BlockInfo;
+use crate::alloc::block::BlockView;
 use crate::alloc::read_header;
 use crate::alloc::size_class::{blocks_per_span, class_size};
 use crate::base::layout::{Geometry, HEADER_LEN, SPAN_SIZE, SpanEntry};
@@ -64,52 +64,6 @@ pub(crate) fn read_span_table(media: &Media, geometry: &Geometry) -> Result<Vec<
         }
     }
     Ok(units)
-}
-
-/// A valid block met by a scan: its header, and read access to its payload.
-#[derive(Debug, Clone, Copy)]
-pub struct BlockView<'a> {
-    info: BlockInfo,
-    media: &'a Media,
-}
-
-impl<'a> BlockView<'a> {
-    /// The view of the block `info` describes, which the caller validated.
-    pub(crate) fn new(info: BlockInfo, media: &'a Media) -> BlockView<'a> {
-        BlockView { info, media }
-    }
-
-    /// The block's header.
-    pub fn info(&self) -> &BlockInfo {
-        &self.info
-    }
-
-    /// Copies payload bytes starting at `at` into `buf`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::OutOfBounds`] if the range does not lie inside the payload.
-    pub fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
-        let len = buf.len() as u64;
-        if at
-            .checked_add(len)
-            .is_none_or(|end| end > u64::from(self.info.len))
-        {
-            return Err(Error::OutOfBounds { offset: at, len });
-        }
-        self.media.read(self.info.block.payload_offset() + at, buf)
-    }
-
-    /// The whole payload.
-    ///
-    /// # Errors
-    ///
-    /// Only if the heap cannot be read, which a validated heap never causes.
-    pub fn bytes(&self) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; self.info.len as usize];
-        self.read(0, &mut buf)?;
-        Ok(buf)
-    }
 }
 
 /// What one scan worker reports for one unit.
