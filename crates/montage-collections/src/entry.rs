@@ -144,7 +144,10 @@ mod tests {
         let alloc = |bytes: &[u8]| heap.run_op(|op| op.alloc(owner, 1, bytes)).unwrap();
         let long = vec![7u8; 1000];
         let good = alloc(&encode(&b"key".to_vec(), &long));
-        assert_eq!(view_value::<Vec<u8>>(&heap.view(good).unwrap()).unwrap(), long);
+        assert_eq!(
+            view_value::<Vec<u8>>(&heap.view(good).unwrap()).unwrap(),
+            long
+        );
         let number = alloc(&encode(&5u64, &42u64));
         let read = heap.run_op(|op| read_value::<u64>(op, number)).unwrap();
         assert_eq!(read, 42);

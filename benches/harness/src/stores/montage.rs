@@ -52,7 +52,12 @@ pub(crate) fn with_map(
     f: &mut dyn FnMut(&dyn MapStore) -> Result,
 ) -> Result {
     with_heap(contender, backend, dirs, sizing, |heap| match contender {
-        Contender::MontageNbHashMap => f(&NbHashMap::<u64, Vec<u8>>::open(heap, "bench")?),
+        // A fixed table: sized, as a user would size it, for the keys it will hold.
+        Contender::MontageNbHashMap => f(&NbHashMap::<u64, Vec<u8>>::with_buckets(
+            heap,
+            "bench",
+            usize::try_from(sizing.key_range)?,
+        )?),
         _ => f(&HashMap::<u64, Vec<u8>>::open(heap, "bench")?),
     })
 }
