@@ -6,8 +6,6 @@
 //! ...   value bytes (Codec encoding of the value), to the end of the payload
 //! ```
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use montage_core::payload::Fingerprint;
 use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
@@ -94,16 +92,15 @@ pub(crate) fn read_value<V: Codec>(op: &OpGuard<'_>, block: PBlock) -> Result<V>
 }
 
 /// Rebuilds a map's index from its entries (scanned on every core): decodes each entry and
-/// hands its key, value and block to `add`, which returns whether the key was new; counts
-/// the entries into `len`. A key met twice is [`Error::Corrupted`] with `duplicate` as its
-/// text.
+/// hands its key, value and block to `add`, which returns whether the key was new (and
+/// counts it, if the map keeps a count). A key met twice is [`Error::Corrupted`] with
+/// `duplicate` as its text.
 pub(crate) fn rebuild_index<K: Codec, V: Codec>(
     heap: &Heap,
     owner: OwnerId,
     type_id: u64,
     type_name: &'static str,
     duplicate: &'static str,
-    len: &AtomicUsize,
     add: impl Fn(K, V, PBlock) -> Result<bool> + Sync,
 ) -> Result<()> {
     crate::structure::scan_payloads(heap, owner, &[type_id], type_name, |_, block, bytes| {
@@ -114,9 +111,6 @@ pub(crate) fn rebuild_index<K: Codec, V: Codec>(
                 what: duplicate,
             });
         }
-        // ORDERING: counted during the scan; the structure's `open` returns after the
-        // scan's joins.
-        len.fetch_add(1, Ordering::Relaxed);
         Ok(())
     })
 }

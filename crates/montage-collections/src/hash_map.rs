@@ -1,8 +1,10 @@
 //! [`HashMap`]: a buffered durably linearizable hash map with lock-striped buckets.
 //!
 //! Every entry is one payload in the heap holding its key and value (the key's length, the
-//! key, the value); the DRAM index maps each key to its payload's current block. The index is split into stripes, each a `std` hash map (which grows as it fills)
-//! under its own lock, chosen by the key's hash.
+//! key, the value); the DRAM index maps each key to its payload's current block. The index
+//! is split into stripes, each a hash table (which grows as it fills) under its own lock,
+//! chosen by the key's hash. The map keeps no shared counter: [`len`](HashMap::len) adds up
+//! the stripes' own counts.
 //!
 //! # Linearization points
 //!
@@ -32,7 +34,6 @@ use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
@@ -135,7 +136,6 @@ pub struct HashMap<K, V> {
     type_id: u64,
     hasher: RandomState,
     stripes: Box<[CachePadded<StampedLock<Stripe<K>>>]>,
-    len: AtomicUsize,
     _value: PhantomData<fn() -> V>,
 }
 
@@ -143,7 +143,7 @@ impl<K, V> std::fmt::Debug for HashMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HashMap")
             .field("owner", &self.owner)
-            .field("len", &self.len.load(Ordering::Relaxed))
+            .field("stripes", &self.stripes.len())
             .finish_non_exhaustive()
     }
 }
@@ -192,7 +192,6 @@ where
                     }))
                 })
                 .collect(),
-            len: AtomicUsize::new(0),
             _value: PhantomData,
         };
         if existed {
@@ -209,7 +208,6 @@ where
             self.type_id,
             "montage_collections::HashMap entry",
             "two live entries of a hash map have the same key",
-            &self.len,
             |key, value, block| {
                 visit(&key, &value);
                 let (hash, stripe) = self.stripe(&key);
@@ -321,8 +319,6 @@ where
         } else {
             let block = op.alloc(self.owner, self.type_id, bytes)?;
             stripe.insert_new(hash, key.clone(), block, &self.hasher);
-            // ORDERING: a statistic; the stripe lock orders the entry itself.
-            self.len.fetch_add(1, Ordering::Relaxed);
             Ok(false)
         }
     }
@@ -375,8 +371,6 @@ where
         }
         op.delete(block)?;
         stripe.remove(hash, key);
-        // ORDERING: a statistic; the stripe lock orders the entry itself.
-        self.len.fetch_sub(1, Ordering::Relaxed);
         Ok(true)
     }
 
@@ -434,14 +428,10 @@ where
             (Change::Set(new), None) => {
                 let block = op.alloc(self.owner, self.type_id, &entry::encode(key, &new))?;
                 stripe.insert_new(hash, key.clone(), block, &self.hasher);
-                // ORDERING: a statistic; the stripe lock orders the entry itself.
-                self.len.fetch_add(1, Ordering::Relaxed);
             }
             (Change::Remove, Some(block)) => {
                 op.delete(block)?;
                 stripe.remove(hash, key);
-                // ORDERING: a statistic; the stripe lock orders the entry itself.
-                self.len.fetch_sub(1, Ordering::Relaxed);
             }
         }
         Ok(result)
@@ -475,15 +465,21 @@ where
         })
     }
 
-    /// The number of entries (exact when no other thread is writing).
+    /// The number of entries (exact when no other thread is writing). It adds up the
+    /// stripes' own counts, one stripe lock at a time: writes keep no shared counter, whose
+    /// cache line would pass between the writing cores on every insert and remove.
     pub fn len(&self) -> usize {
-        // ORDERING: a statistic.
-        self.len.load(Ordering::Relaxed)
+        self.stripes
+            .iter()
+            .map(|stripe| stripe.lock_outside_op().blocks.len())
+            .sum()
     }
 
     /// Whether the map has no entries (as [`len`](Self::len)).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.stripes
+            .iter()
+            .all(|stripe| stripe.lock_outside_op().blocks.is_empty())
     }
 
     /// An iterator over every entry. It reads one stripe at a time, each in one operation,

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+mod count;
 mod entry;
 pub mod graph;
 pub mod hash_map;

@@ -22,11 +22,11 @@
 
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use montage_core::verified::VerifiedList;
 use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
+use crate::count::Count;
 use crate::entry;
 use crate::structure::{self, contended};
 
@@ -40,7 +40,7 @@ pub struct NbHashMap<K, V> {
     type_id: u64,
     hasher: std::collections::hash_map::RandomState,
     buckets: Box<[VerifiedList<K>]>,
-    len: AtomicUsize,
+    len: Count,
     _value: PhantomData<fn() -> V>,
 }
 
@@ -100,7 +100,7 @@ where
             buckets: (0..buckets.max(1).next_power_of_two())
                 .map(|_| VerifiedList::new())
                 .collect(),
-            len: AtomicUsize::new(0),
+            len: Count::default(),
             _value: PhantomData,
         };
         if existed {
@@ -110,10 +110,12 @@ where
                 map.type_id,
                 "montage_collections::NbHashMap entry",
                 "two live entries of a hash map have the same key",
-                &map.len,
                 |key, _, block| {
                     let bucket = map.bucket(&key);
                     let inserted = heap.run_op(|op| bucket.insert(op, &key, block.offset()))?;
+                    if inserted.is_ok() {
+                        map.len.increment();
+                    }
                     Ok(inserted.is_ok())
                 },
             )?;
@@ -232,8 +234,7 @@ where
         bucket
             .insert(op, key, new.offset())?
             .map_err(|_| Error::Aborted)?;
-        // ORDERING: a statistic; the verified swap orders the entry itself.
-        self.len.fetch_add(1, Ordering::Relaxed);
+        self.len.increment();
         Ok(())
     }
 
@@ -273,8 +274,7 @@ where
         self.bucket(key)
             .remove(op, key, old.offset())?
             .map_err(|_| Error::Aborted)?;
-        // ORDERING: a statistic; the verified swap orders the entry itself.
-        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.len.decrement();
         Ok(())
     }
 
@@ -332,8 +332,7 @@ where
 
     /// The number of entries (exact when no other thread is writing).
     pub fn len(&self) -> usize {
-        // ORDERING: a statistic.
-        self.len.load(Ordering::Relaxed)
+        self.len.get()
     }
 
     /// Whether the map has no entries (as [`len`](Self::len)).

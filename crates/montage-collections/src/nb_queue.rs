@@ -17,11 +17,11 @@
 //! and aborts if an operation newer than it emptied the queue.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use montage_core::verified::VerifiedQueue;
 use montage_core::{Codec, Heap, OwnerId, PBlock, Result};
 
+use crate::count::Count;
 use crate::queue;
 use crate::structure::contended;
 
@@ -31,7 +31,7 @@ pub struct NbQueue<T> {
     owner: OwnerId,
     type_id: u64,
     index: VerifiedQueue,
-    len: AtomicUsize,
+    len: Count,
     _element: PhantomData<fn() -> T>,
 }
 
@@ -63,7 +63,7 @@ impl<T: Codec> NbQueue<T> {
             owner,
             type_id,
             index,
-            len: AtomicUsize::new(elements.len()),
+            len: Count::new(elements.len()),
             _element: PhantomData,
         })
     }
@@ -81,8 +81,7 @@ impl<T: Codec> NbQueue<T> {
                 self.index.push(op, block.offset(), |seq| {
                     op.write(block, 0, &seq.to_le_bytes()).map(|_| ())
                 })?;
-                // ORDERING: a statistic; the verified swap orders the element itself.
-                self.len.fetch_add(1, Ordering::Relaxed);
+                self.len.increment();
                 Ok(())
             })
         })
@@ -104,16 +103,14 @@ impl<T: Codec> NbQueue<T> {
             if popped.is_none() {
                 return Ok(None);
             }
-            // ORDERING: a statistic; the verified swap orders the element itself.
-            self.len.fetch_sub(1, Ordering::Relaxed);
+            self.len.decrement();
             Ok(value)
         })
     }
 
     /// The number of elements (exact when no other thread is changing the queue).
     pub fn len(&self) -> usize {
-        // ORDERING: a statistic.
-        self.len.load(Ordering::Relaxed)
+        self.len.get()
     }
 
     /// Whether the queue is empty (as [`len`](Self::len)).

@@ -25,7 +25,6 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_skiplist::SkipMap;
 use montage_core::stamped::StampedGuard;
@@ -34,6 +33,7 @@ use montage_core::{Codec, Epoch, Heap, OpGuard, OwnerId, PBlock, Result, Stamped
 #[cfg(doc)]
 use montage_core::Error;
 
+use crate::count::Count;
 use crate::entry;
 use crate::structure::{self, lock};
 
@@ -52,7 +52,7 @@ pub struct SortedMap<K, V> {
     owner: OwnerId,
     type_id: u64,
     index: Index<K>,
-    len: AtomicUsize,
+    len: Count,
     /// Removed keys, with the stamp of their removal, in removal order.
     removed: Mutex<VecDeque<(K, Epoch)>>,
     _value: PhantomData<fn() -> V>,
@@ -62,7 +62,7 @@ impl<K, V> std::fmt::Debug for SortedMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SortedMap")
             .field("owner", &self.owner)
-            .field("len", &self.len.load(Ordering::Relaxed))
+            .field("len", &self.len.get())
             .finish_non_exhaustive()
     }
 }
@@ -88,7 +88,7 @@ where
             owner,
             type_id,
             index: SkipMap::new(),
-            len: AtomicUsize::new(0),
+            len: Count::default(),
             removed: Mutex::new(VecDeque::new()),
             _value: PhantomData,
         };
@@ -105,12 +105,15 @@ where
             self.type_id,
             "montage_collections::SortedMap entry",
             "two live entries of a sorted map have the same key",
-            &self.len,
             |key, _, block| {
                 let slot = self
                     .index
                     .get_or_insert_with(key, || StampedLock::new(Slot { block: Some(block) }));
-                Ok(slot.value().lock_outside_op().block == Some(block))
+                let new = slot.value().lock_outside_op().block == Some(block);
+                if new {
+                    self.len.increment();
+                }
+                Ok(new)
             },
         )
     }
@@ -204,8 +207,7 @@ where
                 Some(old)
             } else {
                 slot.block = Some(op.alloc(self.owner, self.type_id, bytes)?);
-                // ORDERING: a statistic; the slot lock orders the entry itself.
-                self.len.fetch_add(1, Ordering::Relaxed);
+                self.len.increment();
                 None
             };
             Ok(old)
@@ -236,8 +238,7 @@ where
             let old = entry::read_value(op, block)?;
             op.delete(block)?;
             slot.block = None;
-            // ORDERING: a statistic; the slot lock orders the entry itself.
-            self.len.fetch_sub(1, Ordering::Relaxed);
+            self.len.decrement();
             Ok(Some((old, op.epoch())))
         })
     }
@@ -294,8 +295,7 @@ where
 
     /// The number of entries (exact when no other thread is writing).
     pub fn len(&self) -> usize {
-        // ORDERING: a statistic.
-        self.len.load(Ordering::Relaxed)
+        self.len.get()
     }
 
     /// Whether the map has no entries (as [`len`](Self::len)).
