@@ -349,6 +349,11 @@ impl Allocator {
         let c = usize::from(class);
         let mut cache = lock(self.cache());
         if let Some(offset) = cache.free[c].pop() {
+            // The next block of this class was freed epochs ago and is long out of the
+            // cache: ask for its lines now, so the next allocation's stores find them.
+            if let Some(&next) = cache.free[c].last() {
+                media.prefetch_for_write(next, class_size(class));
+            }
             return Ok(offset);
         }
         if !cache.pending.is_empty() {

@@ -70,6 +70,19 @@ pub(crate) fn flush_line(instr: FlushInstr, region: &Region, offset: u64) -> Res
     Ok(())
 }
 
+/// Asks the CPU to bring the cache line at `addr` into its cache in a state that allows
+/// writing (`prefetchw`), so that stores soon after do not wait for the line. Only a hint:
+/// it changes no architectural state, never faults, and CPUs without the instruction treat
+/// it as a no-op.
+#[inline]
+pub(crate) fn prefetch_write(addr: *const u8) {
+    // SAFETY: a prefetch reads and writes nothing architecturally and cannot fault, whatever
+    // the address; callers pass addresses inside the mapping (`Media::prefetch_for_write`).
+    unsafe {
+        std::arch::asm!("prefetchw [{}]", in(reg) addr, options(nostack, preserves_flags, readonly));
+    }
+}
+
 /// Orders every earlier store and write-back before every later store (`sfence`).
 #[inline]
 pub(crate) fn sfence() {
