@@ -186,3 +186,36 @@ proptest! {
         prop_assert_eq!(count, harness.index.len());
     }
 }
+
+/// A sequence the state machine found (CI, seed in the regressions file), shrunk: a crash
+/// whose recovery kept a put that the recovered clock does not cover.
+#[test]
+fn a_put_past_the_cut_is_not_recovered() {
+    use Step::{Advance, Crash, Delete, Put, Sync};
+    let steps = [
+        Put(2, 0),
+        Put(3, 0),
+        Put(1, 0),
+        Advance,
+        Delete(1),
+        Sync,
+        Crash(11_223_755_869_238_868),
+        Put(1, 0),
+        Advance,
+        Delete(3),
+        Advance,
+        Put(1, 0),
+        Crash(8_553_449_778_468_200_883),
+        Put(5, 24078),
+        Crash(8_658_990_725_930_382_340),
+        Advance,
+        Advance,
+        Put(2, 22702),
+        Crash(5_363_488_717_227_847_245),
+    ];
+    let mut harness = Harness::new(SimMode::ALL[1]);
+    for step in &steps {
+        harness.apply(step);
+    }
+    harness.crash(714_737_904_739_185_809);
+}

@@ -7,12 +7,18 @@
 //!
 //! * INV-REC-1: decisions are taken on the durable image: before scanning, everything the
 //!   mapping holds is written back (a process crash can leave dirty lines or pages behind);
-//! * INV-REC-2: every dropped block's header, and every released span's table entry, is
-//!   durably zero before `open` returns, so a later crash cannot bring a dropped block back;
+//! * INV-REC-2: every dropped block's header, the meta word of every block start that holds
+//!   no valid header but is not zero (a header torn by the crash), and every released span's
+//!   table entry, are durably zero before `open` returns, so a later crash cannot bring a
+//!   dropped block back. A torn header must be zeroed too: the block goes to the free lists,
+//!   and when it is reused a crash can tear the new header again, keeping the old meta word
+//!   and the old body words that the first crash did not keep and taking from the new
+//!   header exactly the words that made the old one whole: a block of an epoch the crash
+//!   had dropped, valid again (found by the epoch state machine test);
 //! * INV-REC-3: recovery is idempotent: a second recovery of its result keeps the same
 //!   blocks, and a crash part-way through it leaves a heap whose recovery gives the same
-//!   result, because recovery only ever zeroes headers of dropped blocks and entries of
-//!   spans with no kept block.
+//!   result, because recovery only ever zeroes headers of dropped or torn blocks and entries
+//!   of spans with no kept block.
 
 pub(crate) mod scan;
 mod winners;
@@ -180,7 +186,17 @@ fn recover_units(
                     outcome.dropped += 1;
                     outcome.free_blocks.push(offset);
                 }
-                None => outcome.free_blocks.push(offset),
+                None => {
+                    // A free block's meta word must be durably zero before the block can be
+                    // reused (INV-ALLOC-1): a torn header left as it is could be made whole
+                    // again by a torn write of the next header (INV-REC-2).
+                    if media.load(offset)? != 0 {
+                        media.store(offset, 0)?;
+                        // PERSIST: INV-REC-2; the worker's closing fence completes it.
+                        media.flush(offset, 8)?;
+                    }
+                    outcome.free_blocks.push(offset);
+                }
             }
         }
         if outcome.kept == 0 {
