@@ -45,6 +45,10 @@ struct Payload {
     /// (version, event before the write started, event after its persist completed).
     versions: Vec<(u64, u64, Option<u64>)>,
     alloc_started: u64,
+    /// Event after the allocation returned: the block was handed out by then. (A free's
+    /// invalidation becomes durable only when the allocator drains it, which an allocation
+    /// may do on its way to handing the block out again.)
+    alloc_done: u64,
     free_started: Option<u64>,
 }
 
@@ -79,6 +83,7 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
                     Err(Error::OutOfSpace { .. }) => continue,
                     Err(e) => panic!("alloc failed: {e}"),
                 };
+                let alloc_done = sim.events();
                 let persisted = if rng.next_u64().is_multiple_of(4) {
                     None
                 } else {
@@ -92,6 +97,7 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
                         len,
                         versions: vec![(0, started, persisted)],
                         alloc_started: started,
+                        alloc_done,
                         free_started: None,
                     },
                 );
@@ -154,10 +160,11 @@ fn check_recovered(heap: &Heap, payloads: &BTreeMap<u64, Payload>, step: u64) {
         assert_eq!(bytes.len(), p.len, "uid {uid} has the wrong length");
     }
     // INV-ALLOC-1: a block handed out again was durably invalidated first, so the payload
-    // it held before can never come back.
+    // it held before can never come back once the new allocation has returned. (A crash
+    // while that allocation still runs may come before the free was made durable.)
     for (uid, p) in payloads {
         let reused = payloads.values().any(|q| {
-            q.block == p.block && q.alloc_started > p.alloc_started && q.alloc_started < step
+            q.block == p.block && q.alloc_started > p.alloc_started && q.alloc_done < step
         });
         assert!(
             !(reused && found.contains_key(uid)),
