@@ -51,9 +51,9 @@ impl Count {
     }
 
     fn cell(&self) -> &AtomicIsize {
-        // During thread teardown the id may be gone; any cell is correct.
-        let index = CELL.try_with(|cell| *cell).unwrap_or(0);
-        &self.cells[index % self.cells.len()]
+        // During thread teardown the id may be gone; any cell is correct. `CELL` is below
+        // `CELLS`, the length of `cells`.
+        &self.cells[CELL.try_with(|cell| *cell).unwrap_or(0)]
     }
 
     /// Adds one.

@@ -466,12 +466,7 @@ impl Allocator {
     fn clear_metas(media: &Media, starts: impl Iterator<Item = u64>) -> Result<()> {
         let mut dirty = false;
         for offset in starts {
-            if media.load(offset)? != 0 {
-                media.store(offset, 0)?;
-                // PERSIST: the cleared meta must be durable before the span entry (INV-SPAN-1).
-                media.flush(offset, 8)?;
-                dirty = true;
-            }
+            dirty |= clear_meta(media, offset)?;
         }
         if dirty {
             // PERSIST: completes the meta flushes above before the entry is written.
@@ -624,6 +619,20 @@ impl Allocator {
             free_spans: lock(&self.span_pool).len() as u64,
         }
     }
+}
+
+/// Zeroes the meta word of the block start at `offset` if it is not zero yet, and starts
+/// writing it back; returns whether it wrote. The caller's fence makes it durable: then no
+/// header, valid or torn, is left at `offset` for a later crash to combine with the next
+/// one written there (INV-ALLOC-1, INV-SPAN-1, INV-REC-2).
+pub(crate) fn clear_meta(media: &Media, offset: u64) -> Result<bool> {
+    if media.load(offset)? == 0 {
+        return Ok(false);
+    }
+    media.store(offset, 0)?;
+    // PERSIST: the caller fences before anything may depend on the zero.
+    media.flush(offset, 8)?;
+    Ok(true)
 }
 
 /// Reads the header at `offset` and returns it if valid.

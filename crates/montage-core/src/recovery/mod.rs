@@ -27,8 +27,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::alloc::FreeState;
 use crate::alloc::block::{BlockKind, BlockView, PBlock};
+use crate::alloc::{FreeState, clear_meta};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{Geometry, META_RETIRED};
 use crate::error::Result;
@@ -168,7 +168,7 @@ fn recover_units(
                 // ORDERING: a maximum read after the scope joins.
                 max_uid.fetch_max(v.info().spec.uid, Ordering::Relaxed);
             }
-            match view.map(|v| decide(&v)) {
+            match view.as_ref().map(decide) {
                 Some(Verdict::Keep) => {
                     // A kept version may carry the retired bit of an operation the crash
                     // undid: it is live again (INV-EP-3).
@@ -178,22 +178,14 @@ fn recover_units(
                     }
                     outcome.kept += 1;
                 }
-                Some(Verdict::Drop) => {
-                    media.store(offset, 0)?;
-                    // PERSIST: a dropped header is durably zero before open returns
-                    // (INV-REC-2); the worker's closing fence completes it.
-                    media.flush(offset, 8)?;
-                    outcome.dropped += 1;
-                    outcome.free_blocks.push(offset);
-                }
-                None => {
-                    // A free block's meta word must be durably zero before the block can be
-                    // reused (INV-ALLOC-1): a torn header left as it is could be made whole
-                    // again by a torn write of the next header (INV-REC-2).
-                    if media.load(offset)? != 0 {
-                        media.store(offset, 0)?;
-                        // PERSIST: INV-REC-2; the worker's closing fence completes it.
-                        media.flush(offset, 8)?;
+                // A dropped header, and a torn one (no valid header, meta word not zero),
+                // are durably zero before open returns and before the block can be reused
+                // (INV-REC-2, INV-ALLOC-1).
+                Some(Verdict::Drop) | None => {
+                    // PERSIST: the worker's closing fence completes it.
+                    clear_meta(media, offset)?;
+                    if view.is_some() {
+                        outcome.dropped += 1;
                     }
                     outcome.free_blocks.push(offset);
                 }
