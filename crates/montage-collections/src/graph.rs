@@ -22,7 +22,7 @@ use std::marker::PhantomData;
 use std::sync::PoisonError;
 
 use montage_core::payload::Fingerprint;
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedRwLock};
+use montage_core::{Attached, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedRwLock};
 
 use crate::structure::{self, lock};
 
@@ -46,6 +46,8 @@ struct State {
 pub struct Graph<V, E> {
     heap: Heap,
     owner: OwnerId,
+    /// Holds the structure's name for this handle: a second open fails while it lives.
+    _attached: Attached,
     vertex_type: u64,
     edge_type: u64,
     state: StampedRwLock<State>,
@@ -109,10 +111,11 @@ impl<V: Codec, E: Codec> Graph<V, E> {
             id("graph-vertex", V::CODEC_ID),
             id("graph-edge", E::CODEC_ID),
         );
-        let (owner, existed) = structure::owner(heap, name)?;
+        let (attached, owner, existed) = structure::attach(heap, name)?;
         let mut graph = Graph {
             heap: heap.clone(),
             owner,
+            _attached: attached,
             vertex_type,
             edge_type,
             state: StampedRwLock::new(State::default()),

@@ -37,7 +37,7 @@ use std::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
-use montage_core::{Codec, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
+use montage_core::{Attached, Codec, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
 use montage_core::Error;
@@ -133,6 +133,8 @@ impl<K: Eq> Stripe<K> {
 pub struct HashMap<K, V> {
     heap: Heap,
     owner: OwnerId,
+    /// Holds the structure's name for this handle: a second open fails while it lives.
+    _attached: Attached,
     type_id: u64,
     hasher: RandomState,
     stripes: Box<[CachePadded<StampedLock<Stripe<K>>>]>,
@@ -179,10 +181,11 @@ where
         visit: impl Fn(&K, &V) + Sync,
     ) -> Result<HashMap<K, V>> {
         let type_id = entry::type_id::<K, V>("hash-map");
-        let (owner, existed) = structure::owner(heap, name)?;
+        let (attached, owner, existed) = structure::attach(heap, name)?;
         let map = HashMap {
             heap: heap.clone(),
             owner,
+            _attached: attached,
             type_id,
             hasher: RandomState::new(),
             stripes: (0..STRIPES)

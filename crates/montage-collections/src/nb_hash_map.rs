@@ -24,7 +24,7 @@ use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 
 use montage_core::verified::VerifiedList;
-use montage_core::{Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::{Attached, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 use crate::count::Count;
 use crate::entry;
@@ -37,6 +37,8 @@ pub const DEFAULT_BUCKETS: usize = 1 << 16;
 pub struct NbHashMap<K, V> {
     heap: Heap,
     owner: OwnerId,
+    /// Holds the structure's name for this handle: a second open fails while it lives.
+    _attached: Attached,
     type_id: u64,
     hasher: std::collections::hash_map::RandomState,
     buckets: Box<[VerifiedList<K>]>,
@@ -91,10 +93,11 @@ where
     /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn with_buckets(heap: &Heap, name: &str, buckets: usize) -> Result<NbHashMap<K, V>> {
-        let (owner, existed) = structure::owner(heap, name)?;
+        let (attached, owner, existed) = structure::attach(heap, name)?;
         let map = NbHashMap {
             heap: heap.clone(),
             owner,
+            _attached: attached,
             type_id: entry::type_id::<K, V>("hash-map"),
             hasher: std::collections::hash_map::RandomState::new(),
             buckets: (0..buckets.max(1).next_power_of_two())

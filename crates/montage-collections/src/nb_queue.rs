@@ -19,7 +19,7 @@
 use std::marker::PhantomData;
 
 use montage_core::verified::VerifiedQueue;
-use montage_core::{Codec, Heap, OwnerId, PBlock, Result};
+use montage_core::{Attached, Codec, Heap, OwnerId, PBlock, Result};
 
 use crate::count::Count;
 use crate::queue;
@@ -29,6 +29,8 @@ use crate::structure::contended;
 pub struct NbQueue<T> {
     heap: Heap,
     owner: OwnerId,
+    /// Holds the structure's name for this handle: a second open fails while it lives.
+    _attached: Attached,
     type_id: u64,
     index: VerifiedQueue,
     len: Count,
@@ -52,7 +54,7 @@ impl<T: Codec> NbQueue<T> {
     /// As [`Queue::open`](crate::Queue::open).
     pub fn open(heap: &Heap, name: &str) -> Result<NbQueue<T>> {
         let type_id = queue::type_id::<T>();
-        let (owner, elements) =
+        let (attached, elements) =
             queue::open_elements::<T>(heap, name, "montage_collections::NbQueue element")?;
         let mut index = VerifiedQueue::new(elements.first().map_or(0, |&(seq, _)| seq));
         for &(seq, block) in &elements {
@@ -60,7 +62,8 @@ impl<T: Codec> NbQueue<T> {
         }
         Ok(NbQueue {
             heap: heap.clone(),
-            owner,
+            owner: attached.owner(),
+            _attached: attached,
             type_id,
             index,
             len: Count::new(elements.len()),

@@ -19,7 +19,9 @@ use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
 use montage_core::payload::Fingerprint;
-use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
+use montage_core::{
+    Attached, BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock,
+};
 
 use crate::structure::{self, lock};
 
@@ -35,6 +37,8 @@ struct State {
 pub struct Queue<T> {
     heap: Heap,
     owner: OwnerId,
+    /// Holds the structure's name for this handle: a second open fails while it lives.
+    _attached: Attached,
     type_id: u64,
     state: StampedLock<State>,
     _element: PhantomData<fn() -> T>,
@@ -55,12 +59,18 @@ fn corrupted(offset: u64) -> Error {
     }
 }
 
+/// The largest sequence number a queue hands out (2^62: a century of pushes at a billion a
+/// second). A recovered element with a larger one is damaged, and the queue's next number
+/// can never overflow.
+const SEQ_LIMIT: u64 = 1 << 62;
+
 /// The sequence number and element of an element payload.
 pub(crate) fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
     let seq = bytes
         .get(..8)
         .and_then(|b| b.try_into().ok())
         .map(u64::from_le_bytes)
+        .filter(|&seq| seq <= SEQ_LIMIT)
         .ok_or_else(|| corrupted(offset))?;
     let value = bytes
         .get(8..)
@@ -100,15 +110,15 @@ pub(crate) fn type_id<T: Codec>() -> u64 {
 }
 
 /// Finds or creates the queue `name` (of either kind; `type_name` names it in errors) and
-/// returns its owner and its recovered elements as (sequence number, block), in order.
+/// returns its attachment and its recovered elements as (sequence number, block), in order.
 pub(crate) fn open_elements<T: Codec>(
     heap: &Heap,
     name: &str,
     type_name: &'static str,
-) -> Result<(OwnerId, Vec<(u64, PBlock)>)> {
-    let (owner, existed) = structure::owner(heap, name)?;
+) -> Result<(Attached, Vec<(u64, PBlock)>)> {
+    let (attached, owner, existed) = structure::attach(heap, name)?;
     if !existed {
-        return Ok((owner, Vec::new()));
+        return Ok((attached, Vec::new()));
     }
     let found = Mutex::new(Vec::new());
     structure::scan_payloads(
@@ -124,7 +134,7 @@ pub(crate) fn open_elements<T: Codec>(
     )?;
     let mut elements = found.into_inner().unwrap_or_else(PoisonError::into_inner);
     sort_checked(&mut elements)?;
-    Ok((owner, elements))
+    Ok((attached, elements))
 }
 
 /// Sorts recovered (sequence number, block) pairs, rejecting a repeated number.
@@ -150,12 +160,14 @@ impl<T: Codec> Queue<T> {
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &Heap, name: &str) -> Result<Queue<T>> {
         let type_id = type_id::<T>();
-        let (owner, elements) =
+        let (attached, elements) =
             open_elements::<T>(heap, name, "montage_collections::Queue element")?;
+        // `decode` bounds every number, so this cannot overflow.
         let next_seq = elements.last().map_or(0, |&(seq, _)| seq + 1);
         Ok(Queue {
             heap: heap.clone(),
-            owner,
+            owner: attached.owner(),
+            _attached: attached,
             type_id,
             state: StampedLock::new(State {
                 next_seq,
@@ -261,6 +273,20 @@ mod tests {
     use super::*;
     use montage_core::HeapConfig;
     use montage_core::sim::SimMode;
+
+    /// Found by the `entry_decode` fuzz target: an element whose sequence number is
+    /// `u64::MAX` made `open` overflow computing the next one.
+    #[test]
+    fn a_sequence_number_past_the_limit_is_corruption() {
+        let mut bytes = u64::MAX.to_le_bytes().to_vec();
+        5u64.encode(&mut bytes);
+        assert!(matches!(
+            decode::<u64>(&bytes, 0x40),
+            Err(Error::Corrupted { offset: 0x40, .. })
+        ));
+        bytes[..8].copy_from_slice(&SEQ_LIMIT.to_le_bytes());
+        assert_eq!(decode::<u64>(&bytes, 0x40).unwrap(), (SEQ_LIMIT, 5));
+    }
 
     /// An operation of epoch `e` must not act on a queue a newer operation changed.
     #[test]

@@ -28,7 +28,7 @@ use std::sync::Mutex;
 
 use crossbeam_skiplist::SkipMap;
 use montage_core::stamped::StampedGuard;
-use montage_core::{Codec, Epoch, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
+use montage_core::{Attached, Codec, Epoch, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
 use montage_core::Error;
@@ -50,6 +50,8 @@ type Index<K> = SkipMap<K, StampedLock<Slot>>;
 pub struct SortedMap<K, V> {
     heap: Heap,
     owner: OwnerId,
+    /// Holds the structure's name for this handle: a second open fails while it lives.
+    _attached: Attached,
     type_id: u64,
     index: Index<K>,
     len: Count,
@@ -82,10 +84,11 @@ where
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &Heap, name: &str) -> Result<SortedMap<K, V>> {
         let type_id = entry::type_id::<K, V>("sorted-map");
-        let (owner, existed) = structure::owner(heap, name)?;
+        let (attached, owner, existed) = structure::attach(heap, name)?;
         let map = SortedMap {
             heap: heap.clone(),
             owner,
+            _attached: attached,
             type_id,
             index: SkipMap::new(),
             len: Count::default(),

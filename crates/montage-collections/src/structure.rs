@@ -3,7 +3,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use montage_core::{BlockKind, Error, Heap, OwnerId, PBlock, Result, ScanFilter};
+use montage_core::{Attached, BlockKind, Error, Heap, OwnerId, PBlock, Result, ScanFilter};
 
 /// Locks `mutex`. A poisoned lock only means a thread panicked while holding it; the
 /// structures keep their DRAM state consistent at every step (payload work first, index
@@ -22,13 +22,12 @@ pub(crate) fn contended(err: Error) -> Error {
     }
 }
 
-/// The owner id of structure `name`, registering it if the heap has none; and whether it
-/// existed (so has payloads to rebuild from).
-pub(crate) fn owner(heap: &Heap, name: &str) -> Result<(OwnerId, bool)> {
-    match heap.lookup(name) {
-        Some(owner) => Ok((owner, true)),
-        None => Ok((heap.register(name)?, false)),
-    }
+/// Attaches structure `name` for one open handle (see [`Heap::attach`]): its owner id, and
+/// whether it existed (so has payloads to rebuild from).
+pub(crate) fn attach(heap: &Heap, name: &str) -> Result<(Attached, OwnerId, bool)> {
+    let attached = heap.attach(name)?;
+    let (owner, existed) = (attached.owner(), attached.existed());
+    Ok((attached, owner, existed))
 }
 
 thread_local! {

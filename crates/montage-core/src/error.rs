@@ -79,11 +79,23 @@ pub enum Error {
         /// Why it does not fit.
         why: &'static str,
     },
-    /// The heap has no free space left for an allocation of this many bytes.
-    #[error("heap is full: no space for a block of {requested} bytes")]
+    /// The heap has no free space left for an allocation of this many bytes. Nothing was
+    /// changed. Deleting payloads gives space back once the epochs after the deletes are
+    /// durable; a delete itself never fails for want of space in a heap that has a delete
+    /// reserve (see `docs/design.md`, "The delete reserve").
+    #[error(
+        "heap is full: no space for a payload of {requested} bytes ({free_spans} spans free; \
+         {free_bytes} bytes free in blocks of other sizes)"
+    )]
     OutOfSpace {
-        /// The payload size that could not be allocated.
+        /// The payload size that could not be allocated (0 for an anti-block: a delete).
         requested: u64,
+        /// Whole spans free when the allocation failed (0 unless the payload needs more
+        /// contiguous spans than are free together).
+        free_spans: u64,
+        /// Bytes in free blocks of size classes other than the one the payload needs,
+        /// which cannot hold it.
+        free_bytes: u64,
     },
     /// The configuration is inconsistent.
     #[error("invalid heap configuration: {what}")]
@@ -188,6 +200,14 @@ pub enum Error {
         offset: u64,
         /// The type the handle expected.
         expected: &'static str,
+    },
+    /// The named structure is open already through another handle on this heap. Two
+    /// handles would keep two DRAM indexes of one set of payloads, each blind to the
+    /// other's writes; share the open handle instead, or drop it before opening again.
+    #[error("structure `{name}` is already open on this heap; share or drop the open handle")]
+    StructureOpen {
+        /// The structure's name.
+        name: String,
     },
     /// An earlier write-back failed, so nothing this heap holds can be promised durable any
     /// more. Every later write and sync fails with this error; reopen the heap to recover.

@@ -206,7 +206,14 @@ fn a_full_heap_returns_out_of_space_and_recovers_after_a_free() {
         }
     };
     assert!(
-        matches!(err, Error::OutOfSpace { requested: 1000 }),
+        matches!(
+            err,
+            Error::OutOfSpace {
+                requested: 1000,
+                free_spans: 0,
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(!blocks.is_empty());

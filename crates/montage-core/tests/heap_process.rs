@@ -20,9 +20,12 @@ fn config(path: &Path) -> HeapConfig {
     HeapConfig::new(path).size(SIZE)
 }
 
-/// A closed heap file holding three persisted payloads.
+/// A closed heap file holding three persisted payloads, of an epoch its clock covers (a
+/// cleanly closed heap has no newer block, and `Heap::open` refuses one that has).
 fn make_heap(path: &Path) {
     let heap = Heap::create(&config(path)).unwrap();
+    heap.advance_epoch().unwrap();
+    heap.advance_epoch().unwrap();
     for uid in 1..=3u64 {
         let block = heap
             .raw()

@@ -13,6 +13,16 @@
 //!   an earlier carving as a header.
 //! * INV-SPAN-2: a span's table entry is durable before any block in it is handed out, and a
 //!   span goes back to the free-span pool only once its entry is durably zero again.
+//!
+//! # The delete reserve
+//!
+//! A delete writes an anti-block, so in a heap with no free space a delete would need space
+//! to give space back. The allocator keeps [`RESERVE_BLOCKS`] free blocks of the smallest
+//! class that only anti-blocks may take, once every other source has failed (an anti-block
+//! then also takes a free block of any other class). The reserve is filled when the heap is
+//! created or opened, carving a span for it if the free blocks of the smallest class do not
+//! suffice, and refilled first whenever reclamation returns blocks of that class. A burst of
+//! deletes larger than the reserve waits for reclamation (see `Heap::run_op`).
 
 pub(crate) mod block;
 pub(crate) mod size_class;
@@ -33,6 +43,13 @@ use size_class::{NUM_CLASSES, blocks_per_span, class_for, class_size, spans_for}
 const REFILL: usize = 64;
 /// How many freed blocks a thread cache collects before it makes their invalidation durable.
 const PENDING_LIMIT: usize = 64;
+/// How many blocks of the smallest class the delete reserve holds (16 KiB).
+pub(crate) const RESERVE_BLOCKS: usize = 256;
+/// Heaps with fewer data spans than this have no delete reserve: it would take a whole span
+/// from a heap that has hardly any.
+const RESERVE_MIN_SPANS: u64 = 4;
+/// The size class anti-blocks (a header and no payload) are allocated from.
+const ANTI_CLASS: u8 = 0;
 
 /// What the DRAM mirror of the span table says about a span.
 const MIRROR_FREE: u32 = 0;
@@ -135,6 +152,10 @@ pub struct AllocStats {
     pub spans: u64,
     /// Spans not carved into blocks and not part of a large block.
     pub free_spans: u64,
+    /// Blocks held in the delete reserve (see `docs/design.md`, "The delete reserve").
+    pub reserve_blocks: u64,
+    /// Spans the reserve's blocks lie in.
+    pub reserve_spans: u64,
 }
 
 /// The allocator of one heap. See the module docs for its invariants.
@@ -144,6 +165,9 @@ pub(crate) struct Allocator {
     span_pool: Mutex<BTreeSet<u64>>,
     class_pools: Box<[Mutex<Vec<u64>>]>,
     caches: Box<[CachePadded<Mutex<ThreadCache>>]>,
+    /// The delete reserve (see the module docs): free blocks of [`ANTI_CLASS`] with durably
+    /// invalid headers, for anti-blocks only.
+    reserve: Mutex<Vec<u64>>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -173,6 +197,92 @@ impl Allocator {
             caches: (0..slots)
                 .map(|_| CachePadded::new(Mutex::new(ThreadCache::new())))
                 .collect(),
+            reserve: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Fills the delete reserve from the free blocks of [`ANTI_CLASS`], carving a span for
+    /// it if they do not suffice and a span is free. A heap too small for a reserve, or
+    /// opened full, runs without one (or with what could be found).
+    pub(crate) fn fill_reserve(&self, media: &Media) -> Result<()> {
+        if self.geometry.span_count < RESERVE_MIN_SPANS {
+            return Ok(());
+        }
+        let mut reserve = lock(&self.reserve);
+        let mut wanted = RESERVE_BLOCKS.saturating_sub(reserve.len());
+        {
+            let mut pool = lock(&self.class_pools[usize::from(ANTI_CLASS)]);
+            let take = pool.len().min(wanted);
+            let start = pool.len() - take;
+            reserve.extend(pool.drain(start..));
+            wanted -= take;
+        }
+        if wanted == 0 {
+            return Ok(());
+        }
+        match self.carve(media, ANTI_CLASS, 0) {
+            Ok(mut blocks) => {
+                // The reserve takes the span's last blocks; the pool, a stack, gets the rest
+                // so that they are handed out in address order, as a carving's are.
+                let reserved = blocks.split_off(blocks.len().saturating_sub(wanted));
+                reserve.extend(reserved);
+                lock(&self.class_pools[usize::from(ANTI_CLASS)]).extend(blocks.into_iter().rev());
+                Ok(())
+            }
+            Err(Error::OutOfSpace { .. }) => Ok(()),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Blocks of [`ANTI_CLASS`] whose invalidation is durable go to the delete reserve
+    /// until it is full; returns what is left of them.
+    fn top_up_reserve(&self, mut blocks: Vec<u64>) -> Vec<u64> {
+        if blocks.is_empty() || self.geometry.span_count < RESERVE_MIN_SPANS {
+            return blocks;
+        }
+        let mut reserve = lock(&self.reserve);
+        let wanted = RESERVE_BLOCKS.saturating_sub(reserve.len());
+        let take = blocks.len().min(wanted);
+        reserve.extend(blocks.drain(blocks.len() - take..));
+        blocks
+    }
+
+    /// An anti-block's last resort: a block from the delete reserve, else a free block of
+    /// any size class (an anti-block fits in every one).
+    fn alloc_anti_fallback(&self) -> Option<u64> {
+        if let Some(offset) = lock(&self.reserve).pop() {
+            return Some(offset);
+        }
+        self.class_pools.iter().find_map(|pool| lock(pool).pop())
+    }
+
+    /// The error of an allocation of `requested` payload bytes that found no space, with
+    /// what is free.
+    fn out_of_space(&self, requested: u64) -> Error {
+        let free_spans = lock(&self.span_pool).len() as u64;
+        let mut free_bytes = 0;
+        let total = requested.saturating_add(HEADER_LEN);
+        let wanted = class_for(total);
+        let mut count = |class: usize, blocks: usize| {
+            let class = u8::try_from(class).unwrap_or(u8::MAX);
+            if Some(class) != wanted {
+                free_bytes += blocks as u64 * class_size(class);
+            }
+        };
+        for (class, pool) in self.class_pools.iter().enumerate() {
+            count(class, lock(pool).len());
+        }
+        for cache in &self.caches {
+            if let Ok(cache) = cache.try_lock() {
+                for (class, blocks) in cache.free.iter().enumerate() {
+                    count(class, blocks.len());
+                }
+            }
+        }
+        Error::OutOfSpace {
+            requested,
+            free_spans,
+            free_bytes,
         }
     }
 
@@ -239,14 +349,28 @@ impl Allocator {
 
     /// Allocates a block for `len` payload bytes and writes its header. The header and
     /// payload are not flushed: the caller decides when they must be durable.
+    ///
+    /// An anti-block ([`BlockKind::Delete`](block::BlockKind::Delete)) that finds no space
+    /// takes a block from the delete reserve.
     pub(crate) fn alloc(&self, media: &Media, spec: BlockSpec, len: u64) -> Result<PBlock> {
-        let stored_len = u32::try_from(len).map_err(|_| Error::OutOfSpace { requested: len })?;
+        let stored_len = u32::try_from(len).map_err(|_| self.out_of_space(len))?;
         let total = len
             .checked_add(HEADER_LEN)
-            .ok_or_else(|| Error::OutOfSpace { requested: len })?;
-        let offset = match class_for(total) {
-            Some(class) => self.alloc_small(media, class, len)?,
-            None => self.alloc_large(media, spans_for(total), len)?,
+            .ok_or_else(|| self.out_of_space(len))?;
+        let found = match class_for(total) {
+            Some(class) => self.alloc_small(media, class, len),
+            None => self.alloc_large(media, spans_for(total), len),
+        };
+        let offset = match found {
+            Ok(offset) => offset,
+            Err(Error::OutOfSpace { .. }) => {
+                let anti = spec.kind == block::BlockKind::Delete && len == 0;
+                match anti.then(|| self.alloc_anti_fallback()).flatten() {
+                    Some(offset) => offset,
+                    None => return Err(self.out_of_space(len)),
+                }
+            }
+            Err(other) => return Err(other),
         };
         self.write_header(media, offset, &spec.raw(stored_len))?;
         Ok(PBlock(offset))
@@ -338,6 +462,8 @@ impl Allocator {
                 Place::Large { span, extent } => self.return_spans(span, extent),
             }
         }
+        let anti = std::mem::take(&mut by_class[usize::from(ANTI_CLASS)]);
+        by_class[usize::from(ANTI_CLASS)] = self.top_up_reserve(anti);
         for (class, blocks) in by_class.into_iter().enumerate() {
             if !blocks.is_empty() {
                 lock(&self.class_pools[class]).extend(blocks);
@@ -381,9 +507,7 @@ impl Allocator {
             }
             Err(other) => return Err(other),
         }
-        cache.free[c]
-            .pop()
-            .ok_or_else(|| Error::OutOfSpace { requested: len })
+        cache.free[c].pop().ok_or_else(|| full(len))
     }
 
     /// Drains the pending frees of every thread cache not busy right now, so that blocks
@@ -416,9 +540,7 @@ impl Allocator {
         let blocks = self.carve(media, class, len)?;
         let mut cache = lock(self.cache());
         cache.free[c].extend(blocks.into_iter().rev());
-        cache.free[c]
-            .pop()
-            .ok_or_else(|| Error::OutOfSpace { requested: len })
+        cache.free[c].pop().ok_or_else(|| full(len))
     }
 
     fn take_spans(&self, extent: u64, len: u64) -> Result<u64> {
@@ -450,7 +572,7 @@ impl Allocator {
             }
             found
         };
-        first.ok_or_else(|| Error::OutOfSpace { requested: len })
+        first.ok_or_else(|| full(len))
     }
 
     fn return_spans(&self, first: u64, extent: u64) {
@@ -505,7 +627,7 @@ impl Allocator {
 
     fn alloc_large(&self, media: &Media, extent: u64, len: u64) -> Result<u64> {
         if extent > u64::from(u32::MAX >> 2) {
-            return Err(Error::OutOfSpace { requested: len });
+            return Err(full(len));
         }
         let span = match self.take_spans(extent, len) {
             Ok(span) => span,
@@ -614,10 +736,27 @@ impl Allocator {
     }
 
     pub(crate) fn stats(&self) -> AllocStats {
+        let reserve = lock(&self.reserve);
+        let spans: BTreeSet<u64> = reserve
+            .iter()
+            .filter_map(|&offset| self.geometry.span_of(offset))
+            .collect();
         AllocStats {
             spans: self.geometry.span_count,
             free_spans: lock(&self.span_pool).len() as u64,
+            reserve_blocks: reserve.len() as u64,
+            reserve_spans: spans.len() as u64,
         }
+    }
+}
+
+/// The heap has no space for `requested` payload bytes: the bare error the inner allocation
+/// paths return, which [`Allocator::alloc`] completes with what is free.
+fn full(requested: u64) -> Error {
+    Error::OutOfSpace {
+        requested,
+        free_spans: 0,
+        free_bytes: 0,
     }
 }
 

@@ -26,6 +26,10 @@ impl Epoch {
     pub const ZERO: Epoch = Epoch(0);
     /// The epoch a new heap starts in.
     pub const FIRST: Epoch = Epoch(1);
+    /// The last epoch a clock may reach: 2^62, which an advance every nanosecond would take
+    /// 146 years to reach. A stored word beyond it is damage, not a clock, and the clock
+    /// stops rather than pass it (so nothing can ever wrap or saturate).
+    pub const LIMIT: Epoch = Epoch(1 << 62);
 
     /// The epoch numbered `value`.
     pub const fn new(value: u64) -> Epoch {

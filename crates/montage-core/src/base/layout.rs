@@ -118,6 +118,11 @@ pub(crate) const META_RETIRED: u64 = 1 << 32;
 /// The header word holding the owner id (low half) and the payload length (high half).
 pub(crate) const LEN_WORD_OFFSET: u64 = 0x20;
 
+/// Uids above this are never handed out (2^62, a hundred years of allocations at a
+/// billion a second): a header that carries one is damaged, and the uid counter can never
+/// wrap.
+pub(crate) const UID_LIMIT: u64 = 1 << 62;
+
 /// The smallest heap that holds a superblock, its tables and one span.
 pub const MIN_HEAP_SIZE: u64 = 2 * SPAN_SIZE;
 /// The largest heap this format describes (64 TiB).

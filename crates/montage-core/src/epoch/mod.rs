@@ -384,6 +384,11 @@ impl Epochs {
         let staged = reclaim.invalidate_due(media, alloc, e)?;
         // 5. The new epoch word, after everything above (INV-EP-2).
         let next = e.next();
+        if next > Epoch::LIMIT {
+            return Err(Error::ClockStopped {
+                reason: "the epoch clock reached its limit",
+            });
+        }
         let ticket = media.seal_epoch(next.get())?;
         reclaim.sealed(alloc, media, next, ticket, staged);
         // 6. Publish (INV-EP-1).
@@ -406,6 +411,13 @@ impl Epochs {
             .wait_timeout_while(guard, length, |stop| !*stop)
             .unwrap_or_else(PoisonError::into_inner);
         *guard
+    }
+
+    /// Whether blocks wait for reclamation: retired or killed by ended operations, or in
+    /// the reclamation pipeline. Advancing the clock gives them back to the allocator.
+    pub(crate) fn reclamation_pending(&self) -> Result<bool> {
+        let advancing = self.lock_advance()?;
+        Ok(!(self.nothing_pending(true) && advancing.reclaim.is_empty()))
     }
 
     /// How many advances this heap has made since it was opened.

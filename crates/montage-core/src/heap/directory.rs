@@ -69,7 +69,83 @@ impl Heap {
     }
 }
 
+/// A named structure attached to its heap by [`Heap::attach`]: its owner id, held by one
+/// handle at a time. Dropping it detaches the structure, and the name can be attached again.
+///
+/// A structure keeps its index in DRAM and rebuilds it from the heap when it is opened; two
+/// open handles of one structure would each keep an index blind to the other's writes. The
+/// attachment is what makes a second open fail instead.
+#[derive(Debug)]
+pub struct Attached {
+    heap: Heap,
+    owner: OwnerId,
+    existed: bool,
+}
+
+impl Attached {
+    /// The owner id the structure's payloads carry.
+    pub fn owner(&self) -> OwnerId {
+        self.owner
+    }
+
+    /// Whether the structure was registered before this attachment (so it has payloads to
+    /// rebuild from); `false` when `attach` created it.
+    pub fn existed(&self) -> bool {
+        self.existed
+    }
+
+    /// The heap the structure lives in.
+    pub fn heap(&self) -> &Heap {
+        &self.heap
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let mut attached = self
+            .heap
+            .shared()
+            .attached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *attached &= !(1u128 << self.owner.0);
+    }
+}
+
 impl Heap {
+    /// Attaches the structure called `name`, registering it if the heap has none of that
+    /// name (durably, before this returns). The structure stays attached until the returned
+    /// [`Attached`] is dropped; the collections hold theirs for as long as they are open.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StructureOpen`] while another [`Attached`] of `name` lives;
+    /// as [`register`](Self::register) when registering it.
+    pub fn attach(&self, name: &str) -> Result<Attached> {
+        let existing = self.lookup(name);
+        let owner = match existing {
+            Some(owner) => owner,
+            None => self.register(name)?,
+        };
+        let mut attached = self
+            .shared()
+            .attached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let bit = 1u128 << owner.0;
+        if *attached & bit != 0 {
+            return Err(Error::StructureOpen {
+                name: name.to_owned(),
+            });
+        }
+        *attached |= bit;
+        Ok(Attached {
+            heap: self.clone(),
+            owner,
+            existed: existing.is_some(),
+        })
+    }
+
     /// The directory's names in DRAM, by slot.
     fn directory(&self) -> MutexGuard<'_, Vec<Option<String>>> {
         self.shared()
@@ -93,8 +169,9 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The directory's names. A registration torn by a crash never returned its id to anyone,
-/// so `read_entries` clears it.
+/// The directory's names. A registration torn by a crash reads as an empty slot (its owner id
+/// was never handed out); a damaged entry, or one whose owner id is not its slot's, is
+/// [`Error::Corrupted`].
 pub(super) fn read_directory(media: &Media, geometry: &Geometry) -> Result<Vec<Option<String>>> {
     table::read_entries(media, DIRECTORY, geometry.creation_id, |index, entry| {
         let name_bytes = &entry[..NAME_MAX];

@@ -26,6 +26,7 @@ use crate::persist::sim::Simulator;
 use crate::recovery::RecoveryReport;
 
 pub use blocks::ScanFilter;
+pub use directory::Attached;
 
 /// A persistent heap: a mapped file (or, for tests, memory) holding payload blocks.
 ///
@@ -82,6 +83,8 @@ pub(crate) struct Shared {
     pub(crate) runtime: Runtime,
     pub(crate) geometry: Geometry,
     pub(crate) directory: Mutex<Vec<Option<String>>>,
+    /// The owner ids of the structures attached now ([`Heap::attach`]), as a bit set.
+    pub(crate) attached: Mutex<u128>,
     pub(crate) report: RecoveryReport,
     pub(crate) backend: BackendKind,
     /// Holds the `flock`; dropped after the runtime's media, so the file is unmapped before
@@ -249,7 +252,15 @@ impl Heap {
     /// # Errors
     ///
     /// The first error `op` returns other than `Aborted`, or an error from `begin_op`.
+    ///
+    /// An attempt that fails with [`Error::OutOfSpace`] while freed blocks still wait for
+    /// reclamation is retried too, after the clock has been advanced until they are given
+    /// back (a few epochs; a few rounds at most). So a delete, whose anti-block may need the
+    /// space earlier deletes are about to return, and an insert right after deletes, fail
+    /// for want of space only when the heap is full of live payloads.
     pub fn run_op<T>(&self, mut op: impl FnMut(&OpGuard<'_>) -> Result<T>) -> Result<T> {
+        let mut reclaim_rounds = 0;
+        let mut retried_idle = false;
         loop {
             let guard = self.begin_op()?;
             match op(&guard) {
@@ -261,6 +272,17 @@ impl Heap {
                     guard.abort()?;
                     std::thread::yield_now();
                 }
+                Err(err @ Error::OutOfSpace { .. }) => {
+                    guard.abort()?;
+                    // Nothing waiting may also mean another thread's advances have just
+                    // given the blocks back: one more attempt tells.
+                    let waited = self.reclaim_all()?;
+                    if reclaim_rounds == RECLAIM_ROUNDS || (!waited && retried_idle) {
+                        return Err(err);
+                    }
+                    retried_idle |= !waited;
+                    reclaim_rounds += 1;
+                }
                 Err(err) => {
                     guard.abort()?;
                     return Err(err);
@@ -269,11 +291,34 @@ impl Heap {
         }
     }
 
+    /// Advances the clock until no freed block waits for reclamation (at most
+    /// [`RECLAIM_ADVANCES`] times); returns whether anything was waiting.
+    fn reclaim_all(&self) -> Result<bool> {
+        let runtime = self.runtime_outside_op()?;
+        if !runtime.epochs.reclamation_pending()? {
+            return Ok(false);
+        }
+        for _ in 0..RECLAIM_ADVANCES {
+            runtime.advance()?;
+            if !runtime.epochs.reclamation_pending()? {
+                break;
+            }
+        }
+        Ok(true)
+    }
+
     /// How many epoch advances this heap has made since it was opened.
     pub fn advances(&self) -> u64 {
         self.shared().runtime.epochs.advances()
     }
 }
+
+/// How many times [`Heap::run_op`] retries an operation that found no space while freed
+/// blocks waited for reclamation.
+const RECLAIM_ROUNDS: u32 = 4;
+/// The most advances one such round makes: a block retired in epoch `e` is invalidated at
+/// the advance to `e + 3` and reused after the next, an anti-block one advance later.
+const RECLAIM_ADVANCES: u32 = 8;
 
 impl std::fmt::Debug for Heap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -142,6 +142,7 @@ impl Heap {
             },
             geometry,
             directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
+            attached: Mutex::new(0),
             report: RecoveryReport {
                 clean_shutdown: true,
                 ..RecoveryReport::default()
@@ -149,7 +150,10 @@ impl Heap {
             backend: config.backend,
             file,
         };
-        Heap::start(shared)
+        let heap = Heap::start(shared)?;
+        let runtime = &heap.shared().runtime;
+        runtime.alloc.fill_reserve(&runtime.media)?;
+        Ok(heap)
     }
 
     /// Opens an existing heap file and recovers it: with `w` the stored epoch word, keeps
@@ -279,20 +283,13 @@ impl Heap {
         // PERSIST: INV-REC-1: recovery decides on the durable image, so whatever a crashed
         // process left dirty is written back before it is read.
         media.settle_before_recovery(geometry.data_offset)?;
-        let clean = media.load(CLEAN_SHUTDOWN_OFFSET)? == 1;
-        let epoch = Epoch::new(media.load(EPOCH_OFFSET)?);
-        if epoch < Epoch::FIRST {
-            return Err(Error::Corrupted {
-                offset: EPOCH_OFFSET,
-                what: "the epoch word is below the first epoch",
-            });
-        }
+        let (stored, directory, types) = read_metadata(&media, &geometry)?;
         let options = recovery::Options {
             threads: config.recovery_threads,
             progress: config.progress.as_ref().map(|p| &*p.0),
         };
         let recovered = match policy {
-            Policy::Epochs => recovery::recover_epochs(&media, &geometry, options, epoch)?,
+            Policy::Epochs => recovery::recover_epochs(&media, &geometry, options, stored)?,
             Policy::Custom(decide) => recovery::recover(&media, &geometry, options, decide)?,
         };
         let recovery::Recovered {
@@ -301,10 +298,9 @@ impl Heap {
             max_uid,
             antis,
         } = recovered;
-        let next_uid = max_uid + 1;
-        report.clean_shutdown = clean;
-        let directory = read_directory(&media, &geometry)?;
-        let types = Registry::load(&media, geometry.creation_id)?;
+        // `check_header` bounds every uid, so this cannot overflow.
+        let next_uid = max_uid.saturating_add(1);
+        report.clean_shutdown = stored.clean;
         media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
         // PERSIST: the heap is marked open (not cleanly shut down) before it is used.
         media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
@@ -318,13 +314,19 @@ impl Heap {
         let shared = Shared {
             runtime: Runtime {
                 alloc: Allocator::new(geometry, config.thread_slots, free),
-                epochs: Epochs::new(epoch, next_uid, config.thread_slots, config.epoch_length),
+                epochs: Epochs::new(
+                    stored.word,
+                    next_uid,
+                    config.thread_slots,
+                    config.epoch_length,
+                ),
                 media,
                 types,
                 write_back: config.write_back,
             },
             geometry,
             directory: Mutex::new(directory),
+            attached: Mutex::new(0),
             report,
             backend: config.backend,
             file,
@@ -334,8 +336,48 @@ impl Heap {
         // go now (INV-EP-3), in a fence of their own after the one that covered the victims.
         let runtime = &heap.shared().runtime;
         runtime.alloc.release(&runtime.media, &antis)?;
+        runtime.alloc.fill_reserve(&runtime.media)?;
         Ok(heap)
     }
+}
+
+/// What the superblock's mutable words, the directory and the type registry of a heap being
+/// opened say, checked before recovery writes anything: a damaged heap is refused unchanged.
+fn read_metadata(
+    media: &Media,
+    geometry: &Geometry,
+) -> Result<(recovery::Stored, Vec<Option<String>>, Registry)> {
+    let clean = match media.load(CLEAN_SHUTDOWN_OFFSET)? {
+        0 => false,
+        1 => true,
+        _ => {
+            return Err(Error::Corrupted {
+                offset: CLEAN_SHUTDOWN_OFFSET,
+                what: "the clean-shutdown flag is neither 0 nor 1",
+            });
+        }
+    };
+    let word = Epoch::new(media.load(EPOCH_OFFSET)?);
+    if word < Epoch::FIRST || word > Epoch::LIMIT {
+        return Err(Error::Corrupted {
+            offset: EPOCH_OFFSET,
+            what: "the epoch word is outside the epochs a clock reaches",
+        });
+    }
+    let directory = read_directory(media, geometry)?;
+    let types = Registry::load(media, geometry.creation_id)?;
+    let owners = directory
+        .iter()
+        .enumerate()
+        .filter(|(_, name)| name.is_some())
+        .fold(1u128, |set, (index, _)| set | 1 << (index + 1));
+    let stored = recovery::Stored {
+        word,
+        clean,
+        word_leads: media.journal().is_none(),
+        owners,
+    };
+    Ok((stored, directory, types))
 }
 
 /// Loads a saved image into a fresh in-memory mapping and returns the heap's and the

@@ -23,6 +23,11 @@ pub use crate::recovery::Verdict;
 /// heap: [`Heap::open`]'s epoch rule, or the caller's with [`open_with`]. Mixing raw writes
 /// with operations on the same structure voids both contracts. It exists for tools, tests
 /// of the heap layer, and structures that manage block lifetimes themselves.
+///
+/// The epoch rule also checks the blocks against the stored clock, so raw blocks meant for
+/// it must carry epochs the clock could have written: [`Heap::open`] refuses, as damaged,
+/// a heap with a block newer than its epoch word (on persistent memory), or, after a clean
+/// close, newer than the word minus two. Block uids are at most 2^62 whatever the rule.
 #[derive(Debug, Clone, Copy)]
 pub struct RawHeap<'h> {
     heap: &'h Heap,

@@ -1,18 +1,24 @@
 //! Reading and writing the heap's entry tables (the structure directory and the type
-//! registry, format in `layout.rs`): an entry is durable once its checksummed valid word is,
-//! and an entry torn by a crash reads as empty and is durably cleared before its slot can be
-//! reused.
+//! registry, format in `layout.rs`).
+//!
+//! An entry's body is durable before its checksummed valid word is written, so a crash
+//! leaves a slot either empty (valid word zero, whatever the body holds) or whole. A valid
+//! word that does not match its body is therefore never a torn write: it is damage, and
+//! reading the table reports it. Reading never writes.
 
-use crate::base::layout::{ENTRY_LEN, ENTRY_VALID_OFFSET, EntryTable};
-use crate::error::Result;
+use crate::base::layout::{ENTRY_VALID_OFFSET, EntryTable};
+use crate::error::{Error, Result};
 use crate::persist::Media;
 
 /// An entry's body: the bytes before its valid word.
 pub(crate) type Body = [u8; ENTRY_VALID_OFFSET as usize];
 
 /// Every entry of `table`: `parse(index, body)` of each intact one, `None` for empty slots.
-/// An entry whose valid word does not match its body, or that `parse` rejects, was never
-/// reported written (writing persists it before returning), so it is durably cleared.
+///
+/// # Errors
+///
+/// [`Error::Corrupted`] at the entry for one whose valid word does not match its body, or
+/// that `parse` rejects.
 pub(crate) fn read_entries<T>(
     media: &Media,
     table: EntryTable,
@@ -32,12 +38,13 @@ pub(crate) fn read_entries<T>(
         let parsed = (valid == table.valid_word(index, creation_id, &body))
             .then(|| parse(index, &body))
             .flatten();
-        if parsed.is_none() {
-            media.store(at + ENTRY_VALID_OFFSET, 0)?;
-            // PERSIST: the cleared entry is durable before its slot is reused.
-            media.persist(at + ENTRY_VALID_OFFSET, 8)?;
-        }
-        entries.push(parsed);
+        let Some(parsed) = parsed else {
+            return Err(Error::Corrupted {
+                offset: at,
+                what: "a directory or type registry entry fails its check",
+            });
+        };
+        entries.push(Some(parsed));
     }
     Ok(entries)
 }
@@ -52,11 +59,14 @@ pub(crate) fn write_entry(
 ) -> Result<()> {
     let at = table.offset(index);
     media.write(at, body)?;
+    // PERSIST: the body is durable before the valid word can be, so a valid word that does
+    // not match its body is never a torn write (see the module docs).
+    media.persist(at, ENTRY_VALID_OFFSET)?;
     media.store(
         at + ENTRY_VALID_OFFSET,
         table.valid_word(index, creation_id, body),
     )?;
     // PERSIST: the entry is durable before the caller hands out what it records (an owner
     // id, a type's first payload).
-    media.persist(at, ENTRY_LEN)
+    media.persist(at + ENTRY_VALID_OFFSET, 8)
 }

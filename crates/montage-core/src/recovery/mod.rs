@@ -27,11 +27,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::alloc::block::{BlockKind, BlockView, PBlock};
+use crate::alloc::block::{BlockInfo, BlockKind, BlockView, PBlock};
 use crate::alloc::{FreeState, clear_meta};
 use crate::base::epoch::Epoch;
-use crate::base::layout::{Geometry, META_RETIRED};
-use crate::error::Result;
+use crate::base::layout::{DIRECTORY, DIRECTORY_CAPACITY, Geometry, META_RETIRED, UID_LIMIT};
+use crate::error::{Error, Result};
 use crate::persist::Media;
 use scan::{Unit, UnitVisit};
 
@@ -86,6 +86,45 @@ pub(crate) struct Recovered {
     pub(crate) antis: Vec<PBlock>,
 }
 
+/// What the heap's metadata says, for the epoch rule to check against the blocks before it
+/// changes anything.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stored {
+    /// The stored epoch word.
+    pub(crate) word: Epoch,
+    /// The clean-shutdown flag.
+    pub(crate) clean: bool,
+    /// Whether the word is durable before any block of its epoch can be written, so no
+    /// block can be newer than it: true on persistent memory, false on the journal, where
+    /// the heap file's pages may reach the disk before the journal record that seals their
+    /// epoch does.
+    pub(crate) word_leads: bool,
+    /// The owner ids the directory lists, as a bit set (bit `n` for owner `n`; bit 0, no
+    /// owner, always set).
+    pub(crate) owners: u128,
+}
+
+/// Checks what a valid header says against what a heap ever writes. Its checksum matches,
+/// so this is damage that kept the checksum (or a forgery), and recovery must not build on
+/// it: a uid past [`UID_LIMIT`] would make the uid counter wrap, an owner past the
+/// directory would name a structure that cannot exist.
+pub(crate) fn check_header(info: &BlockInfo) -> Result<()> {
+    let offset = info.block.offset();
+    if info.spec.uid > UID_LIMIT {
+        return Err(Error::Corrupted {
+            offset,
+            what: "a block's uid is beyond any uid a heap hands out",
+        });
+    }
+    if info.spec.owner.get() as usize > DIRECTORY_CAPACITY {
+        return Err(Error::Corrupted {
+            offset,
+            what: "a block names an owner the directory cannot hold",
+        });
+    }
+    Ok(())
+}
+
 struct UnitOutcome {
     unit: Unit,
     kept: u64,
@@ -98,16 +137,28 @@ struct UnitOutcome {
 /// uid among the blocks of epochs `<= word - 2` wins; the rest is dropped. Winning
 /// anti-blocks are kept through the scan (so the versions they shadow are durably
 /// invalidated first) and returned for release.
+///
+/// Before anything is changed, the first pass checks the blocks against `stored` (see
+/// [`winners::choose`]) and against the directory: a block whose owner has no directory
+/// entry means the entry was lost, and its owner id must not be handed to a new structure.
 pub(crate) fn recover_epochs(
     media: &Media,
     geometry: &Geometry,
     options: Options<'_>,
-    word: Epoch,
+    stored: Stored,
 ) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;
     let progress = AtomicU64::new(0);
-    let winners = winners::choose(media, geometry, &units, options, &progress, word)?;
+    let winners = winners::choose(media, geometry, &units, options, &progress, stored)?;
+    let orphans = winners.owners() & !stored.owners;
+    if orphans != 0 {
+        let owner = u64::from(orphans.trailing_zeros());
+        return Err(Error::Corrupted {
+            offset: DIRECTORY.offset(owner - 1),
+            what: "payloads belong to a structure the directory does not list",
+        });
+    }
     let antis = Mutex::new(Vec::new());
     let decide = |view: &BlockView<'_>| {
         let info = view.info();
@@ -165,6 +216,7 @@ fn recover_units(
         };
         for (offset, view) in visit.blocks {
             if let Some(v) = &view {
+                check_header(v.info())?;
                 // ORDERING: a maximum read after the scope joins.
                 max_uid.fetch_max(v.info().spec.uid, Ordering::Relaxed);
             }

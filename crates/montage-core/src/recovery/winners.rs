@@ -3,19 +3,19 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc::block::{BlockKind, PBlock};
-use crate::base::epoch::Epoch;
-use crate::base::layout::Geometry;
-use crate::error::Result;
+use crate::base::layout::{EPOCH_OFFSET, Geometry};
+use crate::error::{Error, Result};
 use crate::persist::Media;
 
-use super::Options;
 use super::scan::{self, Unit, UnitVisit};
+use super::{Options, Stored};
 
 /// The winning blocks, as a bitmap over 64-byte block positions of the data area.
 pub(super) struct Winners {
     data_offset: u64,
     bits: Vec<AtomicU64>,
     max_uid: u64,
+    owners: u128,
 }
 
 impl Winners {
@@ -33,6 +33,11 @@ impl Winners {
     /// The largest uid of any valid header.
     pub(super) fn max_uid(&self) -> u64 {
         self.max_uid
+    }
+
+    /// The owner ids of all valid headers, as a bit set (bit `n` for owner `n`).
+    pub(super) fn owners(&self) -> u128 {
+        self.owners
     }
 
     fn insert(&self, offset: u64) {
@@ -57,22 +62,51 @@ fn rank(kind: BlockKind) -> u8 {
 }
 
 /// Reads every valid header and picks, per uid, the newest version among the blocks of
-/// epochs `<= epoch_word - 2`.
+/// epochs `<= stored.word - 2`. It only reads: a header no heap can hold fails the whole
+/// recovery before anything is changed, and so does an epoch word that cannot be the clock
+/// these blocks were written under: older than one of them where the word leads the blocks
+/// (see [`Stored::word_leads`]), or, after a clean close, not two epochs past every one of
+/// them, which is what a clean close leaves.
 pub(super) fn choose(
     media: &Media,
     geometry: &Geometry,
     units: &[Unit],
     options: Options<'_>,
     progress: &AtomicU64,
-    epoch_word: Epoch,
+    stored: Stored,
 ) -> Result<Winners> {
+    let Stored {
+        word: epoch_word,
+        clean,
+        word_leads,
+        ..
+    } = stored;
     let cut = epoch_word.durable_cut();
     let threads = options.threads.max(1);
     let max_uid = AtomicU64::new(0);
+    let owners = [AtomicU64::new(0), AtomicU64::new(0)];
     let work = |visit: UnitVisit<'_>| -> Result<Vec<Version>> {
         let mut versions = Vec::new();
         for view in visit.blocks.iter().filter_map(|(_, v)| v.as_ref()) {
             let info = view.info();
+            super::check_header(info)?;
+            let word_error = |what| Error::Corrupted {
+                offset: EPOCH_OFFSET,
+                what,
+            };
+            if word_leads && info.spec.epoch > epoch_word {
+                return Err(word_error(
+                    "the epoch word is older than a block written under it",
+                ));
+            }
+            if clean && info.spec.epoch > cut {
+                return Err(word_error(
+                    "the heap was closed cleanly, but its epoch word does not cover its newest block",
+                ));
+            }
+            let owner = info.spec.owner.get();
+            // ORDERING: bits read after the scope joins.
+            owners[(owner / 64) as usize % 2].fetch_or(1 << (owner % 64), Ordering::Relaxed);
             // ORDERING: a maximum read after the scope joins.
             max_uid.fetch_max(info.spec.uid, Ordering::Relaxed);
             if info.spec.epoch <= cut {
@@ -109,6 +143,7 @@ pub(super) fn choose(
             .map(|_| AtomicU64::new(0))
             .collect(),
         max_uid: 0,
+        owners: 0,
     };
     std::thread::scope(|scope| {
         for part in &mut parts {
@@ -124,8 +159,10 @@ pub(super) fn choose(
             });
         }
     });
+    let [low, high] = owners;
     Ok(Winners {
         max_uid: max_uid.into_inner(),
+        owners: u128::from(low.into_inner()) | u128::from(high.into_inner()) << 64,
         ..winners
     })
 }

@@ -1,0 +1,381 @@
+//! Damaged and misused heaps, through the public API only: a full heap can still be emptied,
+//! impossible epoch words and uids are refused, a structure cannot be opened twice, and a
+//! damaged directory entry is reported rather than dropped.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use montage_collections::{HashMap, NbHashMap, NbQueue, Queue, SortedMap};
+use montage_core::raw::BlockSpec;
+use montage_core::{BackendKind, Epoch, EpochLength, Error, Heap, HeapConfig};
+
+const MIB: u64 = 1 << 20;
+
+/// A file heap whose bytes are all in the file: the `Pmem` backend (on an ordinary file it
+/// flushes lines as it would on persistent memory). The journal backend would repair some of
+/// the damage these tests make from its journal.
+fn file_config(path: &Path, size: u64) -> HeapConfig {
+    HeapConfig::new(path).size(size).backend(BackendKind::Pmem)
+}
+
+fn read_word(path: &Path, offset: u64) -> u64 {
+    let mut file = std::fs::File::open(path).unwrap();
+    file.seek(SeekFrom::Start(offset)).unwrap();
+    let mut word = [0u8; 8];
+    file.read_exact(&mut word).unwrap();
+    u64::from_le_bytes(word)
+}
+
+fn write_word(path: &Path, offset: u64, value: u64) {
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.seek(SeekFrom::Start(offset)).unwrap();
+    file.write_all(&value.to_le_bytes()).unwrap();
+}
+
+fn file_bytes(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
+
+/// The epoch word's place in the superblock (`docs/design.md`, "Superblock").
+const EPOCH_WORD: u64 = 0x40;
+/// The first directory entry, and its valid word.
+const DIRECTORY: u64 = 0x1000;
+
+/// Fills `map` with 100-byte values until the heap refuses; returns how many went in.
+fn fill(map: &HashMap<u64, Vec<u8>>) -> u64 {
+    let mut count = 0;
+    loop {
+        match map.put(count, vec![7; 100]) {
+            Ok(_) => count += 1,
+            Err(Error::OutOfSpace { .. }) => return count,
+            Err(other) => panic!("unexpected error while filling: {other}"),
+        }
+    }
+}
+
+#[test]
+fn a_full_heap_can_be_emptied_and_refilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.heap");
+    let heap = Heap::create(&file_config(&path, MIB)).unwrap();
+    let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+    let count = fill(&map);
+    assert!(count > 1000, "a 1 MiB heap holds more than {count} entries");
+    heap.sync().unwrap();
+    // Every entry can be removed, at once and without waiting for anything in between.
+    for key in 0..count {
+        assert_eq!(map.remove(&key).unwrap(), Some(vec![7; 100]), "key {key}");
+    }
+    assert!(map.is_empty());
+    heap.sync().unwrap();
+    heap.sync().unwrap();
+    // The space comes back: the heap takes as many entries again.
+    let again = fill(&map);
+    assert!(again + 32 >= count, "refilled {again} of {count}");
+    drop(map);
+    heap.close().unwrap();
+}
+
+#[test]
+fn a_full_heap_can_be_emptied_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.heap");
+    let count = {
+        let heap = Heap::create(&file_config(&path, MIB)).unwrap();
+        let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+        let queue: Queue<String> = Queue::open(&heap, "q").unwrap();
+        let count = fill(&map);
+        while queue.push_back("x".repeat(100)).is_ok() {}
+        heap.sync().unwrap();
+        drop((map, queue));
+        heap.close().unwrap();
+        count
+    };
+    let heap = Heap::open(&file_config(&path, MIB)).unwrap();
+    let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+    let queue: Queue<String> = Queue::open(&heap, "q").unwrap();
+    assert_eq!(map.len() as u64, count);
+    let queued = queue.len();
+    for _ in 0..queued {
+        assert_eq!(queue.pop_front().unwrap(), Some("x".repeat(100)));
+    }
+    for key in 0..count {
+        assert!(map.delete(&key).unwrap(), "key {key}");
+    }
+    heap.sync().unwrap();
+    drop((map, queue));
+    heap.close().unwrap();
+    let heap = Heap::open(&file_config(&path, MIB)).unwrap();
+    let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+    assert!(map.is_empty());
+    assert!(fill(&map) + 32 >= count);
+}
+
+/// Fills a heap through `insert` (which returns false once the heap is full), then empties it
+/// through `remove` in `threads` threads at once, twice over.
+fn fill_and_empty_concurrently(
+    threads: u64,
+    insert: impl Fn(u64) -> bool + Sync,
+    remove: impl Fn(u64) -> bool + Sync,
+) {
+    for round in 0..2 {
+        let mut count = 0;
+        while insert(count) {
+            count += 1;
+        }
+        assert!(count > 1000, "round {round}: only {count} entries fit");
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let remove = &remove;
+                scope.spawn(move || {
+                    for key in (t..count).step_by(threads as usize) {
+                        assert!(remove(key), "round {round}: key {key}");
+                    }
+                });
+            }
+        });
+    }
+}
+
+fn out_of_space(result: montage_core::Result<()>) -> bool {
+    match result {
+        Ok(()) => true,
+        Err(Error::OutOfSpace { .. }) => false,
+        Err(other) => panic!("unexpected error: {other}"),
+    }
+}
+
+#[test]
+fn every_structure_can_empty_a_full_heap_from_several_threads() {
+    let heap = Heap::create(&HeapConfig::in_memory(MIB)).unwrap();
+    let value = || vec![3u8; 100];
+    {
+        let map: NbHashMap<u64, Vec<u8>> = NbHashMap::open(&heap, "nb").unwrap();
+        fill_and_empty_concurrently(
+            4,
+            |k| out_of_space(map.insert(k, value()).map(drop)),
+            |k| map.remove(&k).unwrap().is_some(),
+        );
+    }
+    {
+        let map: SortedMap<u64, Vec<u8>> = SortedMap::open(&heap, "sorted").unwrap();
+        fill_and_empty_concurrently(
+            4,
+            |k| out_of_space(map.insert(k, value()).map(drop)),
+            |k| map.remove(&k).unwrap().is_some(),
+        );
+    }
+    {
+        let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "hash").unwrap();
+        fill_and_empty_concurrently(
+            4,
+            |k| out_of_space(map.insert(k, value()).map(drop)),
+            |k| map.remove(&k).unwrap().is_some(),
+        );
+    }
+    {
+        let queue: NbQueue<Vec<u8>> = NbQueue::open(&heap, "nbq").unwrap();
+        fill_and_empty_concurrently(
+            4,
+            |_| out_of_space(queue.push_back(value())),
+            |_| queue.pop_front().unwrap().is_some(),
+        );
+        assert!(queue.is_empty());
+    }
+}
+
+#[test]
+fn out_of_space_names_the_request_and_the_free_space() {
+    let heap = Heap::create(&HeapConfig::in_memory(MIB)).unwrap();
+    let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "m").unwrap();
+    fill(&map);
+    match map.put(u64::MAX, vec![1; 100]) {
+        Err(Error::OutOfSpace {
+            requested,
+            free_spans,
+            ..
+        }) => {
+            // The entry's payload: its encoded key and value, never zero.
+            assert!(requested >= 100, "requested {requested}");
+            assert_eq!(free_spans, 0);
+        }
+        other => panic!("expected OutOfSpace, got {other:?}"),
+    }
+}
+
+/// A heap with one map entry per key in `keys`, each written in an epoch of its own, closed
+/// cleanly right after the last one: its newest block is as new as a clean close allows
+/// (two epochs behind the word).
+fn closed_heap(path: &Path, keys: std::ops::Range<u64>) {
+    let config = file_config(path, MIB).epoch_length(EpochLength::Manual);
+    let heap = Heap::create(&config).unwrap();
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
+    for key in keys {
+        heap.advance_epoch().unwrap();
+        map.put(key, key * 10).unwrap();
+    }
+    drop(map);
+    heap.close().unwrap();
+}
+
+fn expect_corrupted(result: montage_core::Result<Heap>, offset: u64, case: &str) {
+    match result {
+        Err(Error::Corrupted { offset: at, .. }) => assert_eq!(at, offset, "{case}"),
+        Err(other) => panic!("{case}: expected Corrupted, got {other}"),
+        Ok(_) => panic!("{case}: a damaged heap was opened"),
+    }
+}
+
+#[test]
+fn an_impossible_epoch_word_is_refused_and_the_file_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("epoch.heap");
+    closed_heap(&path, 0..20);
+    let good = read_word(&path, EPOCH_WORD);
+    assert!(good > 20);
+    for (case, word) in [
+        ("raised past any reachable epoch", 0xFFFF_FFFF_FFFF_FFFE),
+        ("lowered below the blocks' epochs", 2),
+        ("lowered by one on a clean heap", good - 1),
+        ("zero", 0),
+    ] {
+        write_word(&path, EPOCH_WORD, word);
+        let before = file_bytes(&path);
+        expect_corrupted(Heap::open(&file_config(&path, MIB)), EPOCH_WORD, case);
+        assert_eq!(file_bytes(&path), before, "{case}: the file was changed");
+    }
+    // Put back, the heap opens with everything in it.
+    write_word(&path, EPOCH_WORD, good);
+    let heap = Heap::open(&file_config(&path, MIB)).unwrap();
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
+    assert_eq!(map.len(), 20);
+    assert_eq!(map.get(&19).unwrap(), Some(190));
+}
+
+#[test]
+fn a_raised_epoch_word_still_advances_and_keeps_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raised.heap");
+    closed_heap(&path, 0..3);
+    // Far above what the heap reached, but an epoch a heap can still run from.
+    write_word(&path, EPOCH_WORD, 1 << 40);
+    {
+        let heap = Heap::open(&file_config(&path, MIB)).unwrap();
+        let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
+        assert_eq!(map.len(), 3);
+        map.put(100, 1000).unwrap();
+        heap.sync().unwrap();
+        assert!(heap.epoch() > Epoch::new(1 << 40), "epoch {}", heap.epoch());
+        drop(map);
+        heap.close().unwrap();
+    }
+    let heap = Heap::open(&file_config(&path, MIB)).unwrap();
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
+    assert_eq!(map.get(&100).unwrap(), Some(1000));
+}
+
+#[test]
+fn a_block_with_an_impossible_uid_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("uid.heap");
+    let offset = {
+        let config = file_config(&path, MIB).epoch_length(EpochLength::Manual);
+        let heap = Heap::create(&config).unwrap();
+        for _ in 0..3 {
+            heap.advance_epoch().unwrap();
+        }
+        let raw = heap.raw();
+        // Of an epoch the clock has left behind, so only its uid is wrong.
+        let block = raw
+            .alloc_bytes(BlockSpec::new(Epoch::FIRST, u64::MAX), b"max")
+            .unwrap();
+        raw.persist_block(block).unwrap();
+        heap.close().unwrap();
+        block.offset()
+    };
+    let before = file_bytes(&path);
+    expect_corrupted(Heap::open(&file_config(&path, MIB)), offset, "uid u64::MAX");
+    assert_eq!(file_bytes(&path), before);
+}
+
+#[test]
+fn a_structure_open_twice_is_refused_until_the_first_handle_is_dropped() {
+    let heap = Heap::create(&HeapConfig::in_memory(4 * MIB)).unwrap();
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
+    for key in 0..100 {
+        map.put(key, key).unwrap();
+    }
+    for key in 0..50 {
+        map.delete(&key).unwrap();
+    }
+    match HashMap::<u64, u64>::open(&heap, "m") {
+        Err(Error::StructureOpen { name }) => assert_eq!(name, "m"),
+        Err(other) => panic!("expected StructureOpen, got {other}"),
+        Ok(_) => panic!("a live structure was opened a second time"),
+    }
+    // Another kind of structure under the same name is refused the same way.
+    assert!(matches!(
+        Queue::<u64>::open(&heap, "m"),
+        Err(Error::StructureOpen { .. })
+    ));
+    drop(map);
+    // Once the first handle is gone, the name opens again and sees exactly the live state.
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
+    assert_eq!(map.len(), 50);
+    assert_eq!(map.get(&10).unwrap(), None);
+    assert_eq!(map.get(&60).unwrap(), Some(60));
+    map.put(10, 1).unwrap();
+    assert_eq!(map.get(&10).unwrap(), Some(1));
+}
+
+#[test]
+fn a_damaged_directory_entry_is_reported_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dir.heap");
+    {
+        let heap = Heap::create(&file_config(&path, MIB)).unwrap();
+        let a: HashMap<u64, u64> = HashMap::open(&heap, "a").unwrap();
+        let b: HashMap<u64, u64> = HashMap::open(&heap, "b").unwrap();
+        for key in 0..10 {
+            a.put(key, key).unwrap();
+            b.put(key, key + 1).unwrap();
+        }
+        heap.sync().unwrap();
+        drop((a, b));
+        heap.close().unwrap();
+    }
+    let pristine = file_bytes(&path);
+    // One flipped bit anywhere in entry 0 (the name, the owner id, the reserved bytes or
+    // the valid word) is reported.
+    for bit in (0..512).step_by(7) {
+        let mut bytes = pristine.clone();
+        bytes[DIRECTORY as usize + bit / 8] ^= 1 << (bit % 8);
+        std::fs::write(&path, &bytes).unwrap();
+        match Heap::open(&file_config(&path, MIB)) {
+            Err(Error::Corrupted { offset, .. }) => {
+                assert_eq!(offset, DIRECTORY, "bit {bit}");
+            }
+            Err(other) => panic!("bit {bit}: expected Corrupted, got {other}"),
+            Ok(_) => panic!("bit {bit}: a damaged directory entry was accepted"),
+        }
+        assert_eq!(file_bytes(&path), bytes, "bit {bit}: the file was changed");
+    }
+    // An entry cleared outright (its valid word zeroed) leaves payloads without an owner:
+    // reported too, so its owner id is never handed to a new structure.
+    let mut bytes = pristine.clone();
+    bytes[DIRECTORY as usize + 0x38..DIRECTORY as usize + 0x40].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    expect_corrupted(
+        Heap::open(&file_config(&path, MIB)),
+        DIRECTORY,
+        "a cleared entry",
+    );
+    std::fs::write(&path, &pristine).unwrap();
+    let heap = Heap::open(&file_config(&path, MIB)).unwrap();
+    let a: HashMap<u64, u64> = HashMap::open(&heap, "a").unwrap();
+    assert_eq!(a.get(&3).unwrap(), Some(3));
+    let c: HashMap<u64, u64> = HashMap::open(&heap, "c").unwrap();
+    assert!(c.is_empty());
+}
