@@ -10,6 +10,11 @@
 //!   strict-provenance lints denied, on the nightly
 //!   toolchain (skipped, with a message, where `cargo +nightly` or its sanitizer runtime is
 //!   missing);
+//! * `fuzz [--smoke | --seconds N] [TARGET...]`: the cargo-fuzz targets in `fuzz/` (heap open
+//!   and recovery on damaged files, the collections' entry decoding, typed payload reads, the
+//!   memcached protocol parser), each for a few seconds (`--smoke`) or `N` seconds, under
+//!   the address sanitizer (skipped, with a message, where the nightly toolchain or `cargo fuzz`
+//!   is missing);
 //! * `ui [--bless]`: the derive's compile-fail tests (`--bless` rewrites the expected text);
 //! * `bench [--no-peers] [ARGS]`: the throughput harness with every contender (the embedded
 //!   stores too, unless `--no-peers`), passing `ARGS` on (`--quick` for a short run;
@@ -21,6 +26,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod fuzz;
 mod kv;
 mod tidy;
 
@@ -38,11 +44,12 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("loom") => loom(),
         Some("asan") => asan(),
+        Some("fuzz") => fuzz::run_targets(&args[1..]),
         Some("ui") => ui(&args[1..]),
         Some("kv-conformance") => kv::conformance(),
         Some("bench-kv") => kv::bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | asan | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [ARGS]>"
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | asan | fuzz [--smoke | --seconds N] | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [ARGS]>"
                 .to_owned(),
         ),
     };
@@ -156,6 +163,7 @@ fn ci() -> Result {
     cargo(&["run", "--release", "--example", "ledger"], &[deny[0]])?;
     loom()?;
     asan()?;
+    fuzz::run_targets(&["--smoke".to_owned()])?;
     cargo(&["doc", "--workspace", "--no-deps"], &deny)?;
     cargo(&["bench", "--workspace", "--no-run"], &deny)?;
     // The throughput harness and the memory measurement end to end, tiny and without the
