@@ -66,7 +66,7 @@ pub(crate) fn scan_payloads(
     visit: impl Fn(u64, PBlock, &[u8]) -> Result<()> + Sync,
 ) -> Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    heap.scan(ScanFilter::all().owner(owner), threads, |view| {
+    heap.scan(ScanFilter::all().live().owner(owner), threads, |view| {
         let info = view.info();
         if info.spec.kind == BlockKind::Delete {
             return Ok(());

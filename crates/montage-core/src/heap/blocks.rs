@@ -5,6 +5,7 @@ use std::sync::{Mutex, PoisonError};
 
 use super::Heap;
 use crate::alloc::block::{BlockInfo, BlockView, OwnerId, PBlock};
+use crate::base::layout::META_RETIRED;
 use crate::error::Result;
 use crate::recovery::scan::{self, UnitVisit};
 
@@ -15,6 +16,9 @@ pub struct ScanFilter {
     pub owner: Option<OwnerId>,
     /// Only blocks of this type id.
     pub type_id: Option<u64>,
+    /// Only blocks no committed operation has superseded or deleted (see
+    /// [`live`](Self::live)).
+    pub live: bool,
 }
 
 impl ScanFilter {
@@ -34,6 +38,16 @@ impl ScanFilter {
     #[must_use]
     pub fn type_id(mut self, type_id: u64) -> ScanFilter {
         self.type_id = Some(type_id);
+        self
+    }
+
+    /// Only blocks that are the current version of their payload: not superseded or deleted
+    /// by an operation that committed while the heap is open (whose old versions stay valid,
+    /// with their retired bit set, until reclamation). A structure that opens on a heap that
+    /// has been running rebuilds from these; right after recovery every valid block is live.
+    #[must_use]
+    pub fn live(mut self) -> ScanFilter {
+        self.live = true;
         self
     }
 
@@ -130,9 +144,14 @@ impl Heap {
     ) -> Result<u64> {
         let units = scan::read_span_table(&self.shared().runtime.media, &self.shared().geometry)?;
         let progress = std::sync::atomic::AtomicU64::new(0);
+        let media = &self.shared().runtime.media;
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
             let mut seen = 0;
-            for view in unit.blocks.iter().filter_map(|(_, v)| v.as_ref()) {
+            for (offset, view) in &unit.blocks {
+                let Some(view) = view else { continue };
+                if filter.live && media.load(*offset)? & META_RETIRED != 0 {
+                    continue;
+                }
                 if filter.matches(view.info()) {
                     visit(view)?;
                     seen += 1;

@@ -203,6 +203,7 @@ impl Heap {
         self.register_type::<T>()?;
         let found = std::sync::Mutex::new(Vec::new());
         let filter = crate::heap::ScanFilter::all()
+            .live()
             .owner(owner)
             .type_id(T::TYPE_ID);
         self.scan(filter, threads, |view| {
