@@ -490,3 +490,57 @@ fn metadata_damage_never_gives_wrong_data() {
         bits.len()
     );
 }
+
+/// Damage to a durable payload, or to the checksum beside it, is never returned as data:
+/// open fails with `DamagedPayload`, naming the structure and the block, and leaves the file
+/// as it was. Every payload byte and trailer byte of every entry of the map is tried.
+#[test]
+fn a_damaged_payload_is_reported_with_its_structure() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payload.heap");
+    let config = file_config(&path, MIB).epoch_length(EpochLength::Manual);
+    let blocks = {
+        let heap = Heap::create(&config).unwrap();
+        let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "map").unwrap();
+        for key in 0..8u64 {
+            map.put(key, vec![key as u8; 30 + key as usize]).unwrap();
+        }
+        drop(map);
+        heap.close().unwrap();
+        let heap = Heap::open(&config).unwrap();
+        let owner = heap.lookup("map").unwrap();
+        let blocks = heap
+            .collect(montage_core::ScanFilter::all().owner(owner))
+            .unwrap();
+        heap.close().unwrap();
+        blocks
+    };
+    assert_eq!(blocks.len(), 8);
+    let pristine = file_bytes(&path);
+    let trailer = montage_core::limits::TRAILER_LEN;
+    for info in &blocks {
+        let start = info.block.payload_offset();
+        for at in start..start + u64::from(info.len) + trailer {
+            let mut bytes = pristine.clone();
+            bytes[at as usize] ^= 0x10;
+            std::fs::write(&path, &bytes).unwrap();
+            match Heap::open(&config) {
+                Err(Error::DamagedPayload { offset, structure }) => {
+                    assert_eq!(offset, info.block.offset(), "byte {at:#x}");
+                    assert_eq!(structure, "map");
+                }
+                Err(other) => panic!("byte {at:#x}: expected DamagedPayload, got {other}"),
+                Ok(_) => panic!("byte {at:#x}: a damaged payload was accepted"),
+            }
+            assert_eq!(
+                file_bytes(&path),
+                bytes,
+                "byte {at:#x}: the file was changed"
+            );
+        }
+    }
+    std::fs::write(&path, &pristine).unwrap();
+    let heap = Heap::open(&config).unwrap();
+    let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "map").unwrap();
+    assert_eq!(map.get(&7).unwrap(), Some(vec![7; 37]));
+}

@@ -201,6 +201,18 @@ pub enum Error {
         /// The type the handle expected.
         expected: &'static str,
     },
+    /// A payload that was durable fails its checksum: the media damaged it after it was
+    /// written. Nothing was returned from it and nothing was changed.
+    #[error(
+        "the payload at offset {offset:#x} (structure {structure}) fails its checksum: \
+         the heap file is damaged"
+    )]
+    DamagedPayload {
+        /// The block's offset.
+        offset: u64,
+        /// The structure the block belongs to, as the directory names it (`-` for none).
+        structure: String,
+    },
     /// The named structure is open already through another handle on this heap. Two
     /// handles would keep two DRAM indexes of one set of payloads, each blind to the
     /// other's writes; share the open handle instead, or drop it before opening again.

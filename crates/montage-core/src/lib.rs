@@ -97,7 +97,7 @@ pub mod stamped {
 pub mod limits {
     pub use crate::base::layout::{
         CACHE_LINE, DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX,
-        PAGE_SIZE, REGISTRY_CAPACITY, SPAN_SIZE,
+        PAGE_SIZE, REGISTRY_CAPACITY, SPAN_SIZE, TRAILER_LEN,
     };
     pub use crate::config::DEFAULT_HEAP_SIZE;
 }

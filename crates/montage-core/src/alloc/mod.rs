@@ -33,7 +33,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::CachePadded;
 
-use crate::base::layout::{Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_SIZE, SpanEntry};
+use crate::base::layout::{
+    Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_SIZE, SpanEntry, TRAILER_LEN,
+    block_capacity, payload_checksum,
+};
 use crate::error::{Error, Result};
 use crate::persist::Media;
 use block::{BlockInfo, BlockSpec, PBlock};
@@ -70,8 +73,8 @@ enum Place {
 impl Place {
     fn capacity(self) -> u64 {
         match self {
-            Place::Small { class } => class_size(class) - HEADER_LEN,
-            Place::Large { extent, .. } => extent * SPAN_SIZE - HEADER_LEN,
+            Place::Small { class } => block_capacity(class_size(class)),
+            Place::Large { extent, .. } => block_capacity(extent * SPAN_SIZE),
         }
     }
 }
@@ -261,7 +264,7 @@ impl Allocator {
     fn out_of_space(&self, requested: u64) -> Error {
         let free_spans = lock(&self.span_pool).len() as u64;
         let mut free_bytes = 0;
-        let total = requested.saturating_add(HEADER_LEN);
+        let total = requested.saturating_add(HEADER_LEN + TRAILER_LEN);
         let wanted = class_for(total);
         let mut count = |class: usize, blocks: usize| {
             let class = u8::try_from(class).unwrap_or(u8::MAX);
@@ -355,7 +358,7 @@ impl Allocator {
     pub(crate) fn alloc(&self, media: &Media, spec: BlockSpec, len: u64) -> Result<PBlock> {
         let stored_len = u32::try_from(len).map_err(|_| self.out_of_space(len))?;
         let total = len
-            .checked_add(HEADER_LEN)
+            .checked_add(HEADER_LEN + TRAILER_LEN)
             .ok_or_else(|| self.out_of_space(len))?;
         let found = match class_for(total) {
             Some(class) => self.alloc_small(media, class, len),
@@ -374,6 +377,30 @@ impl Allocator {
         };
         self.write_header(media, offset, &spec.raw(stored_len))?;
         Ok(PBlock(offset))
+    }
+
+    /// Writes `block`'s payload checksum into its trailer, right after the payload
+    /// (INV-SUM-1), and returns the range to write back (header, payload and trailer); `None`
+    /// if the block holds no valid header any more (it was killed). `buf` is scratch space.
+    pub(crate) fn seal_payload(
+        &self,
+        media: &Media,
+        block: PBlock,
+        buf: &mut Vec<u8>,
+    ) -> Result<Option<(u64, u64)>> {
+        let Ok(place) = self.locate(block.0) else {
+            return Ok(None);
+        };
+        let creation_id = self.geometry.creation_id;
+        let Some(info) = read_header(media, creation_id, block.0, place.capacity())? else {
+            return Ok(None);
+        };
+        let len = u64::from(info.len);
+        buf.resize(info.len as usize, 0);
+        media.read(block.payload_offset(), buf)?;
+        let sum = payload_checksum(block.0, creation_id, buf);
+        media.write(block.payload_offset() + len, &sum.to_le_bytes())?;
+        Ok(Some((block.0, HEADER_LEN + len + TRAILER_LEN)))
     }
 
     /// Writes a whole header: the four body words, then the meta word, which with its

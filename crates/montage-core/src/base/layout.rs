@@ -50,6 +50,8 @@
 //! 0x20  owner id         u32
 //! 0x24  payload length   u32
 //! 0x28  payload bytes
+//! then  trailer          u32      crc32c(offset, creation id, payload): the payload checksum,
+//!                                 written when the block's epoch is written back
 //! ```
 //!
 //! The block checksum covers the block's own offset, the creation id, the meta word's upper
@@ -71,7 +73,7 @@ use crate::error::{Error, Result};
 /// The first eight bytes of every heap file.
 pub(crate) const MAGIC: [u8; 8] = *b"MONTAGE\0";
 /// The format this build reads and writes.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 
 pub(crate) const MAGIC_OFFSET: u64 = 0x00;
 pub(crate) const SUPERBLOCK_HEAD_LEN: u64 = 0x40;
@@ -110,6 +112,8 @@ pub const SPAN_SIZE: u64 = 64 << 10;
 
 /// Bytes of header in front of every payload.
 pub const HEADER_LEN: u64 = 40;
+/// Bytes of the payload checksum right after every payload (see [`payload_checksum`]).
+pub const TRAILER_LEN: u64 = 4;
 pub(crate) const HEADER_TAG: u64 = 0x4D42; // "MB"
 /// Meta bit 32: the block has been superseded or deleted by a committed or running operation
 /// and waits for reclamation. Not covered by the checksum: recovery ignores it, because a
@@ -313,6 +317,20 @@ pub(crate) enum SpanEntry {
 
 const SPAN_KIND_CLASS: u64 = 1;
 const SPAN_KIND_LARGE: u64 = 2;
+
+/// The payload checksum stored in a block's trailer: crc32c of the block's offset, the
+/// creation id and the payload's bytes, so that a payload copied to another block or heap
+/// does not match either. Written when the epoch that wrote the block is written back
+/// (INV-SUM-1).
+pub(crate) fn payload_checksum(offset: u64, creation_id: u64, payload: &[u8]) -> u32 {
+    checksum(&[offset, creation_id], payload)
+}
+
+/// The most payload bytes a block of `size` bytes holds: its size less the header and the
+/// trailer.
+pub(crate) const fn block_capacity(size: u64) -> u64 {
+    size.saturating_sub(HEADER_LEN + TRAILER_LEN)
+}
 
 /// crc32c of the little-endian bytes of `words`, then of `tail`.
 fn checksum(words: &[u64], tail: &[u8]) -> u32 {

@@ -85,6 +85,8 @@ struct Advancing {
 struct Bucket {
     /// Byte ranges to write back.
     persist: Vec<(u64, u64)>,
+    /// Blocks allocated, whose payload checksums the advance writes (INV-SUM-1).
+    written: Vec<PBlock>,
     /// Superseded, deleted or killed blocks, reclaimed three advances later.
     victims: Vec<PBlock>,
     /// Anti-blocks, reclaimed four advances later.
@@ -218,14 +220,16 @@ impl Epochs {
         slot: usize,
         epoch: Epoch,
         persist: &mut Vec<(u64, u64)>,
+        written: &mut Vec<PBlock>,
         victims: &mut Vec<PBlock>,
         antis: &mut Vec<PBlock>,
     ) {
         let s = self.slot(slot);
-        if !(persist.is_empty() && victims.is_empty() && antis.is_empty()) {
+        if !(persist.is_empty() && written.is_empty() && victims.is_empty() && antis.is_empty()) {
             let mut buckets = lock(&s.buckets);
             let bucket = &mut buckets[epoch.slot4()];
             bucket.persist.append(persist);
+            bucket.written.append(written);
             bucket.victims.append(victims);
             bucket.antis.append(antis);
         }
@@ -289,7 +293,9 @@ impl Epochs {
         self.slots.iter().all(|slot| {
             let buckets = lock(&slot.buckets);
             buckets.iter().all(|b| {
-                b.persist.is_empty() && (!reclaim || (b.victims.is_empty() && b.antis.is_empty()))
+                b.persist.is_empty()
+                    && b.written.is_empty()
+                    && (!reclaim || (b.victims.is_empty() && b.antis.is_empty()))
             })
         })
     }
@@ -361,6 +367,7 @@ impl Epochs {
         self.tracker.wait_quiescent(e.minus(1));
         // 2-3. Collect the write-backs of e - 1 and what e - 2 retired.
         let mut persist = Vec::new();
+        let mut written = Vec::new();
         let mut victims = Vec::new();
         let mut antis = Vec::new();
         for slot in &self.slots {
@@ -368,10 +375,19 @@ impl Epochs {
             // Before the first epoch these name no epoch that ran, and their buckets are
             // empty.
             persist.append(&mut buckets[e.minus(1).slot4()].persist);
+            written.append(&mut buckets[e.minus(1).slot4()].written);
             victims.append(&mut buckets[e.minus(2).slot4()].victims);
             antis.append(&mut buckets[e.minus(2).slot4()].antis);
         }
         reclaim.retire(e.minus(2), victims, antis);
+        // 2b. The payload checksums of the blocks written in e - 1, whose payloads no
+        // operation changes any more (INV-SUM-1); their trailers are written back below.
+        let mut buf = Vec::new();
+        for block in written {
+            if let Some(range) = alloc.seal_payload(media, block, &mut buf)? {
+                persist.push(range);
+            }
+        }
         // Not sorted or merged: a line flushed twice costs little, sorting hundreds of
         // thousands of ranges per epoch costs a core (the journal backend merges
         // them themselves).

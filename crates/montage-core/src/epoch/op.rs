@@ -492,11 +492,10 @@ impl<'h> OpGuard<'h> {
             self.slot,
             self.epoch,
             &mut log.persist,
+            &mut log.allocated,
             &mut log.victims,
             &mut log.antis,
         );
-        // Everything was handed over; what is left is capacity for the next operation.
-        log.allocated.clear();
         debug_assert!(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty());
         let id = shared.epochs.instance();
         // During thread teardown the state may be gone already; nothing is left to track

@@ -289,7 +289,9 @@ impl Heap {
             progress: config.progress.as_ref().map(|p| &*p.0),
         };
         let recovered = match policy {
-            Policy::Epochs => recovery::recover_epochs(&media, &geometry, options, stored)?,
+            Policy::Epochs => {
+                recovery::recover_epochs(&media, &geometry, options, stored, &directory)?
+            }
             Policy::Custom(decide) => recovery::recover(&media, &geometry, options, decide)?,
         };
         let recovery::Recovered {

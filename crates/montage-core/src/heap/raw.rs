@@ -127,6 +127,18 @@ impl RawHeap<'_> {
     /// [`Error::Poisoned`] after a failed write-back.
     pub fn flush_block(&self, block: PBlock) -> Result<()> {
         let shared = self.heap.shared();
+        let runtime = &shared.runtime;
+        // A valid block gets its payload checksum first, as the epoch advance gives it to the
+        // blocks operations write (INV-SUM-1).
+        if let Some((offset, len)) =
+            runtime
+                .alloc
+                .seal_payload(&runtime.media, block, &mut Vec::new())?
+        {
+            // PERSIST: header, payload and trailer start their write-back; the caller's
+            // fence completes it.
+            return runtime.media.flush(offset, len);
+        }
         let capacity = shared.runtime.alloc.capacity(block)?;
         // The recorded length bounds the write-back; the header is not validated here, which
         // a flush does not need (a bad length only flushes more or less of this block).

@@ -139,13 +139,16 @@ struct UnitOutcome {
 /// invalidated first) and returned for release.
 ///
 /// Before anything is changed, the first pass checks the blocks against `stored` (see
-/// [`winners::choose`]) and against the directory: a block whose owner has no directory
-/// entry means the entry was lost, and its owner id must not be handed to a new structure.
+/// [`winners::choose`]) and against the directory (`names`, by slot): a block whose owner has
+/// no directory entry means the entry was lost, and its owner id must not be handed to a new
+/// structure. It also verifies the payload checksum of every block of the durable epochs:
+/// a winner that fails it is [`Error::DamagedPayload`], naming its structure.
 pub(crate) fn recover_epochs(
     media: &Media,
     geometry: &Geometry,
     options: Options<'_>,
     stored: Stored,
+    names: &[Option<String>],
 ) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;
@@ -158,6 +161,14 @@ pub(crate) fn recover_epochs(
             offset: DIRECTORY.offset(owner - 1),
             what: "payloads belong to a structure the directory does not list",
         });
+    }
+    // A durable payload that fails its checksum is never handed out as data (INV-SUM-1).
+    if let Some((offset, owner)) = winners.first_damaged() {
+        let structure = (owner as usize)
+            .checked_sub(1)
+            .and_then(|index| names.get(index).cloned().flatten())
+            .unwrap_or_else(|| "-".to_owned());
+        return Err(Error::DamagedPayload { offset, structure });
     }
     let antis = Mutex::new(Vec::new());
     let decide = |view: &BlockView<'_>| {

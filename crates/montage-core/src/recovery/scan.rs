@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::alloc::block::BlockView;
 use crate::alloc::read_header;
 use crate::alloc::size_class::{blocks_per_span, class_size};
-use crate::base::layout::{Geometry, HEADER_LEN, SPAN_SIZE, SpanEntry};
+use crate::base::layout::{Geometry, SPAN_SIZE, SpanEntry, block_capacity};
 use crate::error::{Error, Result};
 use crate::persist::Media;
 
@@ -183,12 +183,12 @@ fn visit_unit<'m>(
             let size = class_size(class);
             for i in 0..blocks_per_span(class) {
                 let offset = start + i * size;
-                blocks.push((offset, read(offset, size - HEADER_LEN)?));
+                blocks.push((offset, read(offset, block_capacity(size))?));
             }
         }
         Unit::Large { span, extent } => {
             let offset = geometry.span_start(span);
-            blocks.push((offset, read(offset, extent * SPAN_SIZE - HEADER_LEN)?));
+            blocks.push((offset, read(offset, block_capacity(extent * SPAN_SIZE))?));
         }
     }
     Ok(UnitVisit { unit, blocks })

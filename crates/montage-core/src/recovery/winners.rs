@@ -1,9 +1,10 @@
 //! The epoch rule's first pass: which block is the newest durable version of each uid.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::alloc::block::{BlockKind, PBlock};
-use crate::base::layout::{EPOCH_OFFSET, Geometry};
+use crate::alloc::block::{BlockInfo, BlockKind, PBlock};
+use crate::base::layout::{EPOCH_OFFSET, Geometry, payload_checksum};
 use crate::error::{Error, Result};
 use crate::persist::Media;
 
@@ -16,6 +17,8 @@ pub(super) struct Winners {
     bits: Vec<AtomicU64>,
     max_uid: u64,
     owners: u128,
+    /// Blocks of the durable epochs whose payload fails its checksum, with their owners.
+    damaged: Vec<(u64, u32)>,
 }
 
 impl Winners {
@@ -40,6 +43,15 @@ impl Winners {
         self.owners
     }
 
+    /// The first winner whose payload fails its checksum, with its owner.
+    pub(super) fn first_damaged(&self) -> Option<(u64, u32)> {
+        self.damaged
+            .iter()
+            .copied()
+            .filter(|&(offset, _)| self.contains(PBlock::from_offset(offset)))
+            .min()
+    }
+
     fn insert(&self, offset: u64) {
         let index = (offset - self.data_offset) / 64;
         if let Some(word) = self.bits.get((index / 64) as usize) {
@@ -47,6 +59,26 @@ impl Winners {
             word.fetch_or(1 << (index % 64), Ordering::Relaxed);
         }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether the payload of the block `info` describes matches the checksum in its trailer.
+/// `buf` is scratch space.
+fn payload_intact(
+    media: &Media,
+    creation_id: u64,
+    info: &BlockInfo,
+    buf: &mut Vec<u8>,
+) -> Result<bool> {
+    let payload = info.block.payload_offset();
+    buf.resize(info.len as usize, 0);
+    media.read(payload, buf)?;
+    let mut stored = [0u8; 4];
+    media.read(payload + u64::from(info.len), &mut stored)?;
+    Ok(u32::from_le_bytes(stored) == payload_checksum(info.block.offset(), creation_id, buf))
 }
 
 /// One durable version: (uid, epoch, kind rank, offset). Sorting puts, per uid, the newest
@@ -85,8 +117,11 @@ pub(super) fn choose(
     let threads = options.threads.max(1);
     let max_uid = AtomicU64::new(0);
     let owners = [AtomicU64::new(0), AtomicU64::new(0)];
+    let damaged = Mutex::new(Vec::new());
+    let creation_id = geometry.creation_id;
     let work = |visit: UnitVisit<'_>| -> Result<Vec<Version>> {
         let mut versions = Vec::new();
+        let mut buf = Vec::new();
         for view in visit.blocks.iter().filter_map(|(_, v)| v.as_ref()) {
             let info = view.info();
             super::check_header(info)?;
@@ -110,6 +145,10 @@ pub(super) fn choose(
             // ORDERING: a maximum read after the scope joins.
             max_uid.fetch_max(info.spec.uid, Ordering::Relaxed);
             if info.spec.epoch <= cut {
+                // A block of a durable epoch had its trailer written back with it.
+                if !payload_intact(media, creation_id, info, &mut buf)? {
+                    lock(&damaged).push((info.block.offset(), owner));
+                }
                 versions.push((
                     info.spec.uid,
                     info.spec.epoch.get(),
@@ -144,6 +183,7 @@ pub(super) fn choose(
             .collect(),
         max_uid: 0,
         owners: 0,
+        damaged: Vec::new(),
     };
     std::thread::scope(|scope| {
         for part in &mut parts {
@@ -163,6 +203,7 @@ pub(super) fn choose(
     Ok(Winners {
         max_uid: max_uid.into_inner(),
         owners: u128::from(low.into_inner()) | u128::from(high.into_inner()) << 64,
+        damaged: damaged.into_inner().unwrap_or_else(PoisonError::into_inner),
         ..winners
     })
 }
