@@ -398,9 +398,17 @@ impl Allocator {
         let len = u64::from(info.len);
         buf.resize(info.len as usize, 0);
         media.read(block.payload_offset(), buf)?;
-        let sum = payload_checksum(block.0, creation_id, buf);
-        media.write(block.payload_offset() + len, &sum.to_le_bytes())?;
+        self.write_trailer(media, block, buf)?;
         Ok(Some((block.0, HEADER_LEN + len + TRAILER_LEN)))
+    }
+
+    /// Writes the checksum of `payload`, which `block` holds, into the block's trailer.
+    pub(crate) fn write_trailer(&self, media: &Media, block: PBlock, payload: &[u8]) -> Result<()> {
+        let sum = payload_checksum(block.0, self.geometry.creation_id, payload);
+        media.write(
+            block.payload_offset() + payload.len() as u64,
+            &sum.to_le_bytes(),
+        )
     }
 
     /// Writes a whole header: the four body words, then the meta word, which with its

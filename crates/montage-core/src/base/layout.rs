@@ -51,7 +51,8 @@
 //! 0x24  payload length   u32
 //! 0x28  payload bytes
 //! then  trailer          u32      crc32c(offset, creation id, payload): the payload checksum,
-//!                                 written when the block's epoch is written back
+//!                                 written with the payload (again at the epoch's write-back
+//!                                 for a payload changed in part, in place)
 //! ```
 //!
 //! The block checksum covers the block's own offset, the creation id, the meta word's upper
@@ -320,8 +321,8 @@ const SPAN_KIND_LARGE: u64 = 2;
 
 /// The payload checksum stored in a block's trailer: crc32c of the block's offset, the
 /// creation id and the payload's bytes, so that a payload copied to another block or heap
-/// does not match either. Written when the epoch that wrote the block is written back
-/// (INV-SUM-1).
+/// does not match either. Written with the payload, and again when the epoch is written back
+/// for a payload changed in part (INV-SUM-1).
 pub(crate) fn payload_checksum(offset: u64, creation_id: u64, payload: &[u8]) -> u32 {
     checksum(&[offset, creation_id], payload)
 }

@@ -85,7 +85,8 @@ struct Advancing {
 struct Bucket {
     /// Byte ranges to write back.
     persist: Vec<(u64, u64)>,
-    /// Blocks allocated, whose payload checksums the advance writes (INV-SUM-1).
+    /// Blocks whose payloads were changed in part, in place: the advance writes their
+    /// payload checksums again (INV-SUM-1).
     written: Vec<PBlock>,
     /// Superseded, deleted or killed blocks, reclaimed three advances later.
     victims: Vec<PBlock>,
@@ -380,7 +381,7 @@ impl Epochs {
             antis.append(&mut buckets[e.minus(2).slot4()].antis);
         }
         reclaim.retire(e.minus(2), victims, antis);
-        // 2b. The payload checksums of the blocks written in e - 1, whose payloads no
+        // 2b. The payload checksums of the blocks of e - 1 written in place, whose payloads no
         // operation changes any more (INV-SUM-1); their trailers are written back below.
         let mut buf = Vec::new();
         for block in written {

@@ -9,7 +9,7 @@ use std::marker::PhantomData;
 use super::Runtime;
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, BlockView, OwnerId, PBlock};
 use crate::base::epoch::Epoch;
-use crate::base::layout::HEADER_LEN;
+use crate::base::layout::{HEADER_LEN, TRAILER_LEN};
 use crate::config::WriteBack;
 use crate::error::{Error, Result};
 
@@ -66,6 +66,9 @@ struct OpLog {
     persist: Vec<(u64, u64)>,
     /// Blocks this operation allocated (undone on abort).
     allocated: Vec<PBlock>,
+    /// Blocks whose payload this operation changed in part, in place: the advance writes
+    /// their payload checksums again (INV-SUM-1).
+    resealed: Vec<PBlock>,
     /// Older versions this operation superseded or deleted (retired bit set).
     victims: Vec<PBlock>,
     /// Blocks of this epoch to invalidate when the operation commits (retired bit set).
@@ -194,11 +197,17 @@ impl<'h> OpGuard<'h> {
             .alloc(&shared.media, spec, bytes.len() as u64)?;
         let mut log = self.log();
         log.allocated.push(block);
-        log.persist
-            .push((block.offset(), HEADER_LEN + bytes.len() as u64));
+        log.persist.push((
+            block.offset(),
+            HEADER_LEN + bytes.len() as u64 + TRAILER_LEN,
+        ));
         drop(log);
         shared.media.write(block.payload_offset(), bytes)?;
-        Ok(block)
+        // The bytes are in hand (and in this core's cache): their checksum costs least now.
+        shared
+            .alloc
+            .write_trailer(&shared.media, block, bytes)
+            .map(|()| block)
     }
 
     /// The header of `block`, checked against this operation's epoch.
@@ -270,7 +279,10 @@ impl<'h> OpGuard<'h> {
                     .alloc
                     .write_header(&shared.media, block.offset(), &header)?;
             }
-            self.log().persist.push((block.offset(), HEADER_LEN + len));
+            shared.alloc.write_trailer(&shared.media, block, bytes)?;
+            self.log()
+                .persist
+                .push((block.offset(), HEADER_LEN + len + TRAILER_LEN));
             return Ok(block);
         }
         self.replace(&info, bytes)
@@ -319,7 +331,7 @@ impl<'h> OpGuard<'h> {
             self.runtime
                 .media
                 .write(block.payload_offset() + at, bytes)?;
-            self.log().persist.push((block.payload_offset() + at, len));
+            self.record_write(block, block.payload_offset() + at, len);
             return Ok(block);
         }
         let mut payload = vec![0u8; info.len as usize];
@@ -330,10 +342,14 @@ impl<'h> OpGuard<'h> {
         self.replace(info, &payload)
     }
 
-    /// Records that this operation wrote `len` bytes at `offset` in place, to be written back
-    /// with its epoch.
-    pub(crate) fn record_write(&self, offset: u64, len: u64) {
-        self.log().persist.push((offset, len));
+    /// Records that this operation wrote `len` bytes at `offset` in place, inside `block`'s
+    /// payload, to be written back with its epoch, and the block's checksum written again.
+    pub(crate) fn record_write(&self, block: PBlock, offset: u64, len: u64) {
+        let mut log = self.log();
+        log.persist.push((offset, len));
+        if log.resealed.last() != Some(&block) {
+            log.resealed.push(block);
+        }
     }
 
     /// What this operation runs on.
@@ -492,10 +508,12 @@ impl<'h> OpGuard<'h> {
             self.slot,
             self.epoch,
             &mut log.persist,
-            &mut log.allocated,
+            &mut log.resealed,
             &mut log.victims,
             &mut log.antis,
         );
+        // Everything was handed over; what is left is capacity for the next operation.
+        log.allocated.clear();
         debug_assert!(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty());
         let id = shared.epochs.instance();
         // During thread teardown the state may be gone already; nothing is left to track

@@ -130,7 +130,7 @@ pub fn cas_field<T: Payload, F: CasField>(
             // The block was written in this epoch, so its allocation already logged this
             // range for the epoch's write-back; logging the swap as well keeps the rule
             // local ("every in-place write is logged") rather than relying on that.
-            op.record_write(at, 8);
+            op.record_write(info.block, at, 8);
             Ok(Ok(()))
         }
         Err(found) => Ok(Err(CasError {
