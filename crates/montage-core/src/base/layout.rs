@@ -113,7 +113,8 @@ pub const SPAN_SIZE: u64 = 64 << 10;
 
 /// Bytes of header in front of every payload.
 pub const HEADER_LEN: u64 = 40;
-/// Bytes of the payload checksum right after every payload (see [`payload_checksum`]).
+/// Bytes of the payload checksum (crc32c of the block offset, the creation id and the
+/// payload) right after every payload.
 pub const TRAILER_LEN: u64 = 4;
 pub(crate) const HEADER_TAG: u64 = 0x4D42; // "MB"
 /// Meta bit 32: the block has been superseded or deleted by a committed or running operation
