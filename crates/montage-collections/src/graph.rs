@@ -22,7 +22,7 @@ use std::marker::PhantomData;
 use std::sync::PoisonError;
 
 use montage_core::payload::Fingerprint;
-use montage_core::{Attached, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedRwLock};
+use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result, StampedRwLock};
 
 use crate::structure::{self, lock};
 
@@ -44,10 +44,9 @@ struct State {
 
 /// A concurrent directed graph whose vertices and edges survive crashes (module docs).
 pub struct Graph<V, E> {
-    heap: Heap,
-    owner: OwnerId,
-    /// Holds the structure's name for this handle: a second open fails while it lives.
-    _attached: Attached,
+    /// The heap, the structure's owner id, and its name held for this handle (a second
+    /// open fails while it lives).
+    attached: Attached,
     vertex_type: u64,
     edge_type: u64,
     state: StampedRwLock<State>,
@@ -57,7 +56,7 @@ pub struct Graph<V, E> {
 impl<V, E> std::fmt::Debug for Graph<V, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph")
-            .field("owner", &self.owner)
+            .field("owner", &self.attached.owner())
             .finish_non_exhaustive()
     }
 }
@@ -111,11 +110,10 @@ impl<V: Codec, E: Codec> Graph<V, E> {
             id("graph-vertex", V::CODEC_ID),
             id("graph-edge", E::CODEC_ID),
         );
-        let (attached, owner, existed) = structure::attach(heap, name)?;
+        let attached = heap.attach(name)?;
+        let existed = attached.existed();
         let mut graph = Graph {
-            heap: heap.clone(),
-            owner,
-            _attached: attached,
+            attached,
             vertex_type,
             edge_type,
             state: StampedRwLock::new(State::default()),
@@ -133,8 +131,8 @@ impl<V: Codec, E: Codec> Graph<V, E> {
         let types = [self.vertex_type, self.edge_type];
         let name = "montage_collections::Graph vertex or edge";
         structure::scan_payloads(
-            &self.heap,
-            self.owner,
+            self.attached.heap(),
+            self.attached.owner(),
             &types,
             name,
             |type_id, block, bytes| {
@@ -194,12 +192,12 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
     pub fn add_vertex(&self, id: u64, value: &V) -> Result<bool> {
         let bytes = encode(&[id], value);
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let mut state = self.state.write(op)?;
             if state.vertices.contains_key(&id) {
                 return Ok(false);
             }
-            let block = op.alloc(self.owner, self.vertex_type, &bytes)?;
+            let block = op.alloc(self.attached.owner(), self.vertex_type, &bytes)?;
             state.vertices.insert(
                 id,
                 Vertex {
@@ -217,7 +215,9 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn remove_vertex(&self, id: u64) -> Result<Option<V>> {
-        self.heap.run_op(|op| self.remove_vertex_in(op, id))
+        self.attached
+            .heap()
+            .run_op(|op| self.remove_vertex_in(op, id))
     }
 
     fn remove_vertex_in(&self, op: &OpGuard<'_>, id: u64) -> Result<Option<V>> {
@@ -268,7 +268,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
     pub fn add_edge(&self, src: u64, dst: u64, value: &E) -> Result<bool> {
         let bytes = encode(&[src, dst], value);
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let mut state = self.state.write(op)?;
             if !state.vertices.contains_key(&dst)
                 || state
@@ -278,7 +278,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
             {
                 return Ok(false);
             }
-            let block = op.alloc(self.owner, self.edge_type, &bytes)?;
+            let block = op.alloc(self.attached.owner(), self.edge_type, &bytes)?;
             if let Some(source) = state.vertices.get_mut(&src) {
                 source.out.insert(dst, block);
             }
@@ -296,7 +296,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn remove_edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let mut state = self.state.write(op)?;
             let Some(&block) = state.vertices.get(&src).and_then(|v| v.out.get(&dst)) else {
                 return Ok(None);
@@ -320,7 +320,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn vertex(&self, id: u64) -> Result<Option<V>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let state = self.state.read(op)?;
             match state.vertices.get(&id).and_then(|v| v.block) {
                 Some(block) => Ok(Some(value(&op.read(block)?, 8, block.offset())?)),
@@ -335,7 +335,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let state = self.state.read(op)?;
             match state.vertices.get(&src).and_then(|v| v.out.get(&dst)) {
                 Some(&block) => Ok(Some(value(&op.read(block)?, 16, block.offset())?)),
@@ -351,7 +351,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn neighbours(&self, id: u64) -> Result<Option<Vec<u64>>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let state = self.state.read(op)?;
             Ok(state.vertices.get(&id).map(|v| {
                 let mut out: Vec<u64> = v.out.keys().copied().collect();
@@ -386,7 +386,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
 
     /// The heap the graph lives in.
     pub fn heap(&self) -> &Heap {
-        &self.heap
+        self.attached.heap()
     }
 }
 

@@ -37,7 +37,7 @@ use std::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
-use montage_core::{Attached, Codec, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
+use montage_core::{Attached, Codec, Heap, OpGuard, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
 use montage_core::Error;
@@ -131,10 +131,9 @@ impl<K: Eq> Stripe<K> {
 /// through [`Codec`]: byte strings (`Vec<u8>`, `String`), integers, or
 /// `#[derive(Payload)]` types.
 pub struct HashMap<K, V> {
-    heap: Heap,
-    owner: OwnerId,
-    /// Holds the structure's name for this handle: a second open fails while it lives.
-    _attached: Attached,
+    /// The heap, the structure's owner id, and its name held for this handle (a second
+    /// open fails while it lives).
+    attached: Attached,
     type_id: u64,
     hasher: RandomState,
     stripes: Box<[CachePadded<StampedLock<Stripe<K>>>]>,
@@ -144,7 +143,7 @@ pub struct HashMap<K, V> {
 impl<K, V> std::fmt::Debug for HashMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HashMap")
-            .field("owner", &self.owner)
+            .field("owner", &self.attached.owner())
             .field("stripes", &self.stripes.len())
             .finish_non_exhaustive()
     }
@@ -181,11 +180,10 @@ where
         visit: impl Fn(&K, &V) + Sync,
     ) -> Result<HashMap<K, V>> {
         let type_id = entry::type_id::<K, V>("hash-map");
-        let (attached, owner, existed) = structure::attach(heap, name)?;
+        let attached = heap.attach(name)?;
+        let existed = attached.existed();
         let map = HashMap {
-            heap: heap.clone(),
-            owner,
-            _attached: attached,
+            attached,
             type_id,
             hasher: RandomState::new(),
             stripes: (0..STRIPES)
@@ -206,8 +204,8 @@ where
     /// Fills the index from the payloads recovery kept, showing each entry to `visit`.
     fn rebuild(&self, visit: &(impl Fn(&K, &V) + Sync)) -> Result<()> {
         entry::rebuild_index::<K, V>(
-            &self.heap,
-            self.owner,
+            self.attached.heap(),
+            self.attached.owner(),
             self.type_id,
             "montage_collections::HashMap entry",
             "two live entries of a hash map have the same key",
@@ -250,7 +248,7 @@ where
         let (hash, stripe) = self.stripe(key);
         let stripe = stripe.lock_outside_op();
         match stripe.get(hash, key) {
-            Some(block) => entry::view_value(&self.heap.view(block)?).map(Some),
+            Some(block) => entry::view_value(&self.attached.heap().view(block)?).map(Some),
             None => Ok(None),
         }
     }
@@ -279,7 +277,7 @@ where
     #[allow(clippy::needless_pass_by_value)]
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
         entry::with_encoded(&key, &value, |bytes| {
-            self.heap.run_op(|op| {
+            self.attached.heap().run_op(|op| {
                 let mut old = None;
                 self.put_in(op, &key, bytes, Some(&mut old))?;
                 Ok(old)
@@ -297,7 +295,9 @@ where
     #[allow(clippy::needless_pass_by_value)] // as `insert`
     pub fn put(&self, key: K, value: V) -> Result<bool> {
         entry::with_encoded(&key, &value, |bytes| {
-            self.heap.run_op(|op| self.put_in(op, &key, bytes, None))
+            self.attached
+                .heap()
+                .run_op(|op| self.put_in(op, &key, bytes, None))
         })
     }
 
@@ -320,7 +320,7 @@ where
             stripe.set(hash, key, block);
             Ok(true)
         } else {
-            let block = op.alloc(self.owner, self.type_id, bytes)?;
+            let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
             stripe.insert_new(hash, key.clone(), block, &self.hasher);
             Ok(false)
         }
@@ -336,7 +336,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let mut old = None;
             self.remove_in(op, key, Some(&mut old))?;
             Ok(old)
@@ -354,7 +354,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.heap.run_op(|op| self.remove_in(op, key, None))
+        self.attached
+            .heap()
+            .run_op(|op| self.remove_in(op, key, None))
     }
 
     /// Removes `key`'s entry; returns whether it was present, and reads its value into `old`
@@ -408,7 +410,9 @@ where
     ///
     /// As [`insert`](Self::insert); after an error nothing changed.
     pub fn compute<R>(&self, key: &K, mut f: impl FnMut(Option<V>) -> (Change<V>, R)) -> Result<R> {
-        self.heap.run_op(|op| self.compute_in(op, key, &mut f))
+        self.attached
+            .heap()
+            .run_op(|op| self.compute_in(op, key, &mut f))
     }
 
     fn compute_in<R>(
@@ -429,7 +433,11 @@ where
                 stripe.set(hash, key, block);
             }
             (Change::Set(new), None) => {
-                let block = op.alloc(self.owner, self.type_id, &entry::encode(key, &new))?;
+                let block = op.alloc(
+                    self.attached.owner(),
+                    self.type_id,
+                    &entry::encode(key, &new),
+                )?;
                 stripe.insert_new(hash, key.clone(), block, &self.hasher);
             }
             (Change::Remove, Some(block)) => {
@@ -453,7 +461,7 @@ where
     {
         let bytes = entry::encode(key, &new);
         let (hash, stripe) = self.stripe(key);
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let mut stripe = stripe.lock(op)?;
             let Some(block) = stripe.get(hash, key) else {
                 return Ok(Err(None));
@@ -493,7 +501,7 @@ where
 
     /// The entries of stripe `index`, read in one operation.
     fn stripe_entries(&self, index: usize) -> Result<Vec<(K, V)>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let stripe = self.stripes[index].lock(op)?;
             stripe
                 .blocks
@@ -505,7 +513,7 @@ where
 
     /// The heap the map lives in.
     pub fn heap(&self) -> &Heap {
-        &self.heap
+        self.attached.heap()
     }
 }
 

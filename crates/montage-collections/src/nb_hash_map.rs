@@ -24,7 +24,7 @@ use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 
 use montage_core::verified::VerifiedList;
-use montage_core::{Attached, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
+use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result};
 
 use crate::count::Count;
 use crate::entry;
@@ -35,10 +35,9 @@ pub const DEFAULT_BUCKETS: usize = 1 << 16;
 
 /// A nonblocking concurrent hash map whose entries survive crashes (module docs).
 pub struct NbHashMap<K, V> {
-    heap: Heap,
-    owner: OwnerId,
-    /// Holds the structure's name for this handle: a second open fails while it lives.
-    _attached: Attached,
+    /// The heap, the structure's owner id, and its name held for this handle (a second
+    /// open fails while it lives).
+    attached: Attached,
     type_id: u64,
     hasher: std::collections::hash_map::RandomState,
     buckets: Box<[VerifiedList<K>]>,
@@ -49,7 +48,7 @@ pub struct NbHashMap<K, V> {
 impl<K, V> std::fmt::Debug for NbHashMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NbHashMap")
-            .field("owner", &self.owner)
+            .field("owner", &self.attached.owner())
             .field("buckets", &self.buckets.len())
             .finish_non_exhaustive()
     }
@@ -93,11 +92,10 @@ where
     /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn with_buckets(heap: &Heap, name: &str, buckets: usize) -> Result<NbHashMap<K, V>> {
-        let (attached, owner, existed) = structure::attach(heap, name)?;
+        let attached = heap.attach(name)?;
+        let (owner, existed) = (attached.owner(), attached.existed());
         let map = NbHashMap {
-            heap: heap.clone(),
-            owner,
-            _attached: attached,
+            attached,
             type_id: entry::type_id::<K, V>("hash-map"),
             hasher: std::collections::hash_map::RandomState::new(),
             buckets: (0..buckets.max(1).next_power_of_two())
@@ -175,7 +173,8 @@ where
     ///
     /// A heap error ([`Error::Corrupted`] for an entry that does not decode, ...).
     pub fn get(&self, key: &K) -> Result<Option<V>> {
-        self.heap
+        self.attached
+            .heap()
             .run_op(|op| Ok(self.find(op, key)?.map(|found| found.value)))
     }
 
@@ -185,7 +184,9 @@ where
     ///
     /// As [`get`](Self::get).
     pub fn contains_key(&self, key: &K) -> Result<bool> {
-        self.heap.run_op(|op| Ok(self.find(op, key)?.is_some()))
+        self.attached
+            .heap()
+            .run_op(|op| Ok(self.find(op, key)?.is_some()))
     }
 
     /// Sets `key` to `value`; returns the value it replaced.
@@ -196,13 +197,15 @@ where
     #[allow(clippy::needless_pass_by_value)] // as `std`'s: the map keeps the value (encoded)
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
         entry::with_encoded(&key, &value, |bytes| {
-            self.heap.run_op(|op| match self.find(op, &key)? {
-                Some(old) => {
-                    self.replace_in(op, &key, old.block, bytes)?;
-                    Ok(Some(old.value))
-                }
-                None => self.insert_new(op, &key, bytes).map(|()| None),
-            })
+            self.attached
+                .heap()
+                .run_op(|op| match self.find(op, &key)? {
+                    Some(old) => {
+                        self.replace_in(op, &key, old.block, bytes)?;
+                        Ok(Some(old.value))
+                    }
+                    None => self.insert_new(op, &key, bytes).map(|()| None),
+                })
         })
     }
 
@@ -215,10 +218,12 @@ where
     #[allow(clippy::needless_pass_by_value)] // as `insert`
     pub fn put(&self, key: K, value: V) -> Result<bool> {
         entry::with_encoded(&key, &value, |bytes| {
-            self.heap.run_op(|op| match self.find_block(op, &key)? {
-                Some(block) => self.replace_in(op, &key, block, bytes).map(|()| true),
-                None => self.insert_new(op, &key, bytes).map(|()| false),
-            })
+            self.attached
+                .heap()
+                .run_op(|op| match self.find_block(op, &key)? {
+                    Some(block) => self.replace_in(op, &key, block, bytes).map(|()| true),
+                    None => self.insert_new(op, &key, bytes).map(|()| false),
+                })
         })
     }
 
@@ -233,7 +238,7 @@ where
     /// Adds an entry holding `bytes` for `key`, which `op` found absent.
     fn insert_new(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<()> {
         let bucket = self.bucket(key);
-        let new = op.alloc(self.owner, self.type_id, bytes)?;
+        let new = op.alloc(self.attached.owner(), self.type_id, bytes)?;
         bucket
             .insert(op, key, new.offset())?
             .map_err(|_| Error::Aborted)?;
@@ -247,7 +252,7 @@ where
     ///
     /// As [`insert`](Self::insert).
     pub fn remove(&self, key: &K) -> Result<Option<V>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let Some(old) = self.find(op, key)? else {
                 return Ok(None);
             };
@@ -263,7 +268,7 @@ where
     ///
     /// As [`insert`](Self::insert).
     pub fn delete(&self, key: &K) -> Result<bool> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let Some(block) = self.find_block(op, key)? else {
                 return Ok(false);
             };
@@ -291,7 +296,7 @@ where
     where
         V: Clone,
     {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let Some(old) = self.find(op, key)? else {
                 return Ok(None);
             };
@@ -318,7 +323,7 @@ where
         V: PartialEq,
     {
         let bytes = entry::encode(key, &new);
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let Some(old) = self.find(op, key)? else {
                 return Ok(Err(None));
             };
@@ -351,7 +356,7 @@ where
 
     /// The entries of bucket `index`, read in one operation.
     fn bucket_entries(&self, index: usize) -> Result<Vec<(K, V)>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             self.buckets[index]
                 .entries(op)?
                 .into_iter()
@@ -365,6 +370,6 @@ where
 
     /// The heap the map lives in.
     pub fn heap(&self) -> &Heap {
-        &self.heap
+        self.attached.heap()
     }
 }

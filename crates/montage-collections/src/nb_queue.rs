@@ -19,7 +19,7 @@
 use std::marker::PhantomData;
 
 use montage_core::verified::VerifiedQueue;
-use montage_core::{Attached, Codec, Heap, OwnerId, PBlock, Result};
+use montage_core::{Attached, Codec, Heap, PBlock, Result};
 
 use crate::count::Count;
 use crate::queue;
@@ -27,10 +27,9 @@ use crate::structure::contended;
 
 /// A nonblocking concurrent FIFO queue whose elements survive crashes (module docs).
 pub struct NbQueue<T> {
-    heap: Heap,
-    owner: OwnerId,
-    /// Holds the structure's name for this handle: a second open fails while it lives.
-    _attached: Attached,
+    /// The heap, the structure's owner id, and its name held for this handle (a second
+    /// open fails while it lives).
+    attached: Attached,
     type_id: u64,
     index: VerifiedQueue,
     len: Count,
@@ -40,7 +39,7 @@ pub struct NbQueue<T> {
 impl<T> std::fmt::Debug for NbQueue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NbQueue")
-            .field("owner", &self.owner)
+            .field("owner", &self.attached.owner())
             .finish_non_exhaustive()
     }
 }
@@ -61,9 +60,7 @@ impl<T: Codec> NbQueue<T> {
             index.push_recovered(block.offset(), seq);
         }
         Ok(NbQueue {
-            heap: heap.clone(),
-            owner: attached.owner(),
-            _attached: attached,
+            attached,
             type_id,
             index,
             len: Count::new(elements.len()),
@@ -79,8 +76,8 @@ impl<T: Codec> NbQueue<T> {
     #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
     pub fn push_back(&self, value: T) -> Result<()> {
         queue::encode_element(&value, |bytes| {
-            self.heap.run_op(|op| {
-                let block = op.alloc(self.owner, self.type_id, bytes)?;
+            self.attached.heap().run_op(|op| {
+                let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
                 self.index.push(op, block.offset(), |seq| {
                     op.write(block, 0, &seq.to_le_bytes()).map(|_| ())
                 })?;
@@ -96,7 +93,7 @@ impl<T: Codec> NbQueue<T> {
     ///
     /// A heap error ([`Error::Corrupted`](montage_core::Error::Corrupted) for an element that does not decode, ...).
     pub fn pop_front(&self) -> Result<Option<T>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let mut value = None;
             let popped = self.index.pop(op, |offset, _| {
                 let block = PBlock::from_offset(offset);
@@ -128,7 +125,7 @@ impl<T: Codec> NbQueue<T> {
     ///
     /// As [`pop_front`](Self::pop_front).
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             self.index
                 .to_vec(op)
                 .into_iter()
@@ -142,6 +139,6 @@ impl<T: Codec> NbQueue<T> {
 
     /// The heap the queue lives in.
     pub fn heap(&self) -> &Heap {
-        &self.heap
+        self.attached.heap()
     }
 }

@@ -19,9 +19,7 @@ use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
 use montage_core::payload::Fingerprint;
-use montage_core::{
-    Attached, BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock,
-};
+use montage_core::{Attached, BlockView, Codec, Error, Heap, OpGuard, PBlock, Result, StampedLock};
 
 use crate::structure::{self, lock};
 
@@ -35,10 +33,9 @@ struct State {
 
 /// A concurrent FIFO queue whose elements survive crashes (module docs).
 pub struct Queue<T> {
-    heap: Heap,
-    owner: OwnerId,
-    /// Holds the structure's name for this handle: a second open fails while it lives.
-    _attached: Attached,
+    /// The heap, the structure's owner id, and its name held for this handle (a second
+    /// open fails while it lives).
+    attached: Attached,
     type_id: u64,
     state: StampedLock<State>,
     _element: PhantomData<fn() -> T>,
@@ -47,7 +44,7 @@ pub struct Queue<T> {
 impl<T> std::fmt::Debug for Queue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queue")
-            .field("owner", &self.owner)
+            .field("owner", &self.attached.owner())
             .finish_non_exhaustive()
     }
 }
@@ -116,7 +113,8 @@ pub(crate) fn open_elements<T: Codec>(
     name: &str,
     type_name: &'static str,
 ) -> Result<(Attached, Vec<(u64, PBlock)>)> {
-    let (attached, owner, existed) = structure::attach(heap, name)?;
+    let attached = heap.attach(name)?;
+    let (owner, existed) = (attached.owner(), attached.existed());
     if !existed {
         return Ok((attached, Vec::new()));
     }
@@ -165,9 +163,7 @@ impl<T: Codec> Queue<T> {
         // `decode` bounds every number, so this cannot overflow.
         let next_seq = elements.last().map_or(0, |&(seq, _)| seq + 1);
         Ok(Queue {
-            heap: heap.clone(),
-            owner: attached.owner(),
-            _attached: attached,
+            attached,
             type_id,
             state: StampedLock::new(State {
                 next_seq,
@@ -185,7 +181,7 @@ impl<T: Codec> Queue<T> {
     #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
     pub fn push_back(&self, value: T) -> Result<()> {
         encode_element(&value, |bytes| {
-            self.heap.run_op(|op| self.push_in(op, bytes))
+            self.attached.heap().run_op(|op| self.push_in(op, bytes))
         })
     }
 
@@ -193,7 +189,7 @@ impl<T: Codec> Queue<T> {
         let mut state = self.state.lock(op)?;
         let seq = state.next_seq;
         bytes[..8].copy_from_slice(&seq.to_le_bytes());
-        let block = op.alloc(self.owner, self.type_id, bytes)?;
+        let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
         state.next_seq = seq + 1;
         state.elements.push_back((seq, block));
         Ok(())
@@ -205,7 +201,7 @@ impl<T: Codec> Queue<T> {
     ///
     /// A heap error ([`Error::Corrupted`] for an element that does not decode, ...).
     pub fn pop_front(&self) -> Result<Option<T>> {
-        self.heap.run_op(|op| self.pop_in(op))
+        self.attached.heap().run_op(|op| self.pop_in(op))
     }
 
     fn pop_in(&self, op: &OpGuard<'_>) -> Result<Option<T>> {
@@ -225,7 +221,7 @@ impl<T: Codec> Queue<T> {
     ///
     /// As [`pop_front`](Self::pop_front).
     pub fn front(&self) -> Result<Option<T>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let state = self.state.lock(op)?;
             match state.elements.front() {
                 Some(&(_, block)) => Ok(Some(read_value(&op.view(block)?)?)),
@@ -250,7 +246,7 @@ impl<T: Codec> Queue<T> {
     ///
     /// As [`pop_front`](Self::pop_front).
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let state = self.state.lock(op)?;
             state
                 .elements
@@ -262,7 +258,7 @@ impl<T: Codec> Queue<T> {
 
     /// The heap the queue lives in.
     pub fn heap(&self) -> &Heap {
-        &self.heap
+        self.attached.heap()
     }
 }
 

@@ -28,14 +28,14 @@ use std::sync::Mutex;
 
 use crossbeam_skiplist::SkipMap;
 use montage_core::stamped::StampedGuard;
-use montage_core::{Attached, Codec, Epoch, Heap, OpGuard, OwnerId, PBlock, Result, StampedLock};
+use montage_core::{Attached, Codec, Epoch, Heap, OpGuard, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
 use montage_core::Error;
 
 use crate::count::Count;
 use crate::entry;
-use crate::structure::{self, lock};
+use crate::structure::lock;
 
 /// One key's state in the index.
 #[derive(Debug)]
@@ -48,10 +48,9 @@ type Index<K> = SkipMap<K, StampedLock<Slot>>;
 
 /// A concurrent ordered map whose entries survive crashes (module docs).
 pub struct SortedMap<K, V> {
-    heap: Heap,
-    owner: OwnerId,
-    /// Holds the structure's name for this handle: a second open fails while it lives.
-    _attached: Attached,
+    /// The heap, the structure's owner id, and its name held for this handle (a second
+    /// open fails while it lives).
+    attached: Attached,
     type_id: u64,
     index: Index<K>,
     len: Count,
@@ -63,7 +62,7 @@ pub struct SortedMap<K, V> {
 impl<K, V> std::fmt::Debug for SortedMap<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SortedMap")
-            .field("owner", &self.owner)
+            .field("owner", &self.attached.owner())
             .field("len", &self.len.get())
             .finish_non_exhaustive()
     }
@@ -84,11 +83,10 @@ where
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &Heap, name: &str) -> Result<SortedMap<K, V>> {
         let type_id = entry::type_id::<K, V>("sorted-map");
-        let (attached, owner, existed) = structure::attach(heap, name)?;
+        let attached = heap.attach(name)?;
+        let existed = attached.existed();
         let map = SortedMap {
-            heap: heap.clone(),
-            owner,
-            _attached: attached,
+            attached,
             type_id,
             index: SkipMap::new(),
             len: Count::default(),
@@ -103,8 +101,8 @@ where
 
     fn rebuild(&self) -> Result<()> {
         entry::rebuild_index::<K, V>(
-            &self.heap,
-            self.owner,
+            self.attached.heap(),
+            self.attached.owner(),
             self.type_id,
             "montage_collections::SortedMap entry",
             "two live entries of a sorted map have the same key",
@@ -157,7 +155,7 @@ where
     ///
     /// A heap error ([`Error::Corrupted`] for an entry that does not decode, ...).
     pub fn get(&self, key: &K) -> Result<Option<V>> {
-        self.heap.run_op(|op| self.get_in(op, key))
+        self.attached.heap().run_op(|op| self.get_in(op, key))
     }
 
     fn get_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
@@ -173,7 +171,7 @@ where
     ///
     /// As [`get`](Self::get).
     pub fn contains_key(&self, key: &K) -> Result<bool> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             self.with_slot(op, key, false, |slot| match slot.and_then(|s| s.block) {
                 Some(block) => op.info(block).map(|_| true),
                 None => Ok(false),
@@ -191,7 +189,10 @@ where
     #[allow(clippy::needless_pass_by_value)]
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
         let bytes = entry::encode(&key, &value);
-        let result = self.heap.run_op(|op| self.insert_in(op, &key, &bytes));
+        let result = self
+            .attached
+            .heap()
+            .run_op(|op| self.insert_in(op, &key, &bytes));
         if result.is_err() {
             // A slot created for a failed insert holds nothing; let the purge drop it.
             lock(&self.removed).push_back((key, Epoch::ZERO));
@@ -209,7 +210,7 @@ where
                 slot.block = Some(op.update(block, bytes)?);
                 Some(old)
             } else {
-                slot.block = Some(op.alloc(self.owner, self.type_id, bytes)?);
+                slot.block = Some(op.alloc(self.attached.owner(), self.type_id, bytes)?);
                 self.len.increment();
                 None
             };
@@ -223,7 +224,7 @@ where
     ///
     /// As [`insert`](Self::insert).
     pub fn remove(&self, key: &K) -> Result<Option<V>> {
-        let removed = self.heap.run_op(|op| self.remove_in(op, key))?;
+        let removed = self.attached.heap().run_op(|op| self.remove_in(op, key))?;
         if let Some((_, stamp)) = removed {
             lock(&self.removed).push_back((key.clone(), stamp));
         }
@@ -251,7 +252,7 @@ where
     /// Called after every removal: the due keys are taken under one acquisition of the
     /// removal list; if another thread holds it, this one skips (a later removal purges).
     fn purge(&self) {
-        let now = self.heap.epoch();
+        let now = self.attached.heap().epoch();
         let due: Vec<(K, Epoch)> = match self.removed.try_lock() {
             Ok(mut removed) => {
                 let count = removed
@@ -283,7 +284,7 @@ where
     where
         V: Clone,
     {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             self.with_slot(op, key, false, |slot| {
                 let Some(slot) = slot else { return Ok(None) };
                 let Some(block) = slot.block else {
@@ -342,7 +343,7 @@ where
 
     /// Reads the entry of an index slot, in its own operation; `None` for a removed key.
     fn read_slot(&self, key: &K, slot: &StampedLock<Slot>) -> Result<Option<(K, V)>> {
-        self.heap.run_op(|op| {
+        self.attached.heap().run_op(|op| {
             let slot = slot.lock(op)?;
             match slot.block {
                 Some(block) => Ok(Some((key.clone(), entry::read_value(op, block)?))),
@@ -353,7 +354,7 @@ where
 
     /// The heap the map lives in.
     pub fn heap(&self) -> &Heap {
-        &self.heap
+        self.attached.heap()
     }
 }
 
@@ -452,7 +453,7 @@ mod tests {
         let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
         let map: SortedMap<u64, u64> = SortedMap::open(&heap, "m").unwrap();
         map.insert(1, 10).unwrap();
-        structure::with_older_operation(
+        crate::structure::with_older_operation(
             &heap,
             || assert_eq!(map.remove(&1).unwrap(), Some(10)),
             |old| {

@@ -3,7 +3,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use montage_core::{Attached, BlockKind, Error, Heap, OwnerId, PBlock, Result, ScanFilter};
+use montage_core::{BlockKind, Error, Heap, OwnerId, PBlock, Result, ScanFilter};
 
 /// Locks `mutex`. A poisoned lock only means a thread panicked while holding it; the
 /// structures keep their DRAM state consistent at every step (payload work first, index
@@ -20,14 +20,6 @@ pub(crate) fn contended(err: Error) -> Error {
         Error::Retired { .. } | Error::InvalidBlock { .. } => Error::Aborted,
         other => other,
     }
-}
-
-/// Attaches structure `name` for one open handle (see [`Heap::attach`]): its owner id, and
-/// whether it existed (so has payloads to rebuild from).
-pub(crate) fn attach(heap: &Heap, name: &str) -> Result<(Attached, OwnerId, bool)> {
-    let attached = heap.attach(name)?;
-    let (owner, existed) = (attached.owner(), attached.existed());
-    Ok((attached, owner, existed))
 }
 
 thread_local! {

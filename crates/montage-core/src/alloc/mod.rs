@@ -208,18 +208,16 @@ impl Allocator {
     /// it if they do not suffice and a span is free. A heap too small for a reserve, or
     /// opened full, runs without one (or with what could be found).
     pub(crate) fn fill_reserve(&self, media: &Media) -> Result<()> {
-        if self.geometry.span_count < RESERVE_MIN_SPANS {
+        if !self.has_reserve() {
             return Ok(());
         }
         let mut reserve = lock(&self.reserve);
-        let mut wanted = RESERVE_BLOCKS.saturating_sub(reserve.len());
-        {
-            let mut pool = lock(&self.class_pools[usize::from(ANTI_CLASS)]);
-            let take = pool.len().min(wanted);
-            let start = pool.len() - take;
-            reserve.extend(pool.drain(start..));
-            wanted -= take;
-        }
+        let wanted = RESERVE_BLOCKS.saturating_sub(reserve.len());
+        reserve.extend(take_last(
+            &mut lock(&self.class_pools[usize::from(ANTI_CLASS)]),
+            wanted,
+        ));
+        let wanted = RESERVE_BLOCKS.saturating_sub(reserve.len());
         if wanted == 0 {
             return Ok(());
         }
@@ -240,14 +238,18 @@ impl Allocator {
     /// Blocks of [`ANTI_CLASS`] whose invalidation is durable go to the delete reserve
     /// until it is full; returns what is left of them.
     fn top_up_reserve(&self, mut blocks: Vec<u64>) -> Vec<u64> {
-        if blocks.is_empty() || self.geometry.span_count < RESERVE_MIN_SPANS {
+        if blocks.is_empty() || !self.has_reserve() {
             return blocks;
         }
         let mut reserve = lock(&self.reserve);
         let wanted = RESERVE_BLOCKS.saturating_sub(reserve.len());
-        let take = blocks.len().min(wanted);
-        reserve.extend(blocks.drain(blocks.len() - take..));
+        reserve.extend(take_last(&mut blocks, wanted));
         blocks
+    }
+
+    /// Whether this heap is big enough for a delete reserve.
+    fn has_reserve(&self) -> bool {
+        self.geometry.span_count >= RESERVE_MIN_SPANS
     }
 
     /// An anti-block's last resort: a block from the delete reserve, else a free block of
@@ -523,12 +525,7 @@ impl Allocator {
                 return Ok(offset);
             }
         }
-        {
-            let mut pool = lock(&self.class_pools[c]);
-            let take = pool.len().min(REFILL);
-            let start = pool.len() - take;
-            cache.free[c].extend(pool.drain(start..));
-        }
+        cache.free[c].extend(take_last(&mut lock(&self.class_pools[c]), REFILL));
         if let Some(offset) = cache.free[c].pop() {
             return Ok(offset);
         }
@@ -783,6 +780,12 @@ impl Allocator {
             reserve_spans: spans.len() as u64,
         }
     }
+}
+
+/// Takes up to `n` blocks from the end of `blocks` (a free list used as a stack).
+fn take_last(blocks: &mut Vec<u64>, n: usize) -> std::vec::Drain<'_, u64> {
+    let start = blocks.len().saturating_sub(n);
+    blocks.drain(start..)
 }
 
 /// The heap has no space for `requested` payload bytes: the bare error the inner allocation

@@ -86,7 +86,8 @@ struct Bucket {
     /// Byte ranges to write back.
     persist: Vec<(u64, u64)>,
     /// Blocks whose payloads were changed in part, in place: the advance writes their
-    /// payload checksums again (INV-SUM-1).
+    /// payload checksums again (INV-SUM-1). Each came with a range in `persist`, so this is
+    /// empty whenever `persist` is.
     written: Vec<PBlock>,
     /// Superseded, deleted or killed blocks, reclaimed three advances later.
     victims: Vec<PBlock>,
@@ -226,7 +227,7 @@ impl Epochs {
         antis: &mut Vec<PBlock>,
     ) {
         let s = self.slot(slot);
-        if !(persist.is_empty() && written.is_empty() && victims.is_empty() && antis.is_empty()) {
+        if !(persist.is_empty() && victims.is_empty() && antis.is_empty()) {
             let mut buckets = lock(&s.buckets);
             let bucket = &mut buckets[epoch.slot4()];
             bucket.persist.append(persist);
@@ -294,9 +295,7 @@ impl Epochs {
         self.slots.iter().all(|slot| {
             let buckets = lock(&slot.buckets);
             buckets.iter().all(|b| {
-                b.persist.is_empty()
-                    && b.written.is_empty()
-                    && (!reclaim || (b.victims.is_empty() && b.antis.is_empty()))
+                b.persist.is_empty() && (!reclaim || (b.victims.is_empty() && b.antis.is_empty()))
             })
         })
     }

@@ -184,11 +184,19 @@ pub(crate) fn recover_epochs(
         }
         Verdict::Keep
     };
-    let mut recovered = recover_units(media, geometry, &units, options, &progress, &decide)?;
+    let mut recovered = recover_units(
+        media,
+        geometry,
+        &units,
+        options,
+        &progress,
+        &decide,
+        FirstPass::Done,
+    )?;
     recovered.antis = antis
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    recovered.max_uid = recovered.max_uid.max(winners.max_uid());
+    recovered.max_uid = winners.max_uid();
     recovered.report.duration = started.elapsed();
     Ok(recovered)
 }
@@ -203,9 +211,25 @@ pub(crate) fn recover(
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;
     let progress = AtomicU64::new(0);
-    let mut recovered = recover_units(media, geometry, &units, options, &progress, decide)?;
+    let mut recovered = recover_units(
+        media,
+        geometry,
+        &units,
+        options,
+        &progress,
+        decide,
+        FirstPass::None,
+    )?;
     recovered.report.duration = started.elapsed();
     Ok(recovered)
+}
+
+/// Whether a read-only first pass has checked every valid header ([`check_header`]) and
+/// found the largest uid already.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FirstPass {
+    Done,
+    None,
 }
 
 fn recover_units(
@@ -215,6 +239,7 @@ fn recover_units(
     options: Options<'_>,
     progress: &AtomicU64,
     decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
+    first_pass: FirstPass,
 ) -> Result<Recovered> {
     let max_uid = AtomicU64::new(0);
     let work = |visit: UnitVisit<'_>| -> Result<UnitOutcome> {
@@ -226,7 +251,7 @@ fn recover_units(
             released: false,
         };
         for (offset, view) in visit.blocks {
-            if let Some(v) = &view {
+            if let Some(v) = view.as_ref().filter(|_| first_pass == FirstPass::None) {
                 check_header(v.info())?;
                 // ORDERING: a maximum read after the scope joins.
                 max_uid.fetch_max(v.info().spec.uid, Ordering::Relaxed);

@@ -1,7 +1,6 @@
 //! The epoch rule's first pass: which block is the newest durable version of each uid.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::alloc::block::{BlockInfo, BlockKind, PBlock};
 use crate::base::layout::{EPOCH_OFFSET, Geometry, payload_checksum};
@@ -17,9 +16,12 @@ pub(super) struct Winners {
     bits: Vec<AtomicU64>,
     max_uid: u64,
     owners: u128,
-    /// Blocks of the durable epochs whose payload fails its checksum, with their owners.
-    damaged: Vec<(u64, u32)>,
+    /// Blocks of the durable epochs whose payload fails its checksum.
+    damaged: Vec<Damaged>,
 }
+
+/// A block whose payload fails its checksum: (offset, owner id).
+type Damaged = (u64, u32);
 
 impl Winners {
     /// Whether `block` is the newest durable version of its uid.
@@ -44,7 +46,7 @@ impl Winners {
     }
 
     /// The first winner whose payload fails its checksum, with its owner.
-    pub(super) fn first_damaged(&self) -> Option<(u64, u32)> {
+    pub(super) fn first_damaged(&self) -> Option<Damaged> {
         self.damaged
             .iter()
             .copied()
@@ -59,10 +61,6 @@ impl Winners {
             word.fetch_or(1 << (index % 64), Ordering::Relaxed);
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Whether the payload of the block `info` describes matches the checksum in its trailer.
@@ -117,10 +115,12 @@ pub(super) fn choose(
     let threads = options.threads.max(1);
     let max_uid = AtomicU64::new(0);
     let owners = [AtomicU64::new(0), AtomicU64::new(0)];
-    let damaged = Mutex::new(Vec::new());
     let creation_id = geometry.creation_id;
-    let work = |visit: UnitVisit<'_>| -> Result<Vec<Version>> {
+    // Per unit: its durable versions, and those whose payload fails its checksum (with
+    // their owners).
+    let work = |visit: UnitVisit<'_>| -> Result<(Vec<Version>, Vec<Damaged>)> {
         let mut versions = Vec::new();
+        let mut damaged = Vec::new();
         let mut buf = Vec::new();
         for view in visit.blocks.iter().filter_map(|(_, v)| v.as_ref()) {
             let info = view.info();
@@ -147,7 +147,7 @@ pub(super) fn choose(
             if info.spec.epoch <= cut {
                 // A block of a durable epoch had its trailer written back with it.
                 if !payload_intact(media, creation_id, info, &mut buf)? {
-                    lock(&damaged).push((info.block.offset(), owner));
+                    damaged.push((info.block.offset(), owner));
                 }
                 versions.push((
                     info.spec.uid,
@@ -157,7 +157,7 @@ pub(super) fn choose(
                 ));
             }
         }
-        Ok(versions)
+        Ok((versions, damaged))
     };
     let scan_options = scan::ScanOptions::recovery(threads, options.progress);
     let per_unit = scan::scan(
@@ -172,8 +172,12 @@ pub(super) fn choose(
 
     // Partition by uid so that each partition can be sorted on its own thread.
     let mut parts: Vec<Vec<Version>> = vec![Vec::new(); threads];
-    for version in per_unit.into_iter().flatten() {
-        parts[(version.0 % threads as u64) as usize].push(version);
+    let mut damaged = Vec::new();
+    for (versions, unit_damaged) in per_unit {
+        for version in versions {
+            parts[(version.0 % threads as u64) as usize].push(version);
+        }
+        damaged.extend(unit_damaged);
     }
     let positions = geometry.span_count * (crate::base::layout::SPAN_SIZE / 64);
     let winners = Winners {
@@ -203,7 +207,7 @@ pub(super) fn choose(
     Ok(Winners {
         max_uid: max_uid.into_inner(),
         owners: u128::from(low.into_inner()) | u128::from(high.into_inner()) << 64,
-        damaged: damaged.into_inner().unwrap_or_else(PoisonError::into_inner),
+        damaged,
         ..winners
     })
 }
