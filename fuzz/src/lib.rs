@@ -5,6 +5,7 @@
 //! Every target checks what holds whatever the input: no panic, no hang, no memory error
 //! (the targets run under AddressSanitizer), and every failure a typed error.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use montage_collections::{HashMap, Queue, SortedMap};
@@ -78,9 +79,42 @@ fn build(crash: Option<u64>) -> Result<Vec<u8>> {
 
 /// A copy of the base heap the input's first byte chooses; `None` for an empty input.
 pub fn chosen_base(input: &mut Input<'_>) -> Option<Vec<u8>> {
-    let choice = input.byte()?;
-    let bases = bases();
-    Some(bases[usize::from(choice) % bases.len()].clone())
+    chosen(input).map(|(_, bytes)| bytes)
+}
+
+/// [`chosen_base`], with whether the base is the cleanly closed one.
+pub fn chosen(input: &mut Input<'_>) -> Option<(bool, Vec<u8>)> {
+    let choice = usize::from(input.byte()?) % bases().len();
+    Some((choice == 0, bases()[choice].clone()))
+}
+
+/// Everything a base heap's structures hold, as read back.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Contents {
+    map: BTreeMap<Vec<u8>, Vec<u8>>,
+    sorted: Vec<(u64, u64)>,
+    queue: Vec<String>,
+}
+
+/// Reads every structure of `heap` whole.
+pub fn contents(heap: &Heap) -> Result<Contents> {
+    let map: HashMap<Vec<u8>, Vec<u8>> = HashMap::open(heap, MAP)?;
+    let sorted: SortedMap<u64, u64> = SortedMap::open(heap, SORTED)?;
+    let queue: Queue<String> = Queue::open(heap, QUEUE)?;
+    Ok(Contents {
+        map: map.iter().collect::<Result<_>>()?,
+        sorted: sorted.iter().collect::<Result<_>>()?,
+        queue: queue.to_vec()?,
+    })
+}
+
+/// What the cleanly closed base heap holds.
+pub fn clean_contents() -> &'static Contents {
+    static CONTENTS: OnceLock<Contents> = OnceLock::new();
+    CONTENTS.get_or_init(|| {
+        let heap = open(bases()[0].clone()).expect("the clean base heap opens");
+        contents(&heap).expect("the clean base heap reads")
+    })
 }
 
 /// Opens a heap from `bytes` in memory, as `Heap::open` would open that file.

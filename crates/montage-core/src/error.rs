@@ -213,6 +213,21 @@ pub enum Error {
         /// The structure the block belongs to, as the directory names it (`-` for none).
         structure: String,
     },
+    /// A block's header fails its checksum although the crash could not have torn it: it
+    /// was written in an epoch that had become durable (or the heap was closed cleanly),
+    /// so it held a payload and the heap file is damaged there. Open refuses the heap
+    /// rather than lose that payload silently, and leaves the file as it was.
+    #[error(
+        "the block header at offset {offset:#x} (structure {structure}, as the damaged \
+         header names it) fails its checksum: the heap file is damaged"
+    )]
+    DamagedHeader {
+        /// The block's offset.
+        offset: u64,
+        /// The structure the damaged header names, if it names one the directory lists
+        /// (`-` otherwise); the name is only a hint, since the header is damaged.
+        structure: String,
+    },
     /// The named structure is open already through another handle on this heap. Two
     /// handles would keep two DRAM indexes of one set of payloads, each blind to the
     /// other's writes; share the open handle instead, or drop it before opening again.

@@ -120,8 +120,9 @@ fn open_rejects_another_format_version_and_leaves_the_file_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
     make_heap(&path);
-    // Version 1 (no payload checksums) and a future version alike.
-    for version in [1u32, 3] {
+    // Version 1 (no payload checksums), version 2 (no epoch bits in the meta word) and a
+    // future version alike.
+    for version in [1u32, 2, 4] {
         let mut bytes = file_bytes(&path);
         bytes[8..12].copy_from_slice(&version.to_le_bytes());
         std::fs::write(&path, &bytes).unwrap();
@@ -129,7 +130,7 @@ fn open_rejects_another_format_version_and_leaves_the_file_untouched() {
         assert!(
             matches!(
                 err,
-                Error::FormatVersion { found, supported: 2 } if found == version
+                Error::FormatVersion { found, supported: 3 } if found == version
             ),
             "{err}"
         );

@@ -30,6 +30,12 @@ impl Epoch {
     /// 146 years to reach. A stored word beyond it is damage, not a clock, and the clock
     /// stops rather than pass it (so nothing can ever wrap or saturate).
     pub const LIMIT: Epoch = Epoch(1 << 62);
+    /// On the journal, how many epochs the clock may run ahead of the last durable record
+    /// (the clock commits before it would pass it). The heap file's pages can reach the
+    /// disk before their records, so a header written in any of these epochs can be there
+    /// after a crash; bounding them lets recovery tell a header a crash left half written
+    /// from a damaged one (INV-HDR-2).
+    pub(crate) const JOURNAL_LEAD: u64 = 4096;
 
     /// The epoch numbered `value`.
     pub const fn new(value: u64) -> Epoch {

@@ -42,8 +42,8 @@
 //! bits 15..0   check: low 16 bits of crc32c(span index, creation id, bits 63..16)
 //!
 //! Block header (40 B at the start of every block; blocks are 64-byte aligned)
-//! 0x00  meta             u64      HEADER_TAG << 48 | kind << 40 | retired << 32 | crc32c(...);
-//!                                 0 = free
+//! 0x00  meta             u64      HEADER_TAG << 56 | epoch mod 2^20 << 36 | kind << 33
+//!                                 | retired << 32 | crc32c(...); 0 = free
 //! 0x08  epoch            u64
 //! 0x10  uid              u64
 //! 0x18  type id          u64
@@ -57,8 +57,11 @@
 //!
 //! The block checksum covers the block's own offset, the creation id, the meta word's upper
 //! half and the four words after it. A header is valid only if its checksum matches, so a
-//! header torn by a crash, stale bytes of a reused block, or random bytes are all read as
-//! "no block here" (INV-HDR-1).
+//! header torn by a crash, stale bytes of a reused block, or random bytes are never read as
+//! a block (INV-HDR-1). The meta word repeats the low bits of the header's epoch: it is one
+//! aligned word, so a crash never tears it, and recovery uses it to tell a header a crash
+//! tore (written in an epoch that never became durable) from a durable one that was damaged
+//! (INV-HDR-2).
 
 #![deny(
     clippy::arithmetic_side_effects,
@@ -74,7 +77,7 @@ use crate::error::{Error, Result};
 /// The first eight bytes of every heap file.
 pub(crate) const MAGIC: [u8; 8] = *b"MONTAGE\0";
 /// The format this build reads and writes.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+pub(crate) const FORMAT_VERSION: u32 = 3;
 
 pub(crate) const MAGIC_OFFSET: u64 = 0x00;
 pub(crate) const SUPERBLOCK_HEAD_LEN: u64 = 0x40;
@@ -116,7 +119,14 @@ pub const HEADER_LEN: u64 = 40;
 /// Bytes of the payload checksum (crc32c of the block offset, the creation id and the
 /// payload) right after every payload.
 pub const TRAILER_LEN: u64 = 4;
-pub(crate) const HEADER_TAG: u64 = 0x4D42; // "MB"
+pub(crate) const HEADER_TAG: u64 = 0x4D; // "M"
+const META_TAG_SHIFT: u32 = 56;
+/// How many low bits of a header's epoch its meta word repeats.
+pub(crate) const META_EPOCH_BITS: u32 = 20;
+const META_EPOCH_SHIFT: u32 = 36;
+const META_EPOCH_MASK: u64 = (1 << META_EPOCH_BITS) - 1;
+const META_KIND_SHIFT: u32 = 33;
+const META_KIND_MASK: u64 = 0b111;
 /// Meta bit 32: the block has been superseded or deleted by a committed or running operation
 /// and waits for reclamation. Not covered by the checksum: recovery ignores it, because a
 /// retired block stays the durable version until its replacement is (INV-EP-3).
@@ -399,7 +409,9 @@ impl RawHeader {
 
     /// The meta word that makes this header valid for a block at `offset`.
     pub(crate) fn meta(&self, offset: u64, creation_id: u64) -> u64 {
-        let upper = (HEADER_TAG << 48) | (u64::from(self.kind) << 40);
+        let upper = (HEADER_TAG << META_TAG_SHIFT)
+            | ((self.epoch & META_EPOCH_MASK) << META_EPOCH_SHIFT)
+            | ((u64::from(self.kind) & META_KIND_MASK) << META_KIND_SHIFT);
         upper | u64::from(header_crc(offset, creation_id, upper, &self.body_words()))
     }
 
@@ -407,7 +419,7 @@ impl RawHeader {
     /// block at `offset` (free, torn, stale or garbage).
     pub(crate) fn decode(words: [u64; 5], offset: u64, creation_id: u64) -> Option<RawHeader> {
         let [meta, epoch, uid, type_id, owner_len] = words;
-        if meta >> 48 != HEADER_TAG {
+        if meta_epoch_bits(meta)? != epoch & META_EPOCH_MASK {
             return None;
         }
         let upper = meta & !0xFFFF_FFFF & !META_RETIRED;
@@ -416,7 +428,7 @@ impl RawHeader {
             return None;
         }
         Some(RawHeader {
-            kind: ((meta >> 40) & 0xFF) as u8,
+            kind: ((meta >> META_KIND_SHIFT) & META_KIND_MASK) as u8,
             epoch,
             uid,
             type_id,
@@ -424,6 +436,29 @@ impl RawHeader {
             len: (owner_len >> 32) as u32,
         })
     }
+}
+
+/// The low [`META_EPOCH_BITS`] bits of the epoch a meta word was written with, if the word
+/// has the shape of one the allocator writes (the tag, a known kind); `None` for any other
+/// word, which no write of the runtime leaves at a block start.
+pub(crate) fn meta_epoch_bits(meta: u64) -> Option<u64> {
+    let kind = (meta >> META_KIND_SHIFT) & META_KIND_MASK;
+    (meta >> META_TAG_SHIFT == HEADER_TAG && (1..=3).contains(&kind))
+        .then_some((meta >> META_EPOCH_SHIFT) & META_EPOCH_MASK)
+}
+
+/// Whether `bits`, the low [`META_EPOCH_BITS`] bits of an epoch, can be those of an epoch in
+/// `after + 1 ..= through`.
+pub(crate) fn epoch_bits_in(bits: u64, after: u64, through: u64) -> bool {
+    let Some(count) = through.checked_sub(after) else {
+        return false;
+    };
+    if count > META_EPOCH_MASK {
+        return true;
+    }
+    // How far past `after + 1` the first epoch with these low bits is.
+    let first = after.wrapping_add(1) & META_EPOCH_MASK;
+    bits.wrapping_sub(first) & META_EPOCH_MASK < count
 }
 
 fn header_crc(offset: u64, creation_id: u64, upper: u64, body: &[u64; 4]) -> u32 {
@@ -501,6 +536,16 @@ mod tests {
     }
 
     #[test]
+    fn epoch_bits_in_covers_wide_and_empty_windows() {
+        assert!(!epoch_bits_in(5, 9, 9));
+        assert!(!epoch_bits_in(5, 9, 3));
+        assert!(epoch_bits_in(0, META_EPOCH_MASK, META_EPOCH_MASK + 1));
+        assert!(epoch_bits_in(77, 10, 10 + META_EPOCH_MASK + 1));
+        assert!(!epoch_bits_in(10, 10, 10 + META_EPOCH_MASK));
+        assert!(epoch_bits_in(11, 10, 10 + META_EPOCH_MASK));
+    }
+
+    #[test]
     fn superblock_round_trips_and_detects_flips() {
         let g = Geometry::for_new(64 << 20, 0xABCD).unwrap();
         let head = g.superblock();
@@ -540,6 +585,34 @@ mod tests {
             let mut torn = words;
             torn[which] ^= flip;
             prop_assert_eq!(RawHeader::decode(torn, 4096, 9), None);
+        }
+
+        #[test]
+        fn a_meta_word_carries_its_epochs_low_bits(
+            kind in 1u8..4, epoch: u64, uid: u64, owner: u32, len: u32, retired: bool,
+        ) {
+            let h = RawHeader { kind, epoch, uid, type_id: 5, owner, len };
+            let meta = h.meta(8192, 3) | if retired { META_RETIRED } else { 0 };
+            prop_assert_eq!(meta_epoch_bits(meta), Some(epoch & META_EPOCH_MASK));
+            // Every single-bit change of the tag or the kind makes the word unlike any the
+            // allocator writes, or names another kind.
+            for bit in (META_KIND_SHIFT..META_KIND_SHIFT + 3).chain(META_TAG_SHIFT..64) {
+                let changed = meta ^ (1 << bit);
+                prop_assert!(
+                    meta_epoch_bits(changed).is_none()
+                        || (changed >> META_KIND_SHIFT) & META_KIND_MASK != u64::from(kind)
+                );
+            }
+        }
+
+        #[test]
+        fn epoch_bits_in_agrees_with_counting(
+            after in 0u64..(1 << 22), count in 0u64..5000, probe in 0u64..(1 << 22),
+        ) {
+            let through = after + count;
+            let bits = probe & META_EPOCH_MASK;
+            let counted = (after + 1..=through).any(|e| e & META_EPOCH_MASK == bits);
+            prop_assert_eq!(epoch_bits_in(bits, after, through), counted);
         }
 
         #[test]

@@ -406,6 +406,15 @@ impl Epochs {
             });
         }
         let ticket = media.seal_epoch(next.get())?;
+        // INV-HDR-2: on the journal the clock stays within `JOURNAL_LEAD` epochs of the last
+        // durable record (every advance seals at least one record, so half as many records
+        // leave room for the records of one more advance).
+        if media
+            .journal()
+            .is_some_and(|journal| journal.uncommitted() >= Epoch::JOURNAL_LEAD / 2)
+        {
+            self.commit(media, ticket)?;
+        }
         reclaim.sealed(alloc, media, next, ticket, staged);
         // 6. Publish (INV-EP-1).
         self.tracker.publish(next);

@@ -30,7 +30,9 @@ use std::time::Duration;
 use crate::alloc::block::{BlockInfo, BlockKind, BlockView, PBlock};
 use crate::alloc::{FreeState, clear_meta};
 use crate::base::epoch::Epoch;
-use crate::base::layout::{DIRECTORY, DIRECTORY_CAPACITY, Geometry, META_RETIRED, UID_LIMIT};
+use crate::base::layout::{
+    DIRECTORY, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, META_RETIRED, UID_LIMIT,
+};
 use crate::error::{Error, Result};
 use crate::persist::Media;
 use scan::{Unit, UnitVisit};
@@ -104,6 +106,51 @@ pub(crate) struct Stored {
     pub(crate) owners: u128,
 }
 
+impl Stored {
+    /// Checks a valid block's epoch against the word: a block newer than the word where
+    /// the word leads the blocks, or newer than the cut after a clean close (which syncs
+    /// until every block is two epochs behind), means the word cannot be the clock these
+    /// blocks were written under.
+    pub(crate) fn check_block_epoch(&self, epoch: Epoch) -> Result<()> {
+        let word_error = |what| Error::Corrupted {
+            offset: EPOCH_OFFSET,
+            what,
+        };
+        if self.word_leads && epoch > self.word {
+            return Err(word_error(
+                "the epoch word is older than a block written under it",
+            ));
+        }
+        if self.clean && epoch > self.word.durable_cut() {
+            return Err(word_error(
+                "the heap was closed cleanly, but its epoch word does not cover its newest block",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a block start whose meta word is `meta` but whose header is not valid can be
+    /// a header the crash interrupted (INV-HDR-2): only a header written in an epoch that
+    /// is not durable can be torn, and its meta word, one aligned word, is always whole and
+    /// names that epoch's low bits. After a clean close no such epoch exists. Anything
+    /// else, a meta word the allocator never writes or one of a durable epoch, is damage.
+    pub(crate) fn may_be_torn(&self, meta: u64) -> bool {
+        if self.clean {
+            return false;
+        }
+        let Some(bits) = crate::base::layout::meta_epoch_bits(meta) else {
+            return false;
+        };
+        // The newest epoch any header can have been written in.
+        let newest = if self.word_leads {
+            self.word
+        } else {
+            self.word.plus(Epoch::JOURNAL_LEAD)
+        };
+        crate::base::layout::epoch_bits_in(bits, self.word.durable_cut().get(), newest.get())
+    }
+}
+
 /// Checks what a valid header says against what a heap ever writes. Its checksum matches,
 /// so this is damage that kept the checksum (or a forgery), and recovery must not build on
 /// it: a uid past [`UID_LIMIT`] would make the uid counter wrap, an owner past the
@@ -162,13 +209,18 @@ pub(crate) fn recover_epochs(
             what: "payloads belong to a structure the directory does not list",
         });
     }
-    // A durable payload that fails its checksum is never handed out as data (INV-SUM-1).
-    if let Some((offset, owner)) = winners.first_damaged() {
-        let structure = (owner as usize)
+    // A durable payload that fails its checksum is never handed out as data (INV-SUM-1),
+    // and a durable header that fails its own is never taken for free space (INV-HDR-2).
+    if let Some(damaged) = winners.damaged().min() {
+        let structure = (damaged.owner as usize)
             .checked_sub(1)
             .and_then(|index| names.get(index).cloned().flatten())
             .unwrap_or_else(|| "-".to_owned());
-        return Err(Error::DamagedPayload { offset, structure });
+        let offset = damaged.offset;
+        return Err(match damaged.part {
+            winners::Part::Header => Error::DamagedHeader { offset, structure },
+            winners::Part::Payload => Error::DamagedPayload { offset, structure },
+        });
     }
     let antis = Mutex::new(Vec::new());
     let decide = |view: &BlockView<'_>| {

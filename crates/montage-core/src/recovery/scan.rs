@@ -71,6 +71,9 @@ pub(crate) struct UnitVisit<'a> {
     pub(crate) unit: Unit,
     /// Per block start: the view if its header is valid.
     pub(crate) blocks: Vec<(u64, Option<BlockView<'a>>)>,
+    /// The block starts whose meta word is not zero but whose header is not valid, with
+    /// that meta word: torn by a crash, or damaged.
+    pub(crate) invalid: Vec<(u64, u64)>,
 }
 
 /// How a scan runs.
@@ -169,11 +172,18 @@ fn visit_unit<'m>(
     unit: Unit,
     settle: bool,
 ) -> Result<UnitVisit<'m>> {
-    let read = |offset: u64, capacity: u64| -> Result<Option<BlockView<'m>>> {
+    let mut invalid = Vec::new();
+    let mut read = |offset: u64, capacity: u64| -> Result<Option<BlockView<'m>>> {
         if settle {
             media.settle_header(offset)?;
         }
         let info = read_header(media, creation_id, offset, capacity)?;
+        if info.is_none() {
+            let meta = media.load(offset)?;
+            if meta != 0 {
+                invalid.push((offset, meta));
+            }
+        }
         Ok(info.map(|info| BlockView::new(info, media)))
     };
     let mut blocks = Vec::new();
@@ -191,5 +201,9 @@ fn visit_unit<'m>(
             blocks.push((offset, read(offset, block_capacity(extent * SPAN_SIZE))?));
         }
     }
-    Ok(UnitVisit { unit, blocks })
+    Ok(UnitVisit {
+        unit,
+        blocks,
+        invalid,
+    })
 }

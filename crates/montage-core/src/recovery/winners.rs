@@ -3,8 +3,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc::block::{BlockInfo, BlockKind, PBlock};
-use crate::base::layout::{EPOCH_OFFSET, Geometry, payload_checksum};
-use crate::error::{Error, Result};
+use crate::base::layout::{Geometry, LEN_WORD_OFFSET, payload_checksum};
+use crate::error::Result;
 use crate::persist::Media;
 
 use super::scan::{self, Unit, UnitVisit};
@@ -16,12 +16,26 @@ pub(super) struct Winners {
     bits: Vec<AtomicU64>,
     max_uid: u64,
     owners: u128,
-    /// Blocks of the durable epochs whose payload fails its checksum.
+    /// Blocks of the durable epochs whose payload fails its checksum, and block starts
+    /// whose header is damaged.
     damaged: Vec<Damaged>,
 }
 
-/// A block whose payload fails its checksum: (offset, owner id).
-type Damaged = (u64, u32);
+/// A damaged block: where, the owner id its header names (as far as a damaged header can
+/// be believed), and which part failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Damaged {
+    pub(super) offset: u64,
+    pub(super) owner: u32,
+    pub(super) part: Part,
+}
+
+/// Which part of a block failed its check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Part {
+    Header,
+    Payload,
+}
 
 impl Winners {
     /// Whether `block` is the newest durable version of its uid.
@@ -45,13 +59,14 @@ impl Winners {
         self.owners
     }
 
-    /// The first winner whose payload fails its checksum, with its owner.
-    pub(super) fn first_damaged(&self) -> Option<Damaged> {
+    /// The damaged blocks recovery must not build on, by offset: every damaged header, and
+    /// every winner whose payload fails its checksum (a damaged version that a newer one
+    /// supersedes is never read again).
+    pub(super) fn damaged(&self) -> impl Iterator<Item = Damaged> + '_ {
         self.damaged
             .iter()
             .copied()
-            .filter(|&(offset, _)| self.contains(PBlock::from_offset(offset)))
-            .min()
+            .filter(|d| d.part == Part::Header || self.contains(PBlock::from_offset(d.offset)))
     }
 
     fn insert(&self, offset: u64) {
@@ -79,6 +94,28 @@ fn payload_intact(
     Ok(u32::from_le_bytes(stored) == payload_checksum(info.block.offset(), creation_id, buf))
 }
 
+/// Adds to `damaged` the block starts of `invalid` (offset, meta word) whose header cannot
+/// be one the crash tore.
+fn damaged_headers(
+    media: &Media,
+    stored: Stored,
+    invalid: &[(u64, u64)],
+    damaged: &mut Vec<Damaged>,
+) -> Result<()> {
+    for &(offset, meta) in invalid {
+        if !stored.may_be_torn(meta) {
+            // The owner id as the damaged header has it, to name a suspect.
+            let owner = (media.load(offset + LEN_WORD_OFFSET)? & 0xFFFF_FFFF) as u32;
+            damaged.push(Damaged {
+                offset,
+                owner,
+                part: Part::Header,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// One durable version: (uid, epoch, kind rank, offset). Sorting puts, per uid, the newest
 /// version last; an anti-block beats an update of the same epoch, which beats an alloc.
 type Version = (u64, u64, u8, u64);
@@ -92,7 +129,9 @@ fn rank(kind: BlockKind) -> u8 {
 }
 
 /// Reads every valid header and picks, per uid, the newest version among the blocks of
-/// epochs `<= stored.word - 2`. It only reads: a header no heap can hold fails the whole
+/// epochs `<= stored.word - 2`, and notes every damaged block: a payload of a durable epoch
+/// that fails its checksum, and a header that is not valid but cannot be one the crash
+/// tore ([`Stored::may_be_torn`]). It only reads: a header no heap can hold fails the whole
 /// recovery before anything is changed, and so does an epoch word that cannot be the clock
 /// these blocks were written under: older than one of them where the word leads the blocks
 /// (see [`Stored::word_leads`]), or, after a clean close, not two epochs past every one of
@@ -105,13 +144,7 @@ pub(super) fn choose(
     progress: &AtomicU64,
     stored: Stored,
 ) -> Result<Winners> {
-    let Stored {
-        word: epoch_word,
-        clean,
-        word_leads,
-        ..
-    } = stored;
-    let cut = epoch_word.durable_cut();
+    let cut = stored.word.durable_cut();
     let threads = options.threads.max(1);
     let max_uid = AtomicU64::new(0);
     let owners = [AtomicU64::new(0), AtomicU64::new(0)];
@@ -125,20 +158,7 @@ pub(super) fn choose(
         for view in visit.blocks.iter().filter_map(|(_, v)| v.as_ref()) {
             let info = view.info();
             super::check_header(info)?;
-            let word_error = |what| Error::Corrupted {
-                offset: EPOCH_OFFSET,
-                what,
-            };
-            if word_leads && info.spec.epoch > epoch_word {
-                return Err(word_error(
-                    "the epoch word is older than a block written under it",
-                ));
-            }
-            if clean && info.spec.epoch > cut {
-                return Err(word_error(
-                    "the heap was closed cleanly, but its epoch word does not cover its newest block",
-                ));
-            }
+            stored.check_block_epoch(info.spec.epoch)?;
             let owner = info.spec.owner.get();
             // ORDERING: bits read after the scope joins.
             owners[(owner / 64) as usize % 2].fetch_or(1 << (owner % 64), Ordering::Relaxed);
@@ -147,7 +167,11 @@ pub(super) fn choose(
             if info.spec.epoch <= cut {
                 // A block of a durable epoch had its trailer written back with it.
                 if !payload_intact(media, creation_id, info, &mut buf)? {
-                    damaged.push((info.block.offset(), owner));
+                    damaged.push(Damaged {
+                        offset: info.block.offset(),
+                        owner,
+                        part: Part::Payload,
+                    });
                 }
                 versions.push((
                     info.spec.uid,
@@ -157,6 +181,7 @@ pub(super) fn choose(
                 ));
             }
         }
+        damaged_headers(media, stored, &visit.invalid, &mut damaged)?;
         Ok((versions, damaged))
     };
     let scan_options = scan::ScanOptions::recovery(threads, options.progress);

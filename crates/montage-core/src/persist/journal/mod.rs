@@ -368,6 +368,14 @@ impl Journal {
         self.sealed.load(Ordering::Acquire)
     }
 
+    /// How many sealed records are not durable yet.
+    pub(crate) fn uncommitted(&self) -> u64 {
+        // ORDERING: both loads pair with their Release stores; a snapshot is enough for a
+        // bound the caller enforces under the advance lock.
+        self.last_sealed()
+            .saturating_sub(self.durable.load(Ordering::Acquire))
+    }
+
     /// Whether record `ticket` is durable.
     pub(crate) fn is_durable(&self, ticket: Ticket) -> bool {
         // ORDERING: pairs with the Release in `commit` and `checkpoint`.

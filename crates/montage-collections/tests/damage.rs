@@ -1,15 +1,15 @@
-//! How a damaged heap file is met: a heap holding a `HashMap<Vec<u8>, Vec<u8>>` (1,500
-//! entries), a `SortedMap<u64, u64>` (1,000) and a `Queue<String>` (300), closed cleanly,
-//! then damaged in `N` ways per kind (default 150): a flipped bit, a rewritten byte or word in
-//! a cache line that holds data, a flipped bit in the first 64 KiB (the metadata), the file
-//! cut short, the file extended. Each damaged copy is opened and every entry read back, and
-//! the outcome counted: the exact data, a typed error, or wrong data without an error.
+//! A damaged heap never gives wrong data: a heap holding a `HashMap<Vec<u8>, Vec<u8>>`
+//! (1,500 entries), a `SortedMap<u64, u64>` (1,000) and a `Queue<String>` (300), closed
+//! cleanly, is damaged in `N` ways per kind: a flipped bit, a rewritten byte or word in a
+//! cache line that holds data, a flipped bit in the first 64 KiB (the metadata), the file cut
+//! short, the file extended. Each damaged copy is opened and every entry read back; every
+//! case must end in the exact data or in a typed error that leaves the file as it was, never
+//! in wrong data without an error.
 //!
-//! `cargo run --release -p montage-collections --example damage -- [N]`
-//!
-//! It measures; the integrity tests assert.
+//! `N` is `MONTAGE_DAMAGE_CASES` (default 100, so 600 cases); `-- --nocapture` prints the
+//! outcomes per kind.
 
-#![allow(clippy::print_stdout, clippy::unwrap_used)] // a report, on a machine we control
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -80,10 +80,12 @@ struct Tally {
     wrong: u64,
 }
 
-fn main() -> Result<()> {
-    let per_kind: u64 = std::env::args()
-        .nth(1)
-        .map_or(150, |n| n.parse().expect("N: cases per kind of damage"));
+#[test]
+fn a_damaged_heap_gives_the_exact_data_or_a_typed_error() -> Result<()> {
+    let per_kind: u64 = std::env::var("MONTAGE_DAMAGE_CASES").map_or(100, |n| {
+        n.parse()
+            .expect("MONTAGE_DAMAGE_CASES: cases per kind of damage")
+    });
     let dir = tempfile::tempdir().unwrap();
     let pristine_path = dir.path().join("pristine.heap");
     let want = build(&pristine_path)?;
@@ -105,13 +107,14 @@ fn main() -> Result<()> {
     let mut rng = SplitMix64::new(0x00da_3a9e);
     let path = dir.path().join("damaged.heap");
     let mut total = Tally::default();
-    println!(
+    let mut wrong_cases = Vec::new();
+    eprintln!(
         "{:<34} {:>6} {:>8} {:>6}",
         "damage", "exact", "refused", "wrong"
     );
     for (kind, name) in kinds.iter().enumerate() {
         let mut tally = Tally::default();
-        for _ in 0..per_kind {
+        for case in 0..per_kind {
             let mut bytes = pristine.clone();
             let line = used_lines[rng.below_or_equal(used_lines.len() as u64 - 1) as usize];
             let within = rng.below_or_equal(63) as usize;
@@ -133,11 +136,20 @@ fn main() -> Result<()> {
             let outcome = Heap::open(&config(&path)).and_then(|heap| read(&heap));
             match outcome {
                 Ok(got) if got == want => tally.exact += 1,
-                Ok(_) => tally.wrong += 1,
-                Err(_) => tally.refused += 1,
+                Ok(_) => {
+                    tally.wrong += 1;
+                    wrong_cases.push(format!("{name}, case {case}"));
+                }
+                Err(error) => {
+                    assert!(
+                        std::fs::read(&path).unwrap() == bytes,
+                        "{name}, case {case}: refused ({error}) but the file was changed"
+                    );
+                    tally.refused += 1;
+                }
             }
         }
-        println!(
+        eprintln!(
             "{name:<34} {:>6} {:>8} {:>6}",
             tally.exact, tally.refused, tally.wrong
         );
@@ -145,9 +157,14 @@ fn main() -> Result<()> {
         total.refused += tally.refused;
         total.wrong += tally.wrong;
     }
-    println!(
+    eprintln!(
         "{:<34} {:>6} {:>8} {:>6}",
         "all", total.exact, total.refused, total.wrong
+    );
+    assert!(
+        wrong_cases.is_empty(),
+        "wrong data without an error in {} cases: {wrong_cases:?}",
+        wrong_cases.len()
     );
     Ok(())
 }
