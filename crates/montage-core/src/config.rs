@@ -146,6 +146,7 @@ pub struct HeapConfig {
     pub(crate) progress: Option<Progress>,
     pub(crate) write_back: WriteBack,
     pub(crate) journal_size: Option<u64>,
+    pub(crate) quarantine: bool,
 }
 
 /// A recovery progress callback (see [`HeapConfig::on_recovery_progress`]).
@@ -180,6 +181,7 @@ impl HeapConfig {
             progress: None,
             write_back: WriteBack::Epoch,
             journal_size: None,
+            quarantine: false,
         }
     }
 
@@ -198,6 +200,7 @@ impl HeapConfig {
             progress: None,
             write_back: WriteBack::Epoch,
             journal_size: None,
+            quarantine: false,
         }
     }
 
@@ -230,6 +233,25 @@ impl HeapConfig {
     #[must_use]
     pub fn thread_slots(mut self, slots: usize) -> Self {
         self.thread_slots = slots;
+        self
+    }
+
+    /// What open does with damaged blocks (a header or a durable payload that fails its
+    /// checksum). By default (`false`) open fails with [`Error::DamagedHeader`] or
+    /// [`Error::DamagedPayload`] and changes nothing. With `true` it opens the heap without
+    /// them: each damaged block, and every other version of the payload its header names, is
+    /// left on the media as it is, neither kept nor reused, and listed in
+    /// [`RecoveryReport::quarantined`] with the structure it belongs to. The structures then
+    /// hold everything else; what they lost is listed there, by structure, and never
+    /// returned as data. A quarantined block is found again at every open until the
+    /// damaged bytes are rewritten.
+    ///
+    /// [`Error::DamagedHeader`]: crate::Error::DamagedHeader
+    /// [`Error::DamagedPayload`]: crate::Error::DamagedPayload
+    /// [`RecoveryReport::quarantined`]: crate::RecoveryReport::quarantined
+    #[must_use]
+    pub fn quarantine_damaged(mut self, quarantine: bool) -> Self {
+        self.quarantine = quarantine;
         self
     }
 

@@ -86,7 +86,7 @@ pub use error::{Error, Result};
 pub use heap::raw;
 pub use heap::{Attached, Heap, ScanFilter};
 pub use payload::{Codec, POff, PRef, Payload};
-pub use recovery::RecoveryReport;
+pub use recovery::{QuarantineReason, Quarantined, RecoveryReport};
 
 /// The guards of [`StampedLock`] and [`StampedRwLock`].
 pub mod stamped {

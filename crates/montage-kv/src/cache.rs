@@ -33,7 +33,7 @@ impl Cache {
         } else {
             Heap::create(config)?
         };
-        let report = *heap.recovery_report();
+        let report = heap.recovery_report().clone();
         let store = Store::open(&heap, STORE_NAME, SystemClock)?;
         let cache = Cache { heap, store };
         Ok(Opened {

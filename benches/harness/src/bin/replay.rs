@@ -112,7 +112,7 @@ fn main() -> Result {
         let start = Instant::now();
         let heap = Heap::open(&config)?;
         let took = start.elapsed();
-        let report = *heap.recovery_report();
+        let report = heap.recovery_report().clone();
         heap.close()?;
         println!(
             "| {mib} MiB | {} MiB | {values} | {} records | {:.0} MiB | {} | {:.2} s |",

@@ -131,6 +131,8 @@ const META_KIND_MASK: u64 = 0b111;
 /// and waits for reclamation. Not covered by the checksum: recovery ignores it, because a
 /// retired block stays the durable version until its replacement is (INV-EP-3).
 pub(crate) const META_RETIRED: u64 = 1 << 32;
+/// The header word holding the uid.
+pub(crate) const UID_OFFSET: u64 = 0x10;
 /// The header word holding the owner id (low half) and the payload length (high half).
 pub(crate) const LEN_WORD_OFFSET: u64 = 0x20;
 

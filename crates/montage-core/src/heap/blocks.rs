@@ -130,8 +130,9 @@ impl Heap {
     }
 
     /// Visits every valid block matching `filter`, in parallel over the heap's spans. Blocks
-    /// allocated or freed while the scan runs may or may not be seen. Returns how many blocks
-    /// were visited.
+    /// allocated or freed while the scan runs may or may not be seen; blocks recovery
+    /// quarantined ([`RecoveryReport::quarantined`](crate::RecoveryReport::quarantined)) are
+    /// never. Returns how many blocks were visited.
     ///
     /// # Errors
     ///
@@ -145,10 +146,15 @@ impl Heap {
         let units = scan::read_span_table(&self.shared().runtime.media, &self.shared().geometry)?;
         let progress = std::sync::atomic::AtomicU64::new(0);
         let media = &self.shared().runtime.media;
+        let report = &self.shared().report;
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
             let mut seen = 0;
             for (offset, view) in &unit.blocks {
                 let Some(view) = view else { continue };
+                // A quarantined block is not part of the heap's state.
+                if report.is_quarantined(*offset) {
+                    continue;
+                }
                 if filter.live && media.load(*offset)? & META_RETIRED != 0 {
                     continue;
                 }

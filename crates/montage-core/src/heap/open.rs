@@ -287,6 +287,7 @@ impl Heap {
         let options = recovery::Options {
             threads: config.recovery_threads,
             progress: config.progress.as_ref().map(|p| &*p.0),
+            quarantine: config.quarantine,
         };
         let recovered = match policy {
             Policy::Epochs => {
@@ -299,6 +300,7 @@ impl Heap {
             mut report,
             max_uid,
             antis,
+            ..
         } = recovered;
         // `check_header` bounds every uid, so this cannot overflow.
         let next_uid = max_uid.saturating_add(1);

@@ -46,8 +46,35 @@ pub enum Verdict {
     Drop,
 }
 
+/// A block that recovery left out of the heap's state (with
+/// [`HeapConfig::quarantine_damaged`](crate::HeapConfig::quarantine_damaged)): it stays on
+/// the media as it was, and is neither read as data nor reused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    /// The block's offset.
+    pub offset: u64,
+    /// The structure it belongs to, as the directory names it (`None` if its header names
+    /// none; a damaged header may name the wrong one).
+    pub structure: Option<String>,
+    /// Why it was left out.
+    pub why: QuarantineReason,
+}
+
+/// Why a block was quarantined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QuarantineReason {
+    /// Its header fails its checksum, and a crash could not have torn it.
+    DamagedHeader,
+    /// It is the durable version of its payload, and the payload fails its checksum.
+    DamagedPayload,
+    /// Another version of a payload whose damaged version is quarantined: recovery cannot
+    /// tell whether this one is current, so it does not return it.
+    SameUid,
+}
+
 /// What one recovery found and did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RecoveryReport {
     /// Spans carved into blocks (or holding a large block) when the heap was opened.
     pub spans_scanned: u64,
@@ -67,6 +94,32 @@ pub struct RecoveryReport {
     pub journal_records: u64,
     /// Heap bytes those records rewrote.
     pub journal_bytes: u64,
+    /// The blocks left out because they are damaged, or are versions of a damaged payload,
+    /// by offset (only with
+    /// [`HeapConfig::quarantine_damaged`](crate::HeapConfig::quarantine_damaged); without
+    /// it a damaged block fails the open).
+    pub quarantined: Vec<Quarantined>,
+}
+
+impl RecoveryReport {
+    /// The quarantined blocks of the structure named `structure`: what it lost.
+    pub fn quarantined_in<'a>(
+        &'a self,
+        structure: &'a str,
+    ) -> impl Iterator<Item = &'a Quarantined> + 'a {
+        self.quarantined
+            .iter()
+            .filter(move |q| q.structure.as_deref() == Some(structure))
+    }
+
+    /// Whether the block at `offset` was quarantined.
+    pub(crate) fn is_quarantined(&self, offset: u64) -> bool {
+        !self.quarantined.is_empty()
+            && self
+                .quarantined
+                .binary_search_by_key(&offset, |q| q.offset)
+                .is_ok()
+    }
 }
 
 /// How a recovery runs.
@@ -76,6 +129,8 @@ pub(crate) struct Options<'a> {
     pub(crate) threads: usize,
     /// Called now and then with the number of block headers read so far.
     pub(crate) progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,
+    /// Leave damaged blocks out instead of failing ([`Quarantined`]).
+    pub(crate) quarantine: bool,
 }
 
 /// What a recovery hands to the heap it opens.
@@ -86,6 +141,8 @@ pub(crate) struct Recovered {
     pub(crate) max_uid: u64,
     /// Kept anti-blocks: their victims are durably invalid now, so they can be released.
     pub(crate) antis: Vec<PBlock>,
+    /// Blocks left as they were (quarantined), with the owner id of their valid header.
+    pub(crate) left: Vec<(u64, u32)>,
 }
 
 /// What the heap's metadata says, for the epoch rule to check against the blocks before it
@@ -177,6 +234,8 @@ struct UnitOutcome {
     kept: u64,
     dropped: u64,
     free_blocks: Vec<u64>,
+    /// Blocks left as they are (quarantined): (offset, owner id of a valid header, else 0).
+    left: Vec<(u64, u32)>,
     released: bool,
 }
 
@@ -211,17 +270,35 @@ pub(crate) fn recover_epochs(
     }
     // A durable payload that fails its checksum is never handed out as data (INV-SUM-1),
     // and a durable header that fails its own is never taken for free space (INV-HDR-2).
-    if let Some(damaged) = winners.damaged().min() {
-        let structure = (damaged.owner as usize)
+    let mut damaged: Vec<_> = winners.damaged().collect();
+    damaged.sort_unstable();
+    let name = |owner: u32| {
+        (owner as usize)
             .checked_sub(1)
             .and_then(|index| names.get(index).cloned().flatten())
-            .unwrap_or_else(|| "-".to_owned());
-        let offset = damaged.offset;
-        return Err(match damaged.part {
+    };
+    if let Some(first) = damaged.first().filter(|_| !options.quarantine) {
+        let structure = name(first.owner).unwrap_or_else(|| "-".to_owned());
+        let offset = first.offset;
+        return Err(match first.part {
             winners::Part::Header => Error::DamagedHeader { offset, structure },
             winners::Part::Payload => Error::DamagedPayload { offset, structure },
         });
     }
+    // Quarantine: the damaged blocks, and every version of the payloads they name, are
+    // left as they are (a stale version must not stand in for a damaged newer one).
+    let offsets: Vec<u64> = damaged.iter().map(|d| d.offset).collect();
+    let mut uids: Vec<u64> = damaged
+        .iter()
+        .map(|d| d.uid)
+        .filter(|&uid| uid <= UID_LIMIT)
+        .collect();
+    uids.sort_unstable();
+    uids.dedup();
+    let leave = |offset: u64, view: Option<&BlockView<'_>>| {
+        offsets.binary_search(&offset).is_ok()
+            || view.is_some_and(|v| uids.binary_search(&v.info().spec.uid).is_ok())
+    };
     let antis = Mutex::new(Vec::new());
     let decide = |view: &BlockView<'_>| {
         let info = view.info();
@@ -243,12 +320,35 @@ pub(crate) fn recover_epochs(
         options,
         &progress,
         &decide,
-        FirstPass::Done,
+        FirstPass::Done(&leave),
     )?;
     recovered.antis = antis
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    recovered.max_uid = winners.max_uid();
+    // A quarantined header's uid stays taken, so that no new payload is taken for one of
+    // its versions at the next open.
+    recovered.max_uid = winners.max_uid().max(uids.last().copied().unwrap_or(0));
+    let report = &mut recovered.report;
+    for d in &damaged {
+        report.quarantined.push(Quarantined {
+            offset: d.offset,
+            structure: name(d.owner),
+            why: match d.part {
+                winners::Part::Header => QuarantineReason::DamagedHeader,
+                winners::Part::Payload => QuarantineReason::DamagedPayload,
+            },
+        });
+    }
+    for &(offset, owner) in &recovered.left {
+        if offsets.binary_search(&offset).is_err() {
+            report.quarantined.push(Quarantined {
+                offset,
+                structure: name(owner),
+                why: QuarantineReason::SameUid,
+            });
+        }
+    }
+    report.quarantined.sort_unstable_by_key(|q| q.offset);
     recovered.report.duration = started.elapsed();
     Ok(recovered)
 }
@@ -276,11 +376,15 @@ pub(crate) fn recover(
     Ok(recovered)
 }
 
+/// Which blocks the second pass leaves as they are (quarantined): offset and view (if the
+/// header is valid).
+type Leave<'a> = &'a (dyn Fn(u64, Option<&BlockView<'_>>) -> bool + Sync);
+
 /// Whether a read-only first pass has checked every valid header ([`check_header`]) and
-/// found the largest uid already.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum FirstPass {
-    Done,
+/// found the largest uid already, and if so, what it quarantined.
+#[derive(Clone, Copy)]
+enum FirstPass<'a> {
+    Done(Leave<'a>),
     None,
 }
 
@@ -291,7 +395,7 @@ fn recover_units(
     options: Options<'_>,
     progress: &AtomicU64,
     decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
-    first_pass: FirstPass,
+    first_pass: FirstPass<'_>,
 ) -> Result<Recovered> {
     let max_uid = AtomicU64::new(0);
     let work = |visit: UnitVisit<'_>| -> Result<UnitOutcome> {
@@ -300,10 +404,21 @@ fn recover_units(
             kept: 0,
             dropped: 0,
             free_blocks: Vec::new(),
+            left: Vec::new(),
             released: false,
         };
         for (offset, view) in visit.blocks {
-            if let Some(v) = view.as_ref().filter(|_| first_pass == FirstPass::None) {
+            if let FirstPass::Done(leave) = first_pass
+                && leave(offset, view.as_ref())
+            {
+                let owner = view.as_ref().map_or(0, |v| v.info().spec.owner.get());
+                outcome.left.push((offset, owner));
+                continue;
+            }
+            if let Some(v) = view
+                .as_ref()
+                .filter(|_| matches!(first_pass, FirstPass::None))
+            {
                 check_header(v.info())?;
                 // ORDERING: a maximum read after the scope joins.
                 max_uid.fetch_max(v.info().spec.uid, Ordering::Relaxed);
@@ -331,7 +446,7 @@ fn recover_units(
                 }
             }
         }
-        if outcome.kept == 0 {
+        if outcome.kept == 0 && outcome.left.is_empty() {
             let span = match visit.unit {
                 Unit::Class { span, .. } | Unit::Large { span, .. } => span,
             };
@@ -357,7 +472,16 @@ fn recover_units(
         &work,
         &fence,
     )?;
+    Ok(gather(geometry, units, outcomes, max_uid.into_inner()))
+}
 
+/// The free state and the report from every unit's outcome.
+fn gather(
+    geometry: &Geometry,
+    units: &[Unit],
+    outcomes: Vec<UnitOutcome>,
+    max_uid: u64,
+) -> Recovered {
     let mut free = FreeState::new(geometry.span_count);
     let mut report = RecoveryReport {
         spans_scanned: units.len() as u64,
@@ -365,7 +489,9 @@ fn recover_units(
         ..RecoveryReport::default()
     };
     let mut taken = vec![false; geometry.span_count as usize];
+    let mut left = Vec::new();
     for outcome in outcomes {
+        left.extend(outcome.left);
         report.blocks_kept += outcome.kept;
         report.blocks_dropped += outcome.dropped;
         let (span, extent) = match outcome.unit {
@@ -390,10 +516,11 @@ fn recover_units(
     free.free_spans = (0..geometry.span_count)
         .filter(|&span| !taken[span as usize])
         .collect();
-    Ok(Recovered {
+    Recovered {
         free,
         report,
-        max_uid: max_uid.into_inner(),
+        max_uid,
         antis: Vec::new(),
-    })
+        left,
+    }
 }

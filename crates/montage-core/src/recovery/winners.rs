@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc::block::{BlockInfo, BlockKind, PBlock};
-use crate::base::layout::{Geometry, LEN_WORD_OFFSET, payload_checksum};
+use crate::base::layout::{Geometry, LEN_WORD_OFFSET, UID_OFFSET, payload_checksum};
 use crate::error::Result;
 use crate::persist::Media;
 
@@ -28,6 +28,8 @@ pub(super) struct Damaged {
     pub(super) offset: u64,
     pub(super) owner: u32,
     pub(super) part: Part,
+    /// The uid its header names (a damaged header's may be wrong).
+    pub(super) uid: u64,
 }
 
 /// Which part of a block failed its check.
@@ -104,12 +106,13 @@ fn damaged_headers(
 ) -> Result<()> {
     for &(offset, meta) in invalid {
         if !stored.may_be_torn(meta) {
-            // The owner id as the damaged header has it, to name a suspect.
+            // The owner id and uid as the damaged header has them, to name suspects.
             let owner = (media.load(offset + LEN_WORD_OFFSET)? & 0xFFFF_FFFF) as u32;
             damaged.push(Damaged {
                 offset,
                 owner,
                 part: Part::Header,
+                uid: media.load(offset + UID_OFFSET)?,
             });
         }
     }
@@ -171,6 +174,7 @@ pub(super) fn choose(
                         offset: info.block.offset(),
                         owner,
                         part: Part::Payload,
+                        uid: info.spec.uid,
                     });
                 }
                 versions.push((
