@@ -374,6 +374,13 @@ impl<V: Codec, E: Codec> Graph<V, E> {
         ids
     }
 
+    /// The vertices and edges this structure lost to damage when the heap was opened with
+    /// [`HeapConfig::quarantine_damaged`](montage_core::HeapConfig::quarantine_damaged):
+    /// their blocks, left out of it and never returned as data. Empty for an undamaged heap.
+    pub fn quarantined(&self) -> Vec<montage_core::Quarantined> {
+        self.attached.quarantined()
+    }
+
     /// The number of vertices.
     pub fn vertex_count(&self) -> usize {
         self.state.read_outside_op().vertices.len()

@@ -476,6 +476,13 @@ where
         })
     }
 
+    /// The entries this structure lost to damage when the heap was opened with
+    /// [`HeapConfig::quarantine_damaged`](montage_core::HeapConfig::quarantine_damaged):
+    /// their blocks, left out of it and never returned as data. Empty for an undamaged heap.
+    pub fn quarantined(&self) -> Vec<montage_core::Quarantined> {
+        self.attached.quarantined()
+    }
+
     /// The number of entries (exact when no other thread is writing). It adds up the
     /// stripes' own counts, one stripe lock at a time: writes keep no shared counter, whose
     /// cache line would pass between the writing cores on every insert and remove.

@@ -338,6 +338,13 @@ where
         })
     }
 
+    /// The entries this structure lost to damage when the heap was opened with
+    /// [`HeapConfig::quarantine_damaged`](montage_core::HeapConfig::quarantine_damaged):
+    /// their blocks, left out of it and never returned as data. Empty for an undamaged heap.
+    pub fn quarantined(&self) -> Vec<montage_core::Quarantined> {
+        self.attached.quarantined()
+    }
+
     /// The number of entries (exact when no other thread is writing).
     pub fn len(&self) -> usize {
         self.len.get()

@@ -230,6 +230,13 @@ impl<T: Codec> Queue<T> {
         })
     }
 
+    /// The elements this structure lost to damage when the heap was opened with
+    /// [`HeapConfig::quarantine_damaged`](montage_core::HeapConfig::quarantine_damaged):
+    /// their blocks, left out of it and never returned as data. Empty for an undamaged heap.
+    pub fn quarantined(&self) -> Vec<montage_core::Quarantined> {
+        self.attached.quarantined()
+    }
+
     /// The number of elements.
     pub fn len(&self) -> usize {
         self.state.lock_outside_op().elements.len()

@@ -666,6 +666,36 @@ fn a_payload_written_in_place_keeps_a_valid_checksum() {
     assert_eq!(heap.read_payload(blocks[0].block).unwrap(), b"Jello, World");
 }
 
+/// With `verify_reads`, a payload changed in part, in place, reads back at every epoch
+/// after the change, in and out of operations: its checksum is stale until its epoch is
+/// written back, and reads do not check it before then.
+#[test]
+fn verify_reads_never_flags_a_payload_changed_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("in-place-verified.heap");
+    let config = file_config(&path, MIB)
+        .epoch_length(EpochLength::Manual)
+        .verify_reads(true);
+    let heap = Heap::create(&config).unwrap();
+    let owner = heap.register("bytes").unwrap();
+    for round in 0..4u8 {
+        let block = heap
+            .run_op(|op| {
+                let block = op.alloc(owner, 0, b"hello, world")?;
+                op.write(block, 0, &[b'a' + round])?;
+                Ok(block)
+            })
+            .unwrap();
+        let mut want = b"hello, world".to_vec();
+        want[0] = b'a' + round;
+        for _ in 0..4 {
+            assert_eq!(heap.read_payload(block).unwrap(), want);
+            assert_eq!(heap.run_op(|op| op.read(block)).unwrap(), want);
+            heap.advance_epoch().unwrap();
+        }
+    }
+}
+
 /// With `quarantine_damaged`, a heap with a damaged payload and a damaged header opens: the
 /// map holds every other entry exactly, the report lists both blocks under the map's name,
 /// the damaged bytes stay as they were, and later writes survive a reopen beside them.
@@ -709,6 +739,12 @@ fn quarantine_opens_without_the_damaged_blocks_and_lists_them() {
         assert_eq!(lost(&heap), want_lost);
         assert_eq!(heap.recovery_report().quarantined.len(), 2);
         let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "map").unwrap();
+        let named: Vec<_> = map
+            .quarantined()
+            .iter()
+            .map(|q| (q.offset, q.why))
+            .collect();
+        assert_eq!(named, want_lost);
         assert_eq!(map.len(), 6);
         for key in 0..8u64 {
             if let Some(value) = map.get(&key).unwrap() {
@@ -794,4 +830,70 @@ fn quarantine_does_not_return_an_older_version_of_a_damaged_payload() {
         .collect();
     assert!(why.contains(&QuarantineReason::DamagedPayload), "{why:?}");
     assert!(why.contains(&QuarantineReason::SameUid), "{why:?}");
+}
+
+/// With `verify_reads`, a payload damaged while the heap is open is an error when read,
+/// naming the map, instead of wrong bytes; without it the damage is returned as data (which
+/// is what the option is for). Payloads written and rewritten in the current epochs read
+/// back without a false alarm.
+#[test]
+fn verify_reads_catches_damage_while_the_heap_is_open() {
+    for verify in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("verify.heap");
+        let config = file_config(&path, MIB)
+            .epoch_length(EpochLength::Manual)
+            .verify_reads(verify);
+        let heap = Heap::create(&config).unwrap();
+        let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "map").unwrap();
+        let value = |key: u64| vec![key as u8; 40];
+        for key in 0..8 {
+            map.put(key, value(key)).unwrap();
+            // Rewritten in place, in the same epoch: its checksum is rewritten with it.
+            map.put(key, value(key)).unwrap();
+        }
+        for _ in 0..3 {
+            heap.advance_epoch().unwrap();
+        }
+        let owner = heap.lookup("map").unwrap();
+        let blocks = heap
+            .collect(montage_core::ScanFilter::all().owner(owner))
+            .unwrap();
+        assert_eq!(blocks.len(), 8);
+        // The last byte of one payload, changed behind the heap's back in the file it maps.
+        let victim = &blocks[3];
+        let at = victim.block.payload_offset() + u64::from(victim.len) - 1;
+        let byte = file_bytes(&path)[at as usize];
+        {
+            let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.seek(SeekFrom::Start(at)).unwrap();
+            file.write_all(&[byte ^ 0x20]).unwrap();
+        }
+        let mut damaged = 0;
+        for key in 0..8 {
+            match map.get(&key) {
+                Ok(Some(got)) if got == value(key) => {}
+                Ok(other) => {
+                    assert!(
+                        !verify,
+                        "key {key}: wrong data with verify_reads: {other:?}"
+                    );
+                    damaged += 1;
+                }
+                Err(Error::DamagedPayload { offset, structure }) => {
+                    assert!(verify, "key {key}: an error without verify_reads");
+                    assert_eq!(offset, victim.block.offset());
+                    assert_eq!(structure, "map");
+                    damaged += 1;
+                }
+                Err(other) => panic!("key {key}: {other}"),
+            }
+        }
+        assert_eq!(damaged, 1, "verify {verify}");
+        // New writes of the current epoch read back without a false alarm.
+        for key in 100..110 {
+            map.put(key, value(key)).unwrap();
+            assert_eq!(map.get(&key).unwrap(), Some(value(key)));
+        }
+    }
 }

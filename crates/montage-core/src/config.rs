@@ -147,6 +147,7 @@ pub struct HeapConfig {
     pub(crate) write_back: WriteBack,
     pub(crate) journal_size: Option<u64>,
     pub(crate) quarantine: bool,
+    pub(crate) verify_reads: bool,
 }
 
 /// A recovery progress callback (see [`HeapConfig::on_recovery_progress`]).
@@ -182,6 +183,7 @@ impl HeapConfig {
             write_back: WriteBack::Epoch,
             journal_size: None,
             quarantine: false,
+            verify_reads: false,
         }
     }
 
@@ -201,6 +203,7 @@ impl HeapConfig {
             write_back: WriteBack::Epoch,
             journal_size: None,
             quarantine: false,
+            verify_reads: false,
         }
     }
 
@@ -252,6 +255,27 @@ impl HeapConfig {
     #[must_use]
     pub fn quarantine_damaged(mut self, quarantine: bool) -> Self {
         self.quarantine = quarantine;
+        self
+    }
+
+    /// Whether every read of a payload checks it against its checksum (default `false`).
+    /// With `true`, [`Heap::view`], [`Heap::read_payload`], [`OpGuard::view`],
+    /// [`OpGuard::read`], typed reads (`get`, `get_<field>`) and the reads built on them (so
+    /// every read of the collections) fail with [`Error::DamagedPayload`] rather than return
+    /// a payload whose bytes changed on the media since they were written. A
+    /// payload written in the last two epochs is not checked: one changed in place then
+    /// gets its checksum when its epoch is written back. Recovery checks every durable
+    /// payload at open either way; this catches damage that happens while the heap is
+    /// open. It costs a second pass over each payload read (`docs/PERFORMANCE.md`).
+    ///
+    /// [`Heap::view`]: crate::Heap::view
+    /// [`OpGuard::view`]: crate::OpGuard::view
+    /// [`OpGuard::read`]: crate::OpGuard::read
+    /// [`Heap::read_payload`]: crate::Heap::read_payload
+    /// [`Error::DamagedPayload`]: crate::Error::DamagedPayload
+    #[must_use]
+    pub fn verify_reads(mut self, verify: bool) -> Self {
+        self.verify_reads = verify;
         self
     }
 

@@ -55,6 +55,8 @@ pub(crate) trait QueueStore: Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum Contender {
     MontageHashMap,
+    /// `HashMap` on a heap that checks every payload it reads against its checksum.
+    MontageHashMapVerified,
     MontageNbHashMap,
     TransientHashMap,
     DashMap,
@@ -75,6 +77,7 @@ impl Contender {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Contender::MontageHashMap => "montage-hashmap",
+            Contender::MontageHashMapVerified => "montage-hashmap-verified",
             Contender::MontageNbHashMap => "montage-nb-hashmap",
             Contender::TransientHashMap => "transient-hashmap",
             Contender::DashMap => "dashmap",
@@ -174,6 +177,7 @@ pub(crate) fn with_map(
 ) -> Result {
     match contender {
         Contender::MontageHashMap
+        | Contender::MontageHashMapVerified
         | Contender::MontageNbHashMap
         | Contender::StrictDurableHashMap => montage::with_map(contender, backend, dirs, sizing, f),
         Contender::TransientHashMap => f(&baseline::TransientMap::new()),

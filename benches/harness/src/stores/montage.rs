@@ -37,7 +37,8 @@ fn with_heap<R>(
     } else {
         WriteBack::Epoch
     };
-    let heap = Heap::create(&config.write_back(write_back))?;
+    let verify = contender == Contender::MontageHashMapVerified;
+    let heap = Heap::create(&config.write_back(write_back).verify_reads(verify))?;
     let result = f(&heap);
     heap.close()?;
     drop(dir);

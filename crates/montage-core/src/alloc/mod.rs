@@ -345,6 +345,11 @@ impl Allocator {
         Ok(self.locate(block.0)?.capacity())
     }
 
+    /// The heap's creation id, mixed into every checksum.
+    pub(crate) fn creation_id(&self) -> u64 {
+        self.geometry.creation_id
+    }
+
     /// Reads and validates `block`'s header.
     pub(crate) fn header(&self, media: &Media, block: PBlock) -> Result<BlockInfo> {
         let place = self.locate(block.0)?;
@@ -810,6 +815,22 @@ pub(crate) fn clear_meta(media: &Media, offset: u64) -> Result<bool> {
     // PERSIST: the caller fences before anything may depend on the zero.
     media.flush(offset, 8)?;
     Ok(true)
+}
+
+/// Whether the payload of the block `info` describes matches the checksum in its trailer.
+/// `buf` is scratch space.
+pub(crate) fn payload_intact(
+    media: &Media,
+    creation_id: u64,
+    info: &BlockInfo,
+    buf: &mut Vec<u8>,
+) -> Result<bool> {
+    let payload = info.block.payload_offset();
+    buf.resize(info.len as usize, 0);
+    media.read(payload, buf)?;
+    let mut stored = [0u8; 4];
+    media.read(payload + u64::from(info.len), &mut stored)?;
+    Ok(u32::from_le_bytes(stored) == payload_checksum(info.block.offset(), creation_id, buf))
 }
 
 /// Reads the header at `offset` and returns it if valid.

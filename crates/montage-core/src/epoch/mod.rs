@@ -59,7 +59,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::Allocator;
-use crate::alloc::block::PBlock;
+use crate::alloc::block::{BlockInfo, PBlock};
 use crate::base::epoch::Epoch;
 use crate::config::{EpochLength, WriteBack};
 use crate::error::{Error, Result};
@@ -478,9 +478,39 @@ pub(crate) struct Runtime {
     pub(crate) types: Registry,
     /// When operations' writes are written back.
     pub(crate) write_back: WriteBack,
+    /// The names of the heap's structures, by slot (owner id - 1), as its directory lists
+    /// them.
+    pub(crate) directory: Mutex<Vec<Option<String>>>,
+    /// Whether reads verify payload checksums ([`HeapConfig::verify_reads`]).
+    ///
+    /// [`HeapConfig::verify_reads`]: crate::HeapConfig::verify_reads
+    pub(crate) verify_reads: bool,
 }
 
 impl Runtime {
+    /// With [`verify_reads`](Self::verify_reads) on, checks the payload of the block `info`
+    /// describes against its checksum, if the block was written in an epoch no later than
+    /// `cut`: the caller's view of the clock minus two, since the checksum of a payload
+    /// changed in place in a later epoch may not be written yet (INV-SUM-1). Fails with
+    /// [`Error::DamagedPayload`] naming the block's structure.
+    pub(crate) fn verify_payload(&self, info: &BlockInfo, cut: Epoch) -> Result<()> {
+        if !self.verify_reads || info.spec.epoch > cut {
+            return Ok(());
+        }
+        let creation_id = self.alloc.creation_id();
+        if crate::alloc::payload_intact(&self.media, creation_id, info, &mut Vec::new())? {
+            return Ok(());
+        }
+        let structure = (info.spec.owner.get() as usize)
+            .checked_sub(1)
+            .and_then(|slot| lock(&self.directory).get(slot).cloned().flatten())
+            .unwrap_or_else(|| "-".to_owned());
+        Err(Error::DamagedPayload {
+            offset: info.block.offset(),
+            structure,
+        })
+    }
+
     /// Advances the clock once (see the module docs).
     pub(crate) fn advance(&self) -> Result<Epoch> {
         self.epochs.advance(&self.media, &self.alloc)

@@ -232,6 +232,8 @@ impl<'h> OpGuard<'h> {
     /// As [`info`](Self::info).
     pub fn view(&self, block: PBlock) -> Result<BlockView<'h>> {
         let info = self.info(block)?;
+        self.runtime
+            .verify_payload(&info, self.epoch.durable_cut())?;
         Ok(BlockView::new(info, &self.runtime.media))
     }
 
@@ -254,6 +256,8 @@ impl<'h> OpGuard<'h> {
     /// As [`info`](Self::info).
     pub fn read_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
         let info = self.info(block)?;
+        self.runtime
+            .verify_payload(&info, self.epoch.durable_cut())?;
         buf.resize(info.len as usize, 0);
         // `info` validated the block and its length against its capacity.
         self.runtime.media.read(block.payload_offset(), buf)

@@ -90,6 +90,7 @@ impl Heap {
     /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) if `block` is not a live block.
     pub fn view(&self, block: PBlock) -> Result<BlockView<'_>> {
         let info = self.info(block)?;
+        self.verify_payload(&info)?;
         Ok(BlockView::new(info, &self.shared().runtime.media))
     }
 
@@ -122,11 +123,19 @@ impl Heap {
     /// As [`read_payload`](Self::read_payload).
     pub fn read_payload_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
         let info = self.info(block)?;
+        self.verify_payload(&info)?;
         buf.resize(info.len as usize, 0);
         self.shared()
             .runtime
             .media
             .read(block.payload_offset(), buf)
+    }
+
+    /// With [`HeapConfig::verify_reads`](crate::HeapConfig::verify_reads), checks the payload
+    /// `info` describes against its checksum, unless it was written in the last two epochs.
+    fn verify_payload(&self, info: &BlockInfo) -> Result<()> {
+        let runtime = &self.shared().runtime;
+        runtime.verify_payload(info, runtime.epochs.current().durable_cut())
     }
 
     /// Visits every valid block matching `filter`, in parallel over the heap's spans. Blocks

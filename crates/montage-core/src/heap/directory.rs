@@ -11,6 +11,7 @@ use crate::base::layout::{
 use crate::error::{Error, Result};
 use crate::meta::table;
 use crate::persist::Media;
+use crate::recovery::Quarantined;
 
 impl Heap {
     /// The owner id of the structure called `name`, registering it if it is new. The
@@ -98,6 +99,21 @@ impl Attached {
     pub fn heap(&self) -> &Heap {
         &self.heap
     }
+
+    /// The structure's blocks that recovery quarantined when the heap was opened
+    /// ([`HeapConfig::quarantine_damaged`](crate::HeapConfig::quarantine_damaged)): what it
+    /// lost to damage. Empty unless quarantine was asked for and found damage here.
+    pub fn quarantined(&self) -> Vec<Quarantined> {
+        let report = &self.heap.shared().report;
+        if report.quarantined.is_empty() {
+            return Vec::new();
+        }
+        let slot = (self.owner.0 as usize).saturating_sub(1);
+        let Some(name) = self.heap.directory().get(slot).cloned().flatten() else {
+            return Vec::new();
+        };
+        report.quarantined_in(&name).cloned().collect()
+    }
 }
 
 impl Drop for Attached {
@@ -149,6 +165,7 @@ impl Heap {
     /// The directory's names in DRAM, by slot.
     fn directory(&self) -> MutexGuard<'_, Vec<Option<String>>> {
         self.shared()
+            .runtime
             .directory
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -82,7 +82,6 @@ pub(crate) struct Shared {
     /// The media, the allocator, the clock and the type registry: what operations run on.
     pub(crate) runtime: Runtime,
     pub(crate) geometry: Geometry,
-    pub(crate) directory: Mutex<Vec<Option<String>>>,
     /// The owner ids of the structures attached now ([`Heap::attach`]), as a bit set.
     pub(crate) attached: Mutex<u128>,
     pub(crate) report: RecoveryReport,

@@ -139,9 +139,10 @@ impl Heap {
                 media,
                 types: Registry::empty(creation_id),
                 write_back: config.write_back,
+                directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
+                verify_reads: config.verify_reads,
             },
             geometry,
-            directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
             attached: Mutex::new(0),
             report: RecoveryReport {
                 clean_shutdown: true,
@@ -284,17 +285,7 @@ impl Heap {
         // process left dirty is written back before it is read.
         media.settle_before_recovery(geometry.data_offset)?;
         let (stored, directory, types) = read_metadata(&media, &geometry)?;
-        let options = recovery::Options {
-            threads: config.recovery_threads,
-            progress: config.progress.as_ref().map(|p| &*p.0),
-            quarantine: config.quarantine,
-        };
-        let recovered = match policy {
-            Policy::Epochs => {
-                recovery::recover_epochs(&media, &geometry, options, stored, &directory)?
-            }
-            Policy::Custom(decide) => recovery::recover(&media, &geometry, options, decide)?,
-        };
+        let recovered = recover(config, &media, &geometry, policy, stored, &directory)?;
         let recovery::Recovered {
             free,
             mut report,
@@ -327,9 +318,10 @@ impl Heap {
                 media,
                 types,
                 write_back: config.write_back,
+                directory: Mutex::new(directory),
+                verify_reads: config.verify_reads,
             },
             geometry,
-            directory: Mutex::new(directory),
             attached: Mutex::new(0),
             report,
             backend: config.backend,
@@ -342,6 +334,26 @@ impl Heap {
         runtime.alloc.release(&runtime.media, &antis)?;
         runtime.alloc.fill_reserve(&runtime.media)?;
         Ok(heap)
+    }
+}
+
+/// Runs recovery on an opened heap's media, with `policy` and the options `config` sets.
+fn recover(
+    config: &HeapConfig,
+    media: &Media,
+    geometry: &Geometry,
+    policy: Policy<'_>,
+    stored: recovery::Stored,
+    directory: &[Option<String>],
+) -> Result<recovery::Recovered> {
+    let options = recovery::Options {
+        threads: config.recovery_threads,
+        progress: config.progress.as_ref().map(|p| &*p.0),
+        quarantine: config.quarantine,
+    };
+    match policy {
+        Policy::Epochs => recovery::recover_epochs(media, geometry, options, stored, directory),
+        Policy::Custom(decide) => recovery::recover(media, geometry, options, decide),
     }
 }
 

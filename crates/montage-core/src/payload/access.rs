@@ -52,9 +52,18 @@ fn read_at<F: PayloadField>(op: &OpGuard<'_>, info: &BlockInfo, offset: usize) -
     })
 }
 
+/// [`checked_info`], and the payload checked against its checksum where the heap verifies
+/// reads ([`HeapConfig::verify_reads`](crate::HeapConfig::verify_reads)).
+fn verified_info<T: Payload>(op: &OpGuard<'_>, block: PBlock) -> Result<BlockInfo> {
+    let info = checked_info::<T>(op, block)?;
+    op.runtime()
+        .verify_payload(&info, op.epoch().durable_cut())?;
+    Ok(info)
+}
+
 /// The whole payload at `block`.
 pub(crate) fn get<T: Payload>(op: &OpGuard<'_>, block: PBlock) -> Result<T> {
-    let info = checked_info::<T>(op, block)?;
+    let info = verified_info::<T>(op, block)?;
     read_at::<T>(op, &info, 0)
 }
 
@@ -69,7 +78,7 @@ pub fn get_field<T: Payload, F: PayloadField>(
     offset: usize,
 ) -> Result<F> {
     check_field::<T, F>(offset);
-    let info = checked_info::<T>(op, handle.block())?;
+    let info = verified_info::<T>(op, handle.block())?;
     read_at::<F>(op, &info, offset)
 }
 

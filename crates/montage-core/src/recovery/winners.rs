@@ -2,8 +2,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::alloc::block::{BlockInfo, BlockKind, PBlock};
-use crate::base::layout::{Geometry, LEN_WORD_OFFSET, UID_OFFSET, payload_checksum};
+use crate::alloc::block::{BlockKind, PBlock};
+use crate::alloc::payload_intact;
+use crate::base::layout::{Geometry, LEN_WORD_OFFSET, UID_OFFSET};
 use crate::error::Result;
 use crate::persist::Media;
 
@@ -78,22 +79,6 @@ impl Winners {
             word.fetch_or(1 << (index % 64), Ordering::Relaxed);
         }
     }
-}
-
-/// Whether the payload of the block `info` describes matches the checksum in its trailer.
-/// `buf` is scratch space.
-fn payload_intact(
-    media: &Media,
-    creation_id: u64,
-    info: &BlockInfo,
-    buf: &mut Vec<u8>,
-) -> Result<bool> {
-    let payload = info.block.payload_offset();
-    buf.resize(info.len as usize, 0);
-    media.read(payload, buf)?;
-    let mut stored = [0u8; 4];
-    media.read(payload + u64::from(info.len), &mut stored)?;
-    Ok(u32::from_le_bytes(stored) == payload_checksum(info.block.offset(), creation_id, buf))
 }
 
 /// Adds to `damaged` the block starts of `invalid` (offset, meta word) whose header cannot
