@@ -320,7 +320,7 @@ pub(crate) fn recover_epochs(
         options,
         &progress,
         &decide,
-        FirstPass::Done(&leave),
+        FirstPass::Done((!damaged.is_empty()).then_some(&leave)),
     )?;
     recovered.antis = antis
         .into_inner()
@@ -384,7 +384,8 @@ type Leave<'a> = &'a (dyn Fn(u64, Option<&BlockView<'_>>) -> bool + Sync);
 /// found the largest uid already, and if so, what it quarantined.
 #[derive(Clone, Copy)]
 enum FirstPass<'a> {
-    Done(Leave<'a>),
+    /// With what to quarantine, if anything.
+    Done(Option<Leave<'a>>),
     None,
 }
 
@@ -408,7 +409,7 @@ fn recover_units(
             released: false,
         };
         for (offset, view) in visit.blocks {
-            if let FirstPass::Done(leave) = first_pass
+            if let FirstPass::Done(Some(leave)) = first_pass
                 && leave(offset, view.as_ref())
             {
                 let owner = view.as_ref().map_or(0, |v| v.info().spec.owner.get());

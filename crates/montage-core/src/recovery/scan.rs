@@ -172,18 +172,11 @@ fn visit_unit<'m>(
     unit: Unit,
     settle: bool,
 ) -> Result<UnitVisit<'m>> {
-    let mut invalid = Vec::new();
-    let mut read = |offset: u64, capacity: u64| -> Result<Option<BlockView<'m>>> {
+    let read = |offset: u64, capacity: u64| -> Result<Option<BlockView<'m>>> {
         if settle {
             media.settle_header(offset)?;
         }
         let info = read_header(media, creation_id, offset, capacity)?;
-        if info.is_none() {
-            let meta = media.load(offset)?;
-            if meta != 0 {
-                invalid.push((offset, meta));
-            }
-        }
         Ok(info.map(|info| BlockView::new(info, media)))
     };
     let mut blocks = Vec::new();
@@ -199,6 +192,15 @@ fn visit_unit<'m>(
         Unit::Large { span, extent } => {
             let offset = geometry.span_start(span);
             blocks.push((offset, read(offset, block_capacity(extent * SPAN_SIZE))?));
+        }
+    }
+    // What made a block start no block: a zero meta word, or one over a header that is not
+    // valid (the lines were just read).
+    let mut invalid = Vec::new();
+    for &(offset, _) in blocks.iter().filter(|(_, view)| view.is_none()) {
+        let meta = media.load(offset)?;
+        if meta != 0 {
+            invalid.push((offset, meta));
         }
     }
     Ok(UnitVisit {
