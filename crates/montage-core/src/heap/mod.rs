@@ -391,6 +391,33 @@ mod tests {
         journal.fail_next.store(true, Ordering::Relaxed);
     }
 
+    /// INV-HDR-2 on the journal: however long nobody syncs, the clock never runs
+    /// `Epoch::JOURNAL_LEAD` records past the last durable one, so recovery's window of
+    /// epochs a torn header can be from stays bounded.
+    #[test]
+    fn the_journal_clock_stays_within_its_lead_of_the_last_durable_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = HeapConfig::new(dir.path().join("lead.heap"))
+            .size(1 << 20)
+            .journal_size(64 << 20)
+            .epoch_length(crate::EpochLength::Manual);
+        let heap = Heap::create(&config).unwrap();
+        let journal = heap.shared().runtime.media.journal().unwrap();
+        let mut most = 0;
+        for _ in 0..Epoch::JOURNAL_LEAD + 100 {
+            heap.advance_epoch().unwrap();
+            most = most.max(journal.uncommitted());
+        }
+        assert!(
+            most >= Epoch::JOURNAL_LEAD / 2 - 1,
+            "never near the bound: {most}"
+        );
+        assert!(
+            most <= Epoch::JOURNAL_LEAD / 2,
+            "{most} records uncommitted"
+        );
+    }
+
     #[test]
     fn a_failed_write_back_poisons_every_later_write_and_sync() {
         let dir = tempfile::tempdir().unwrap();
