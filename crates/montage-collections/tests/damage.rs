@@ -4,7 +4,9 @@
 //! cache line that holds data, a flipped bit in the first 64 KiB (the metadata), the file cut
 //! short, the file extended. Each damaged copy is opened and every entry read back; every
 //! case must end in the exact data or in a typed error that leaves the file as it was, never
-//! in wrong data without an error.
+//! in wrong data without an error. A refused copy is opened again with
+//! `quarantine_damaged`: if it opens, what it holds must be part of what was written, and
+//! anything missing must be listed in the recovery report.
 //!
 //! `N` is `MONTAGE_DAMAGE_CASES` (default 100, so 600 cases); `-- --nocapture` prints the
 //! outcomes per kind.
@@ -77,7 +79,20 @@ fn read(heap: &Heap) -> Result<Contents> {
 struct Tally {
     exact: u64,
     refused: u64,
+    /// Of the refused: opened with `quarantine_damaged`, without wrong data.
+    quarantined: u64,
     wrong: u64,
+}
+
+impl Contents {
+    /// Whether everything this holds was written: entries with their values, elements in
+    /// their order (some may be missing).
+    fn is_part_of(&self, all: &Contents) -> bool {
+        let mut queue = all.queue.iter();
+        self.map.iter().all(|(k, v)| all.map.get(k) == Some(v))
+            && self.sorted.iter().all(|entry| all.sorted.contains(entry))
+            && self.queue.iter().all(|element| queue.any(|e| e == element))
+    }
 }
 
 #[test]
@@ -109,8 +124,8 @@ fn a_damaged_heap_gives_the_exact_data_or_a_typed_error() -> Result<()> {
     let mut total = Tally::default();
     let mut wrong_cases = Vec::new();
     eprintln!(
-        "{:<34} {:>6} {:>8} {:>6}",
-        "damage", "exact", "refused", "wrong"
+        "{:<34} {:>6} {:>8} {:>12} {:>6}",
+        "damage", "exact", "refused", "quarantined", "wrong"
     );
     for (kind, name) in kinds.iter().enumerate() {
         let mut tally = Tally::default();
@@ -146,24 +161,38 @@ fn a_damaged_heap_gives_the_exact_data_or_a_typed_error() -> Result<()> {
                         "{name}, case {case}: refused ({error}) but the file was changed"
                     );
                     tally.refused += 1;
+                    // With quarantine the same heap opens, or is refused again; what it
+                    // holds then is part of what was written, and any loss is reported.
+                    let quarantine = config(&path).quarantine_damaged(true);
+                    if let Ok(heap) = Heap::open(&quarantine)
+                        && let Ok(got) = read(&heap)
+                    {
+                        if !got.is_part_of(&want) {
+                            wrong_cases.push(format!("{name}, case {case}, quarantined"));
+                        } else if got != want && heap.recovery_report().quarantined.is_empty() {
+                            wrong_cases.push(format!("{name}, case {case}, unreported loss"));
+                        }
+                        tally.quarantined += 1;
+                    }
                 }
             }
         }
         eprintln!(
-            "{name:<34} {:>6} {:>8} {:>6}",
-            tally.exact, tally.refused, tally.wrong
+            "{name:<34} {:>6} {:>8} {:>12} {:>6}",
+            tally.exact, tally.refused, tally.quarantined, tally.wrong
         );
         total.exact += tally.exact;
         total.refused += tally.refused;
+        total.quarantined += tally.quarantined;
         total.wrong += tally.wrong;
     }
     eprintln!(
-        "{:<34} {:>6} {:>8} {:>6}",
-        "all", total.exact, total.refused, total.wrong
+        "{:<34} {:>6} {:>8} {:>12} {:>6}",
+        "all", total.exact, total.refused, total.quarantined, total.wrong
     );
     assert!(
         wrong_cases.is_empty(),
-        "wrong data without an error in {} cases: {wrong_cases:?}",
+        "wrong data, or a loss quarantine did not report, in {} cases: {wrong_cases:?}",
         wrong_cases.len()
     );
     Ok(())
