@@ -64,6 +64,7 @@ use crate::base::epoch::Epoch;
 use crate::config::{EpochLength, WriteBack};
 use crate::error::{Error, Result};
 use crate::meta::registry::Registry;
+use crate::meta::structure_name;
 use crate::persist::Media;
 use crate::thread_id::index_in;
 use reclaim::Reclaim;
@@ -501,9 +502,7 @@ impl Runtime {
         if crate::alloc::payload_intact(&self.media, creation_id, info, &mut Vec::new())? {
             return Ok(());
         }
-        let structure = (info.spec.owner.get() as usize)
-            .checked_sub(1)
-            .and_then(|slot| lock(&self.directory).get(slot).cloned().flatten())
+        let structure = structure_name(&lock(&self.directory), info.spec.owner.get())
             .unwrap_or_else(|| "-".to_owned());
         Err(Error::DamagedPayload {
             offset: info.block.offset(),

@@ -9,7 +9,7 @@ use crate::base::layout::{
     DIR_OWNER_OFFSET, DIRECTORY, DIRECTORY_CAPACITY, ENTRY_VALID_OFFSET, Geometry, NAME_MAX,
 };
 use crate::error::{Error, Result};
-use crate::meta::table;
+use crate::meta::{structure_name, table};
 use crate::persist::Media;
 use crate::recovery::Quarantined;
 
@@ -108,8 +108,7 @@ impl Attached {
         if report.quarantined.is_empty() {
             return Vec::new();
         }
-        let slot = (self.owner.0 as usize).saturating_sub(1);
-        let Some(name) = self.heap.directory().get(slot).cloned().flatten() else {
+        let Some(name) = structure_name(&self.heap.directory(), self.owner.0) else {
             return Vec::new();
         };
         report.quarantined_in(&name).cloned().collect()

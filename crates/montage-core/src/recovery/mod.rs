@@ -34,6 +34,7 @@ use crate::base::layout::{
     DIRECTORY, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, META_RETIRED, UID_LIMIT,
 };
 use crate::error::{Error, Result};
+use crate::meta::structure_name;
 use crate::persist::Media;
 use scan::{Unit, UnitVisit};
 
@@ -271,18 +272,14 @@ pub(crate) fn recover_epochs(
     // A durable payload that fails its checksum is never handed out as data (INV-SUM-1),
     // and a durable header that fails its own is never taken for free space (INV-HDR-2).
     let mut damaged: Vec<_> = winners.damaged().collect();
-    damaged.sort_unstable();
-    let name = |owner: u32| {
-        (owner as usize)
-            .checked_sub(1)
-            .and_then(|index| names.get(index).cloned().flatten())
-    };
+    damaged.sort_unstable_by_key(|d| d.offset);
+    let name = |owner: u32| structure_name(names, owner);
     if let Some(first) = damaged.first().filter(|_| !options.quarantine) {
         let structure = name(first.owner).unwrap_or_else(|| "-".to_owned());
         let offset = first.offset;
-        return Err(match first.part {
-            winners::Part::Header => Error::DamagedHeader { offset, structure },
-            winners::Part::Payload => Error::DamagedPayload { offset, structure },
+        return Err(match first.why {
+            QuarantineReason::DamagedHeader => Error::DamagedHeader { offset, structure },
+            _ => Error::DamagedPayload { offset, structure },
         });
     }
     // Quarantine: the damaged blocks, and every version of the payloads they name, are
@@ -333,10 +330,7 @@ pub(crate) fn recover_epochs(
         report.quarantined.push(Quarantined {
             offset: d.offset,
             structure: name(d.owner),
-            why: match d.part {
-                winners::Part::Header => QuarantineReason::DamagedHeader,
-                winners::Part::Payload => QuarantineReason::DamagedPayload,
-            },
+            why: d.why,
         });
     }
     for &(offset, owner) in &recovered.left {

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::persist::Media;
 
 use super::scan::{self, Unit, UnitVisit};
-use super::{Options, Stored};
+use super::{Options, QuarantineReason, Stored};
 
 /// The winning blocks, as a bitmap over 64-byte block positions of the data area.
 pub(super) struct Winners {
@@ -22,22 +22,14 @@ pub(super) struct Winners {
     damaged: Vec<Damaged>,
 }
 
-/// A damaged block: where, the owner id its header names (as far as a damaged header can
-/// be believed), and which part failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// A damaged block: where, the owner id and uid its header names (as far as a damaged
+/// header can be believed), and which part failed (`DamagedHeader` or `DamagedPayload`).
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Damaged {
     pub(super) offset: u64,
     pub(super) owner: u32,
-    pub(super) part: Part,
-    /// The uid its header names (a damaged header's may be wrong).
+    pub(super) why: QuarantineReason,
     pub(super) uid: u64,
-}
-
-/// Which part of a block failed its check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Part {
-    Header,
-    Payload,
 }
 
 impl Winners {
@@ -66,10 +58,9 @@ impl Winners {
     /// every winner whose payload fails its checksum (a damaged version that a newer one
     /// supersedes is never read again).
     pub(super) fn damaged(&self) -> impl Iterator<Item = Damaged> + '_ {
-        self.damaged
-            .iter()
-            .copied()
-            .filter(|d| d.part == Part::Header || self.contains(PBlock::from_offset(d.offset)))
+        self.damaged.iter().copied().filter(|d| {
+            d.why == QuarantineReason::DamagedHeader || self.contains(PBlock::from_offset(d.offset))
+        })
     }
 
     fn insert(&self, offset: u64) {
@@ -96,7 +87,7 @@ fn damaged_headers(
             damaged.push(Damaged {
                 offset,
                 owner,
-                part: Part::Header,
+                why: QuarantineReason::DamagedHeader,
                 uid: media.load(offset + UID_OFFSET)?,
             });
         }
@@ -158,7 +149,7 @@ pub(super) fn choose(
                     damaged.push(Damaged {
                         offset: info.block.offset(),
                         owner,
-                        part: Part::Payload,
+                        why: QuarantineReason::DamagedPayload,
                         uid: info.spec.uid,
                     });
                 }
