@@ -122,7 +122,7 @@ pub fn open(bytes: Vec<u8>) -> Result<Heap> {
     let config = HeapConfig::in_memory(HEAP_SIZE)
         .epoch_length(EpochLength::Manual)
         .recovery_threads(1);
-    Heap::open_image(CrashImage::from_bytes(bytes), &config)
+    Heap::open_image(CrashImage::from_bytes(&bytes), &config)
 }
 
 /// Opens every structure of `heap` and reads all of it, as a program that recovers a heap

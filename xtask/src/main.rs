@@ -2,8 +2,9 @@
 //!
 //! * `ci`: everything CI checks, in order, failing fast;
 //! * `tidy`: the conventions the compiler cannot check;
-//! * `crash [--seeds N] [--heap]`: the epoch model crash test (or the heap layer's crash
-//!   suites) with many seeds, in release mode, ending with `N passed, M failed`;
+//! * `crash [--seeds N] [--from S] [--heap]`: the epoch model crash test (or the heap
+//!   layer's crash suites) with many seeds, in release mode, ending with
+//!   `N passed, M failed, K simulated power failures`;
 //! * `loom`: the loom tests of the epoch handshake and the verified CAS;
 //! * `asan`: the core's unit tests (the verified structures, the heap, the region), the
 //!   lock-free stress tests and the heap-file tests under the address sanitizer, with the
@@ -49,7 +50,7 @@ fn main() -> ExitCode {
         Some("kv-conformance") => kv::conformance(),
         Some("bench-kv") => kv::bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--heap] | loom | asan | fuzz [--smoke | --seconds N] | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [ARGS]>"
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--from S] [--heap] | loom | asan | fuzz [--smoke | --seconds N] | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [ARGS]>"
                 .to_owned(),
         ),
     };
@@ -357,11 +358,12 @@ fn loom() -> Result {
 }
 
 /// Runs the epoch model crash test (or, with `--heap`, the heap layer's crash suites) with
-/// `--seeds N` seeds, every seed even after a failure, and ends with one line
-/// `N passed, M failed` counting seeds.
+/// `--seeds N` seeds from `--from S` (default 0), every seed even after a failure, and ends with one line
+/// `N passed, M failed, K simulated power failures` counting seeds and crash images.
 fn crash(args: &[String]) -> Result {
-    let usage = || "usage: cargo xtask crash [--seeds N] [--heap]".to_owned();
+    let usage = || "usage: cargo xtask crash [--seeds N] [--from S] [--heap]".to_owned();
     let mut seeds = "2000".to_owned();
+    let mut from = "0".to_owned();
     let mut test = "epoch_model";
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -370,19 +372,24 @@ fn crash(args: &[String]) -> Result {
                 Some(n) if n.parse::<u64>().is_ok() => seeds.clone_from(n),
                 _ => return Err(usage()),
             },
+            "--from" => match rest.next() {
+                Some(n) if n.parse::<u64>().is_ok() => from.clone_from(n),
+                _ => return Err(usage()),
+            },
             "--heap" => test = "crash_sim",
             _ => return Err(usage()),
         }
     }
     let env = [
         ("MONTAGE_CRASH_SEEDS", seeds.as_str()),
+        ("MONTAGE_CRASH_SEED_START", from.as_str()),
         ("MONTAGE_CRASH_KEEP_GOING", "1"),
     ];
     let output = cargo_command(&release_core_test(test, &["--", "--nocapture"]), &env)
         .output()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let (mut passed, mut failed) = (0u64, 0u64);
+    let (mut passed, mut failed, mut crashes) = (0u64, 0u64, 0u64);
     for line in stderr.lines() {
         if line.contains("failed at seed") {
             eprintln!("{line}");
@@ -398,16 +405,17 @@ fn crash(args: &[String]) -> Result {
             .split(|c: char| !c.is_ascii_digit())
             .filter_map(|n| n.parse().ok())
             .collect();
-        if let [p, f] = numbers[..] {
+        if let [p, f, c] = numbers[..] {
             passed += p;
             failed += f;
+            crashes += c;
         }
     }
     if passed + failed == 0 {
         eprintln!("{stderr}");
         return Err("the crash tests did not run".to_owned());
     }
-    println!("{passed} passed, {failed} failed");
+    println!("{passed} passed, {failed} failed, {crashes} simulated power failures");
     if failed == 0 && output.status.success() {
         Ok(())
     } else {

@@ -110,7 +110,7 @@ pub mod limits {
 #[cfg(feature = "sim")]
 pub mod sim {
     pub use crate::config::SimMode;
-    pub use crate::persist::sim::{CrashImage, Simulator, SplitMix64};
+    pub use crate::persist::sim::{CrashImage, Simulator, SplitMix64, crashes_on_this_thread};
 }
 
 /// What `#[derive(Payload)]` expands to. Not part of the API: no semver promise.

@@ -231,7 +231,9 @@ pub fn crash_mode(seed: u64) -> sim::SimMode {
 
 /// The seeds a crash test should run: `MONTAGE_CRASH_SEED=<n>` selects exactly one (to replay
 /// a failure), `MONTAGE_CRASH_SEEDS=<count>` changes how many, and otherwise `0..default`;
-/// each of those once in the model [`crash_mode`] gives it and once on the file model.
+/// `MONTAGE_CRASH_SEED_START=<s>` starts the range at `s` (to split a long run across
+/// processes); each of those once in the model [`crash_mode`] gives it and once on the file
+/// model.
 /// `MONTAGE_CRASH_MODELS=file` (or `memory`) keeps only the file seeds (or only the others).
 pub fn crash_seeds(default: u64) -> Vec<u64> {
     if let Some(seed) = std::env::var("MONTAGE_CRASH_SEED")
@@ -240,10 +242,15 @@ pub fn crash_seeds(default: u64) -> Vec<u64> {
     {
         return vec![seed];
     }
-    let count = std::env::var("MONTAGE_CRASH_SEEDS")
+    let count: u64 = std::env::var("MONTAGE_CRASH_SEEDS")
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(default);
+    let start: u64 = std::env::var("MONTAGE_CRASH_SEED_START")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let plain = start..start.saturating_add(count).min(FILE_SEED);
     let models = std::env::var("MONTAGE_CRASH_MODELS").unwrap_or_default();
     let (memory, file) = match models.trim() {
         "file" => (false, true),
@@ -252,10 +259,10 @@ pub fn crash_seeds(default: u64) -> Vec<u64> {
     };
     let mut seeds = Vec::new();
     if memory {
-        seeds.extend(0..count);
+        seeds.extend(plain.clone());
     }
     if file {
-        seeds.extend((0..count).map(|seed| seed | FILE_SEED));
+        seeds.extend(plain.map(|seed| seed | FILE_SEED));
     }
     seeds
 }
@@ -263,7 +270,8 @@ pub fn crash_seeds(default: u64) -> Vec<u64> {
 /// Runs `test` once per seed of [`crash_seeds`]. When one panics, prints the seed and how to
 /// replay it, then lets the panic continue; with `MONTAGE_CRASH_KEEP_GOING=1` it runs every
 /// seed first and fails at the end. Either way it ends with a line
-/// ``crash test `name`: N passed, M failed`` on standard error.
+/// ``crash test `name`: N passed, M failed, K simulated power failures`` on standard error,
+/// counting seeds, and the crash images the test built on this thread.
 ///
 /// # Panics
 ///
@@ -271,6 +279,13 @@ pub fn crash_seeds(default: u64) -> Vec<u64> {
 pub fn for_each_seed(name: &str, default: u64, mut test: impl FnMut(u64)) {
     let keep_going = std::env::var_os("MONTAGE_CRASH_KEEP_GOING").is_some_and(|v| v == "1");
     let (mut passed, mut failed) = (0u64, Vec::new());
+    let crashes_before = sim::crashes_on_this_thread();
+    let summary = |passed: u64, failed: usize| {
+        let crashes = sim::crashes_on_this_thread() - crashes_before;
+        format!(
+            "crash test `{name}`: {passed} passed, {failed} failed, {crashes} simulated power failures"
+        )
+    };
     for seed in crash_seeds(default) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(seed)));
         match result {
@@ -281,16 +296,13 @@ pub fn for_each_seed(name: &str, default: u64, mut test: impl FnMut(u64)) {
                 );
                 failed.push(seed);
                 if !keep_going {
-                    eprintln!("crash test `{name}`: {passed} passed, 1 failed");
+                    eprintln!("{}", summary(passed, 1));
                     std::panic::resume_unwind(panic);
                 }
             }
         }
     }
-    eprintln!(
-        "crash test `{name}`: {passed} passed, {} failed",
-        failed.len()
-    );
+    eprintln!("{}", summary(passed, failed.len()));
     assert!(
         failed.is_empty(),
         "crash test `{name}` failed at seeds {failed:?}"

@@ -25,6 +25,7 @@ use crate::epoch::{Epochs, Runtime};
 use crate::error::{Error, Result};
 use crate::meta::registry::Registry;
 use crate::persist::journal::Journal;
+use crate::persist::pages::Pages;
 #[cfg(any(test, feature = "sim"))]
 use crate::persist::sim::CrashImage;
 use crate::persist::{Backend, Media};
@@ -43,7 +44,7 @@ pub(super) enum Policy<'a> {
 enum Source<'a> {
     File(&'a Path),
     #[cfg(any(test, feature = "sim"))]
-    Image(Vec<u8>, Option<Vec<u8>>),
+    Image(Pages, Option<Pages>),
 }
 
 impl Heap {
@@ -102,29 +103,30 @@ impl Heap {
             ),
         };
         let region = Region::new(mapping);
-        let media =
-            if let Some(files) = journal_files(config, file.as_ref(), || vec![0u8; len], None) {
-                let made = attach::create(&files, creation_id, config.journal_len(), 1)
-                    .and_then(|(device, header)| Journal::new(device, header, 0));
-                let journal = match made {
-                    Ok(journal) => journal,
-                    Err(err) => {
-                        if let Some((_, path)) = &file {
-                            // We made this file a moment ago and it holds nothing yet.
-                            let _ = std::fs::remove_file(path);
-                        }
-                        return Err(err);
+        let media = if let Some(files) =
+            journal_files(config, file.as_ref(), || Pages::zeroed(len), None)
+        {
+            let made = attach::create(&files, creation_id, config.journal_len(), 1)
+                .and_then(|(device, header)| Journal::new(device, header, 0));
+            let journal = match made {
+                Ok(journal) => journal,
+                Err(err) => {
+                    if let Some((_, path)) = &file {
+                        // We made this file a moment ago and it holds nothing yet.
+                        let _ = std::fs::remove_file(path);
                     }
-                };
-                let id = journal.id();
-                let media = Media::new(region, Backend::Journal(Box::new(journal)));
-                format(&media, &geometry, id)?;
-                media
-            } else {
-                let media = Media::new(region, Backend::new(config, || vec![0u8; len])?);
-                format(&media, &geometry, 0)?;
-                media
+                    return Err(err);
+                }
             };
+            let id = journal.id();
+            let media = Media::new(region, Backend::Journal(Box::new(journal)));
+            format(&media, &geometry, id)?;
+            media
+        } else {
+            let media = Media::new(region, Backend::new(config, || Pages::zeroed(len))?);
+            format(&media, &geometry, 0)?;
+            media
+        };
         if let Some(journal) = media.journal() {
             journal.start_logging();
         }
@@ -265,7 +267,9 @@ impl Heap {
             }
             #[cfg(any(test, feature = "sim"))]
             Source::Image(bytes, journal) => {
-                let geometry = Geometry::from_superblock(&bytes, bytes.len() as u64)?;
+                let mut head = vec![0u8; (SUPERBLOCK_HEAD_LEN as usize).min(bytes.len())];
+                bytes.read(0, &mut head);
+                let geometry = Geometry::from_superblock(&head, bytes.len() as u64)?;
                 let mapping = Mapping::anonymous(bytes.len())
                     .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?;
                 (geometry, mapping, None, Some((bytes, journal)))
@@ -396,13 +400,15 @@ fn read_metadata(
     Ok((stored, directory, types))
 }
 
-/// Loads a saved image into a fresh in-memory mapping and returns the heap's and the
-/// journal's bytes. Not a store the simulator should see: it is the durable state the
-/// simulator starts from.
+/// Loads a saved image into a fresh in-memory mapping (which is zero, so only the pages that
+/// hold something are written) and returns the heap's and the journal's bytes. Not a store
+/// the simulator should see: it is the durable state the simulator starts from.
 fn load_image(region: &Region, image: Option<Image>) -> Result<Loaded> {
     match image {
         Some((bytes, journal)) => {
-            region.write(0, &bytes)?;
+            for (offset, page) in bytes.present() {
+                region.write(offset as u64, page)?;
+            }
             Ok((Some(bytes), journal))
         }
         None => Ok((None, None)),
@@ -410,10 +416,10 @@ fn load_image(region: &Region, image: Option<Image>) -> Result<Loaded> {
 }
 
 /// A saved heap's bytes and its journal's, if it has one.
-type Image = (Vec<u8>, Option<Vec<u8>>);
+type Image = (Pages, Option<Pages>);
 
 /// What [`load_image`] hands on: the heap's bytes and the journal's, when there was an image.
-type Loaded = (Option<Vec<u8>>, Option<Vec<u8>>);
+type Loaded = (Option<Pages>, Option<Pages>);
 
 /// The media of a heap being opened: on the journal backend with its journal replayed and
 /// folded (and what replay found); on another backend, after removing a journal the heap
@@ -423,8 +429,8 @@ fn open_media(
     file: Option<&(File, std::path::PathBuf)>,
     geometry: &Geometry,
     region: Region,
-    initial: Option<Vec<u8>>,
-    journal_image: Option<Vec<u8>>,
+    initial: Option<Pages>,
+    journal_image: Option<Pages>,
 ) -> Result<(Media, Option<attach::Replayed>)> {
     let mut initial = initial;
     // The simulator takes the image only on the file model; otherwise the backend below does.
@@ -453,14 +459,14 @@ fn open_media(
 fn journal_files<'a>(
     config: &HeapConfig,
     file: Option<&'a (File, std::path::PathBuf)>,
-    initial: impl FnOnce() -> Vec<u8>,
-    journal: Option<Vec<u8>>,
+    initial: impl FnOnce() -> Pages,
+    journal: Option<Pages>,
 ) -> Option<Files<'a>> {
     match (config.backend, file) {
         (BackendKind::Journal, Some((heap, path))) => Some(Files::Real { heap, path }),
         #[cfg(any(test, feature = "sim"))]
         (BackendKind::Simulated(crate::config::SimMode::File), None) => {
-            let journal = journal.unwrap_or_else(|| vec![0u8; config.journal_len() as usize]);
+            let journal = journal.unwrap_or_else(|| Pages::zeroed(config.journal_len() as usize));
             let sim = crate::persist::sim::Simulator::new(
                 crate::config::SimMode::File,
                 initial(),

@@ -7,6 +7,7 @@
 //! backend checks its poison flag on the write path.
 
 pub(crate) mod journal;
+pub(crate) mod pages;
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod sim;
 #[cfg(target_arch = "x86_64")]
@@ -21,6 +22,7 @@ use crate::base::region::Region;
 use crate::config::{BackendKind, HeapConfig};
 use crate::error::{Error, Result};
 use journal::{Journal, Ticket};
+use pages::Pages;
 #[cfg(any(test, feature = "sim"))]
 use sim::Simulator;
 
@@ -50,7 +52,7 @@ impl Backend {
     /// Fails only where the backend cannot run (the pmem backend off x86-64).
     #[cfg_attr(target_arch = "x86_64", allow(clippy::unnecessary_wraps))]
     #[cfg_attr(not(any(test, feature = "sim")), allow(unused_variables))]
-    pub(crate) fn new(config: &HeapConfig, initial: impl FnOnce() -> Vec<u8>) -> Result<Backend> {
+    pub(crate) fn new(config: &HeapConfig, initial: impl FnOnce() -> Pages) -> Result<Backend> {
         Ok(match config.backend {
             #[cfg(target_arch = "x86_64")]
             BackendKind::Pmem => Backend::Pmem(x86::detect()),

@@ -31,6 +31,10 @@
 //! become durable at its `fdatasync`. A crash keeps, per sector of each file, a random
 //! prefix of what was not synced: any early write-back of the mapping, torn at sectors.
 //!
+//! Every image the simulator holds (the durable image, the snapshot at a crash point, each
+//! crash image) is kept as shared copy-on-write pages ([`Pages`]), so taking one costs a
+//! vector of page pointers rather than a copy of the heap.
+//!
 //! A crash can also be taken *in the past*: [`Simulator::crash_at`] makes the simulator
 //! snapshot its state just before the given persistence event, and `crash` then builds the
 //! image from that snapshot while the workload runs on to its end.
@@ -43,6 +47,7 @@ use crate::base::epoch::Epoch;
 use crate::base::region::Region;
 use crate::config::SimMode;
 use crate::error::Result;
+use crate::persist::pages::Pages;
 
 /// The most stores the eADR mode keeps undecided; older ones are folded into the durable
 /// image, which only narrows the set of images a crash can produce; every one stays legal.
@@ -62,20 +67,17 @@ enum StoreBytes {
 }
 
 impl Store {
-    fn apply(&self, image: &mut [u8]) {
-        let at = self.offset as usize;
+    /// Calls `f` with the stored bytes.
+    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         match &self.bytes {
-            StoreBytes::Word(value) => {
-                if let Some(dst) = image.get_mut(at..at + 8) {
-                    dst.copy_from_slice(&value.to_ne_bytes());
-                }
-            }
-            StoreBytes::Range(bytes) => {
-                if let Some(dst) = image.get_mut(at..at + bytes.len()) {
-                    dst.copy_from_slice(bytes);
-                }
-            }
+            StoreBytes::Word(value) => f(&value.to_ne_bytes()),
+            StoreBytes::Range(bytes) => f(bytes),
         }
+    }
+
+    /// Applies the store to `image`; a store past its end changes nothing.
+    fn apply(&self, image: &mut Pages) {
+        self.with_bytes(|bytes| image.write(self.offset as usize, bytes));
     }
 }
 
@@ -90,7 +92,7 @@ struct UnitLog {
 /// What a crash image is built from.
 #[derive(Debug, Clone)]
 struct Persisted {
-    durable: Vec<u8>,
+    durable: Pages,
     units: BTreeMap<u64, UnitLog>,
     /// eADR mode: every store not yet folded into `durable`, in global order, with the
     /// thread that made it.
@@ -103,7 +105,7 @@ struct Persisted {
 /// yet synced.
 #[derive(Debug, Clone)]
 struct FileLog {
-    durable: Vec<u8>,
+    durable: Pages,
     units: BTreeMap<u64, UnitLog>,
 }
 
@@ -127,7 +129,7 @@ impl FileLog {
 const JOURNAL_SECTOR: u64 = 512;
 
 /// Makes every logged store durable.
-fn fold(units: &mut BTreeMap<u64, UnitLog>, durable: &mut [u8]) {
+fn fold(units: &mut BTreeMap<u64, UnitLog>, durable: &mut Pages) {
     for (_, log) in std::mem::take(units) {
         for store in log.pending {
             store.apply(durable);
@@ -144,37 +146,37 @@ struct State {
     crash_at: Option<u64>,
     snapshot: Option<(u64, Persisted)>,
     /// File mode: what reads of the journal file return.
-    journal: Vec<u8>,
+    journal: Pages,
 }
 
 /// A post-crash heap image, with the seed and crash step that produced it.
 #[derive(Debug, Clone)]
 pub struct CrashImage {
-    bytes: Vec<u8>,
-    journal: Option<Vec<u8>>,
+    bytes: Pages,
+    journal: Option<Pages>,
     seed: u64,
     step: Option<u64>,
 }
 
 impl CrashImage {
     /// The image's bytes: a whole heap as it would be found after the crash.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.bytes.to_vec()
     }
 
     /// Consumes the image into its bytes.
     pub fn into_bytes(self) -> Vec<u8> {
-        self.bytes
+        self.bytes.to_vec()
     }
 
     /// Consumes the image into the heap's bytes and the journal's, if any.
-    pub(crate) fn into_parts(self) -> (Vec<u8>, Option<Vec<u8>>) {
+    pub(crate) fn into_parts(self) -> (Pages, Option<Pages>) {
         (self.bytes, self.journal)
     }
 
     /// The journal file's bytes, for an image of a journal heap ([`SimMode::File`]).
-    pub fn journal(&self) -> Option<&[u8]> {
-        self.journal.as_deref()
+    pub fn journal_bytes(&self) -> Option<Vec<u8>> {
+        self.journal.as_ref().map(Pages::to_vec)
     }
 
     /// The epoch word the image holds, which decides what recovery of it keeps (the blocks
@@ -183,11 +185,12 @@ impl CrashImage {
     /// a superblock, or its journal has no valid header or is damaged.
     pub fn epoch_word(&self) -> Option<Epoch> {
         if let Some(journal) = &self.journal {
-            return crate::persist::journal::durable_word_of(journal).map(Epoch::new);
+            return crate::persist::journal::durable_word_of(journal.clone()).map(Epoch::new);
         }
-        let at = crate::base::layout::EPOCH_OFFSET as usize;
-        let bytes = self.bytes.get(at..at + 8)?;
-        Some(Epoch::new(u64::from_le_bytes(bytes.try_into().ok()?)))
+        let mut word = [0u8; 8];
+        self.bytes
+            .read(crate::base::layout::EPOCH_OFFSET as usize, &mut word)
+            .then(|| Epoch::new(u64::from_le_bytes(word)))
     }
 
     /// The seed that chose which pending stores survived.
@@ -202,9 +205,9 @@ impl CrashImage {
     }
 
     /// An image made from raw bytes, for reopening a heap that was saved elsewhere.
-    pub fn from_bytes(bytes: Vec<u8>) -> CrashImage {
+    pub fn from_bytes(bytes: &[u8]) -> CrashImage {
         CrashImage {
-            bytes,
+            bytes: Pages::from_bytes(bytes),
             journal: None,
             seed: 0,
             step: None,
@@ -225,7 +228,7 @@ pub struct Simulator {
 impl Simulator {
     /// A simulator whose durable image starts as `initial` (all of it durable), with, in
     /// file mode, a journal file that starts as `journal`.
-    pub(crate) fn new(mode: SimMode, initial: Vec<u8>, journal: Option<Vec<u8>>) -> Simulator {
+    pub(crate) fn new(mode: SimMode, initial: Pages, journal: Option<Pages>) -> Simulator {
         Simulator {
             mode,
             state: Mutex::new(State {
@@ -280,6 +283,7 @@ impl Simulator {
     /// state at that point; otherwise of the state now. The same seed always gives the same
     /// image.
     pub fn crash(&self, seed: u64) -> CrashImage {
+        CRASHES_ON_THREAD.with(|count| count.set(count.get() + 1));
         let state = self.lock();
         let (step, persisted) = match &state.snapshot {
             Some((step, snap)) => (Some(*step), snap),
@@ -307,7 +311,7 @@ impl Simulator {
 
     /// The durable image alone: what survives if every pending store is lost.
     pub fn durable_image(&self) -> Vec<u8> {
-        self.lock().persisted.durable.clone()
+        self.lock().persisted.durable.to_vec()
     }
 
     /// The durable state alone as a crash image (with the journal's, in file mode).
@@ -329,11 +333,9 @@ impl Simulator {
     /// File mode: a write into the journal file's page cache.
     pub(crate) fn journal_write(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
         let mut state = self.lock();
-        let at = offset as usize;
-        let Some(dst) = state.journal.get_mut(at..at + bytes.len()) else {
+        if !state.journal.write(offset as usize, bytes) {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
-        };
-        dst.copy_from_slice(bytes);
+        }
         Self::event(&mut state);
         if let Some(file) = &mut state.persisted.journal {
             file.log(offset, bytes);
@@ -343,14 +345,11 @@ impl Simulator {
 
     /// File mode: a read of the journal file.
     pub(crate) fn journal_read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let state = self.lock();
-        let at = offset as usize;
-        let src = state
-            .journal
-            .get(at..at + buf.len())
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-        buf.copy_from_slice(src);
-        Ok(())
+        if self.lock().journal.read(offset as usize, buf) {
+            Ok(())
+        } else {
+            Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
+        }
     }
 
     /// File mode: `fdatasync` of the journal file.
@@ -542,6 +541,18 @@ fn split_units(offset: u64, bytes: &[u8], unit: u64, mut push: impl FnMut(Store)
     }
 }
 
+thread_local! {
+    /// How many crash images this thread has built; see [`crashes_on_this_thread`].
+    static CRASHES_ON_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many crash images [`Simulator::crash`] has built on the calling thread: each is one
+/// simulated power failure, and the crash tests count them with this (per thread, so tests
+/// running side by side do not count each other's).
+pub fn crashes_on_this_thread() -> u64 {
+    CRASHES_ON_THREAD.with(std::cell::Cell::get)
+}
+
 /// A small deterministic generator (splitmix64): the same seed gives the same crash image on
 /// every machine and build.
 #[derive(Debug, Clone)]
@@ -580,7 +591,7 @@ impl SplitMix64 {
     }
 }
 
-fn build_image(mode: SimMode, persisted: &Persisted, seed: u64) -> Vec<u8> {
+fn build_image(mode: SimMode, persisted: &Persisted, seed: u64) -> Pages {
     let mut rng = SplitMix64::new(seed);
     let mut image = persisted.durable.clone();
     match mode {
@@ -595,14 +606,17 @@ fn build_image(mode: SimMode, persisted: &Persisted, seed: u64) -> Vec<u8> {
         SimMode::WordTear => {
             for (&index, log) in &persisted.units {
                 let start = (index * 64) as usize;
-                let Some(durable_line) = persisted.durable.get(start..start + 64) else {
+                let mut latest = [0u8; 64];
+                if !persisted.durable.read(start, &mut latest) {
                     continue;
-                };
-                let mut latest = durable_line.to_vec();
+                }
                 for store in &log.pending {
-                    let mut shifted = store.clone();
-                    shifted.offset -= start as u64;
-                    shifted.apply(&mut latest);
+                    let at = (store.offset as usize).saturating_sub(start);
+                    store.with_bytes(|bytes| {
+                        if let Some(dst) = latest.get_mut(at..at + bytes.len()) {
+                            dst.copy_from_slice(bytes);
+                        }
+                    });
                 }
                 // Which words are torn to their new value: all, none, or a random mix.
                 let mask = match rng.next_u64() % 3 {
@@ -612,8 +626,7 @@ fn build_image(mode: SimMode, persisted: &Persisted, seed: u64) -> Vec<u8> {
                 };
                 for word in 0..8 {
                     if mask & (1 << word) != 0 {
-                        let at = start + word * 8;
-                        image[at..at + 8].copy_from_slice(&latest[word * 8..word * 8 + 8]);
+                        image.write(start + word * 8, &latest[word * 8..word * 8 + 8]);
                     }
                 }
             }
@@ -640,7 +653,7 @@ mod tests {
     const LEN: usize = 8192;
 
     fn media(mode: SimMode) -> (Media, Arc<Simulator>) {
-        let sim = Arc::new(Simulator::new(mode, vec![0u8; LEN], None));
+        let sim = Arc::new(Simulator::new(mode, Pages::zeroed(LEN), None));
         let region = Region::new(Mapping::anonymous(LEN).unwrap());
         (Media::new(region, Backend::Simulated(sim.clone())), sim)
     }
@@ -654,7 +667,8 @@ mod tests {
         (0..300)
             .map(|seed| {
                 let image = sim.crash(seed);
-                offsets.iter().map(|&o| word(image.bytes(), o)).collect()
+                let bytes = image.to_bytes();
+                offsets.iter().map(|&o| word(&bytes, o)).collect()
             })
             .collect()
     }
@@ -776,7 +790,8 @@ mod tests {
         let seen: BTreeSet<(u8, u8)> = (0..300)
             .map(|seed| {
                 let image = sim.crash(seed);
-                (image.bytes()[60], image.bytes()[64])
+                let bytes = image.to_bytes();
+                (bytes[60], bytes[64])
             })
             .collect();
         assert_eq!(
@@ -792,8 +807,8 @@ mod tests {
         for i in 0..64u64 {
             m.store(i * 64, i + 1).unwrap();
         }
-        assert_eq!(sim.crash(99).bytes(), sim.crash(99).bytes());
-        assert_ne!(sim.crash(1).bytes(), sim.crash(2).bytes());
+        assert_eq!(sim.crash(99).to_bytes(), sim.crash(99).to_bytes());
+        assert_ne!(sim.crash(1).to_bytes(), sim.crash(2).to_bytes());
     }
 
     #[test]
@@ -808,7 +823,7 @@ mod tests {
         m.persist(0, 8).unwrap();
         let image = sim.crash(5);
         assert_eq!(image.step(), Some(step));
-        assert_eq!(word(image.bytes(), 0), 1);
+        assert_eq!(word(&image.to_bytes(), 0), 1);
         // A crash point in the future is taken when the run reaches it.
         sim.crash_at(sim.events() + 1);
         m.store(0, 3).unwrap();

@@ -622,10 +622,11 @@ impl Journal {
 /// The durable epoch word a journal file's bytes carry: that of its last valid record, or
 /// of its checkpoint. `None` without a valid header, or if the journal is damaged.
 #[cfg(any(test, feature = "sim"))]
-pub(crate) fn durable_word_of(bytes: &[u8]) -> Option<u64> {
+pub(crate) fn durable_word_of(bytes: crate::persist::pages::Pages) -> Option<u64> {
     use crate::config::SimMode;
+    use crate::persist::pages::Pages;
     use crate::persist::sim::Simulator;
-    let sim = Simulator::new(SimMode::File, Vec::new(), Some(bytes.to_vec()));
+    let sim = Simulator::new(SimMode::File, Pages::default(), Some(bytes));
     let device = Device::Sim(std::sync::Arc::new(sim));
     let (slot, header) = Journal::read_header(&device).ok()??;
     let journal = Journal::new(device, header, slot).ok()?;
@@ -681,6 +682,7 @@ mod tests {
     use super::*;
     use crate::base::mapping::Mapping;
     use crate::config::SimMode;
+    use crate::persist::pages::Pages;
     use crate::persist::sim::Simulator;
     use proptest::prelude::*;
     use std::sync::Arc;
@@ -691,8 +693,8 @@ mod tests {
     fn new_journal() -> (Arc<Simulator>, Journal, Region) {
         let sim = Arc::new(Simulator::new(
             SimMode::File,
-            vec![0; HEAP],
-            Some(vec![0; format::MIN_LEN as usize]),
+            Pages::zeroed(HEAP),
+            Some(Pages::zeroed(format::MIN_LEN as usize)),
         ));
         let device = Device::Sim(sim.clone());
         let header = Journal::format(&device, 1, 2, 1).unwrap();
@@ -782,8 +784,8 @@ mod tests {
         }
         journal.commit(journal.last_sealed()).unwrap();
         let (heap, journal_bytes) = sim.durable().into_parts();
-        let replay_sim = Simulator::new(SimMode::File, Vec::new(), journal_bytes);
-        let (word, image) = replay_onto(Device::Sim(Arc::new(replay_sim)), heap).unwrap();
+        let replay_sim = Simulator::new(SimMode::File, Pages::default(), journal_bytes);
+        let (word, image) = replay_onto(Device::Sim(Arc::new(replay_sim)), heap.to_vec()).unwrap();
         assert_eq!(word, 301);
         let mut now = vec![0u8; HEAP];
         region.read(0, &mut now).unwrap();
