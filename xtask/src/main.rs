@@ -138,9 +138,10 @@ fn ci() -> Result {
     // The test command README.md gives.
     cargo(&["test", "--workspace"], &deny)?;
     // The crash-simulator tests again, optimised, with more seeds than the debug run: 300
-    // seeds per mode of the heap tests, 700 seeds of three crashes each (2,100 simulated
-    // crashes) of the epoch model test, and 300 seeds of two crashes of the payload test.
-    for (test, seeds) in [("crash_sim", "300"), ("epoch_model", "700")] {
+    // seeds per mode of the heap tests (7,200 simulated power failures), and 5,000 seeds of
+    // the epoch model test, each run in a persistent-memory model and the file model with
+    // three crashes each (30,000 simulated power failures, about 30 s).
+    for (test, seeds) in [("crash_sim", "300"), ("epoch_model", "5000")] {
         cargo(
             &release_core_test(test, &[]),
             &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
@@ -148,7 +149,8 @@ fn ci() -> Result {
     }
     // The lock-free indexes under a moving clock, optimised (more interleavings per second).
     cargo(&release_core_test("lockfree_stress", &[]), &[deny[0]])?;
-    // Typed payloads with verified swaps, and the collections: 300 seeds of two crashes each.
+    // Typed payloads with verified swaps, and the collections: 300 seeds, each run in two
+    // models with two crashes each.
     for (package, test) in [
         ("montage", "payload_crash"),
         ("montage-collections", "map_crash"),
