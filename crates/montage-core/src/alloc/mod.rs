@@ -357,6 +357,17 @@ impl Allocator {
             .ok_or_else(|| Error::InvalidBlock { offset: block.0 })
     }
 
+    /// [`header`](Self::header) for a caller about to read the payload: the block's lines
+    /// (as many as its size class holds) are requested before the header is read, so that
+    /// the payload's cache misses overlap the header's instead of following it.
+    pub(crate) fn header_for_read(&self, media: &Media, block: PBlock) -> Result<BlockInfo> {
+        let place = self.locate(block.0)?;
+        let capacity = place.capacity();
+        media.prefetch_for_read(block.0, HEADER_LEN + capacity);
+        read_header(media, self.geometry.creation_id, block.0, capacity)?
+            .ok_or_else(|| Error::InvalidBlock { offset: block.0 })
+    }
+
     /// Allocates a block for `len` payload bytes and writes its header. The header and
     /// payload are not flushed: the caller decides when they must be durable.
     ///

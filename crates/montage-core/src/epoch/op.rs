@@ -218,6 +218,21 @@ impl<'h> OpGuard<'h> {
     /// [`Error::InvalidBlock`] if it is not a live block.
     pub fn info(&self, block: PBlock) -> Result<BlockInfo> {
         let info = self.runtime.alloc.header(&self.runtime.media, block)?;
+        self.in_epoch(info)
+    }
+
+    /// [`info`](Self::info) for a caller about to read the payload (see
+    /// `Allocator::header_for_read`).
+    pub(crate) fn info_for_read(&self, block: PBlock) -> Result<BlockInfo> {
+        let info = self
+            .runtime
+            .alloc
+            .header_for_read(&self.runtime.media, block)?;
+        self.in_epoch(info)
+    }
+
+    /// `info`, unless its block was written in a newer epoch than this operation's.
+    fn in_epoch(&self, info: BlockInfo) -> Result<BlockInfo> {
         if info.spec.epoch > self.epoch {
             return Err(Error::Aborted);
         }
@@ -231,7 +246,7 @@ impl<'h> OpGuard<'h> {
     ///
     /// As [`info`](Self::info).
     pub fn view(&self, block: PBlock) -> Result<BlockView<'h>> {
-        let info = self.info(block)?;
+        let info = self.info_for_read(block)?;
         self.runtime
             .verify_payload(&info, self.epoch.durable_cut())?;
         Ok(BlockView::new(info, &self.runtime.media))
@@ -255,7 +270,7 @@ impl<'h> OpGuard<'h> {
     ///
     /// As [`info`](Self::info).
     pub fn read_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
-        let info = self.info(block)?;
+        let info = self.info_for_read(block)?;
         self.runtime
             .verify_payload(&info, self.epoch.durable_cut())?;
         buf.resize(info.len as usize, 0);

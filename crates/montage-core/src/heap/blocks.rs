@@ -81,6 +81,13 @@ impl Heap {
             .header(&self.shared().runtime.media, block)
     }
 
+    /// [`info`](Self::info) for a caller about to read the payload (see
+    /// `Allocator::header_for_read`).
+    fn info_for_read(&self, block: PBlock) -> Result<BlockInfo> {
+        let runtime = &self.shared().runtime;
+        runtime.alloc.header_for_read(&runtime.media, block)
+    }
+
     /// A live block's header, with a reader of its payload: one header check for several
     /// reads of parts of the payload (read as [`read_payload`](Self::read_payload) reads,
     /// with the same caveats outside an operation).
@@ -89,7 +96,7 @@ impl Heap {
     ///
     /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) if `block` is not a live block.
     pub fn view(&self, block: PBlock) -> Result<BlockView<'_>> {
-        let info = self.info(block)?;
+        let info = self.info_for_read(block)?;
         self.verify_payload(&info)?;
         Ok(BlockView::new(info, &self.shared().runtime.media))
     }
@@ -122,7 +129,7 @@ impl Heap {
     ///
     /// As [`read_payload`](Self::read_payload).
     pub fn read_payload_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
-        let info = self.info(block)?;
+        let info = self.info_for_read(block)?;
         self.verify_payload(&info)?;
         buf.resize(info.len as usize, 0);
         self.shared()

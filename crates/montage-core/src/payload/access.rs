@@ -24,7 +24,7 @@ fn with_buf<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 
 /// `block`'s header, checked against `op`'s epoch and against `T`.
 pub(crate) fn checked_info<T: Payload>(op: &OpGuard<'_>, block: PBlock) -> Result<BlockInfo> {
-    let info = op.info(block)?;
+    let info = op.info_for_read(block)?;
     if info.spec.type_id != T::TYPE_ID {
         return Err(Error::WrongType {
             offset: block.offset(),

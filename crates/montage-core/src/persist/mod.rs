@@ -208,13 +208,31 @@ impl Media {
     #[inline]
     pub(crate) fn prefetch_for_write(&self, offset: u64, len: u64) {
         #[cfg(target_arch = "x86_64")]
-        for line in lines(offset, len).take(PREFETCH_LINES) {
-            if let Ok(addr) = self.region.addr(line) {
-                x86::prefetch_write(addr);
-            }
-        }
+        self.prefetch_lines(offset, len, x86::prefetch_write);
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (offset, len);
+    }
+
+    /// Asks the CPU to start loading up to [`PREFETCH_LINES`] lines of `[offset, offset +
+    /// len)`: a reader that must check a block's header before it knows what to copy issues
+    /// this first, so that the payload's lines arrive while the header's is awaited instead
+    /// of after it. Only a hint; a range outside the heap is ignored.
+    #[inline]
+    pub(crate) fn prefetch_for_read(&self, offset: u64, len: u64) {
+        #[cfg(target_arch = "x86_64")]
+        self.prefetch_lines(offset, len, x86::prefetch_read);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (offset, len);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn prefetch_lines(&self, offset: u64, len: u64, hint: fn(*const u8)) {
+        for line in lines(offset, len).take(PREFETCH_LINES) {
+            if let Ok(addr) = self.region.addr(line) {
+                hint(addr);
+            }
+        }
     }
 
     /// Starts writing back `[offset, offset + len)`. Nothing is guaranteed durable until this
