@@ -28,7 +28,7 @@ use clap::Parser;
 
 use report::Record;
 use run::Timing;
-use stores::{Backend, Contender, Dirs, MapStore, Result, Sizing};
+use stores::{Backend, Contender, Dirs, MapStore, QueueStore, Result, Sizing};
 use workload::{KeyDist, Workload};
 
 /// Measures montage's structures against transient and embedded stores.
@@ -81,10 +81,11 @@ struct Args {
     /// Keep the points already in `<out>/results.json`, replacing those measured again.
     #[arg(long)]
     append: bool,
-    /// Measure the map contenders side by side: at each value size open and prefill all of
-    /// them, then run every repeat of a point on each in turn, so that drift in the
-    /// machine's speed reaches every contender alike (the map workloads only; needs the
-    /// memory of all the stores at once).
+    /// Measure the contenders side by side: at each value size open and prefill all the
+    /// maps (and, for `queue-pairs`, all the queues), then run every repeat of a point on
+    /// each in turn, so that drift in the machine's speed reaches every contender alike
+    /// (needs the memory of all the stores at once; the sync workloads are not
+    /// interleaved).
     #[arg(long)]
     interleave: bool,
 }
@@ -364,6 +365,28 @@ fn with_maps(
     })
 }
 
+/// A queue contender opened by [`with_queues`].
+type OpenedQueue<'a> = (Contender, Backend, &'a dyn QueueStore);
+
+/// [`with_maps`] for queues. (The two differ only in their store types, which the stores'
+/// openers bind to the scope of each call; a generic version cannot name that bound.)
+fn with_queues(
+    contenders: &[(Contender, Backend)],
+    opened: &[OpenedQueue<'_>],
+    dirs: &Dirs,
+    sizing: Sizing,
+    f: &mut dyn FnMut(&[OpenedQueue<'_>]) -> Result,
+) -> Result {
+    let Some((&(contender, backend), rest)) = contenders.split_first() else {
+        return f(opened);
+    };
+    stores::with_queue(contender, backend, dirs, sizing, &mut |store| {
+        let mut all = opened.to_vec();
+        all.push((contender, backend, store));
+        with_queues(rest, &all, dirs, sizing, f)
+    })
+}
+
 /// The map workloads at one value size with every map contender open at once: each point's
 /// repeats run round-robin over the contenders (`--interleave`).
 fn run_interleaved(
@@ -429,7 +452,8 @@ fn run_interleaved(
 
 /// The queue workload at one value size, on every queue contender. The heap is sized for a
 /// map of the plan's key range: enough for the garbage a fast queue makes in the epochs
-/// before it is reclaimed.
+/// before it is reclaimed. With `--interleave`, every queue is open at once and each
+/// point's repeats run round-robin over them, as the maps' do.
 fn run_queues(
     plan: &Plan,
     value_size: usize,
@@ -444,19 +468,52 @@ fn run_queues(
         key_range: 0,
         value_size,
     };
+    let record_of = |contender, backend, threads, repeats| {
+        record(
+            contender,
+            backend,
+            Workload::QueuePairs,
+            KeyDist::Uniform,
+            threads,
+            point,
+            repeats,
+        )
+    };
+    if plan.interleave {
+        let once = Timing {
+            repeats: 1,
+            ..plan.timing
+        };
+        let result = with_queues(&plan.queues, &[], &plan.dirs, heap, &mut |queues| {
+            for &(_, _, store) in queues {
+                run::prefill_queue(store, value_size)?;
+            }
+            for &threads in &plan.threads {
+                let mut repeats = vec![Vec::new(); queues.len()];
+                for _ in 0..plan.timing.repeats {
+                    for (i, &(_, _, store)) in queues.iter().enumerate() {
+                        repeats[i].extend(run::queue_pairs(store, threads, value_size, once)?);
+                    }
+                }
+                for (&(contender, backend, _), repeats) in queues.iter().zip(repeats) {
+                    save(record_of(contender, backend, threads, repeats))?;
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            failed(format!(
+                "queues, {value_size}-byte values, interleaved: {e}"
+            ));
+        }
+        return;
+    }
     for &(contender, backend) in &plan.queues {
         for &threads in &plan.threads {
             let result = stores::with_queue(contender, backend, &plan.dirs, heap, &mut |store| {
+                run::prefill_queue(store, value_size)?;
                 let repeats = run::queue_pairs(store, threads, value_size, plan.timing)?;
-                save(record(
-                    contender,
-                    backend,
-                    Workload::QueuePairs,
-                    KeyDist::Uniform,
-                    threads,
-                    point,
-                    repeats,
-                ))
+                save(record_of(contender, backend, threads, repeats))
             });
             if let Err(e) = result {
                 failed(format!(

@@ -139,8 +139,18 @@ pub(crate) fn map_workload(
 /// How many elements a queue holds before measuring.
 pub(crate) const QUEUE_PREFILL: usize = 1024;
 
-/// Enqueue/dequeue pairs on a queue holding [`QUEUE_PREFILL`] elements; an operation is one
-/// enqueue or one dequeue.
+/// Fills a queue with [`QUEUE_PREFILL`] elements of `value_size` bytes, as
+/// [`queue_pairs`] expects it.
+pub(crate) fn prefill_queue(store: &dyn QueueStore, value_size: usize) -> Result {
+    let value = vec![7u8; value_size];
+    for _ in 0..QUEUE_PREFILL {
+        store.push(&value)?;
+    }
+    Ok(())
+}
+
+/// Enqueue/dequeue pairs on a queue that [`prefill_queue`] filled (each pair leaves its
+/// length as it was); an operation is one enqueue or one dequeue.
 pub(crate) fn queue_pairs(
     store: &dyn QueueStore,
     threads: usize,
@@ -148,9 +158,6 @@ pub(crate) fn queue_pairs(
     timing: Timing,
 ) -> Result<Vec<f64>> {
     let value = vec![7u8; value_size];
-    for _ in 0..QUEUE_PREFILL {
-        store.push(&value)?;
-    }
     repeat_timed(threads, timing, &|_, stop| {
         let mut ops = 0u64;
         while !ops.is_multiple_of(32) || !stop.load(Ordering::Relaxed) {
