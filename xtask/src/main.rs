@@ -360,8 +360,9 @@ fn loom() -> Result {
 }
 
 /// Runs the epoch model crash test (or, with `--heap`, the heap layer's crash suites) with
-/// `--seeds N` seeds from `--from S` (default 0), every seed even after a failure, and ends with one line
-/// `N passed, M failed, K simulated power failures` counting seeds and crash images.
+/// `--seeds N` seeds from `--from S` (default 0), every seed even after a failure, and ends
+/// with one line `N passed, M failed, K simulated power failures` counting seeds and crash
+/// images.
 fn crash(args: &[String]) -> Result {
     let usage = || "usage: cargo xtask crash [--seeds N] [--from S] [--heap]".to_owned();
     let mut seeds = "2000".to_owned();
@@ -369,16 +370,17 @@ fn crash(args: &[String]) -> Result {
     let mut test = "epoch_model";
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "--seeds" => match rest.next() {
-                Some(n) if n.parse::<u64>().is_ok() => seeds.clone_from(n),
-                _ => return Err(usage()),
-            },
-            "--from" => match rest.next() {
-                Some(n) if n.parse::<u64>().is_ok() => from.clone_from(n),
-                _ => return Err(usage()),
-            },
-            "--heap" => test = "crash_sim",
+        let target = match arg.as_str() {
+            "--seeds" => &mut seeds,
+            "--from" => &mut from,
+            "--heap" => {
+                test = "crash_sim";
+                continue;
+            }
+            _ => return Err(usage()),
+        };
+        match rest.next() {
+            Some(n) if n.parse::<u64>().is_ok() => target.clone_from(n),
             _ => return Err(usage()),
         }
     }

@@ -236,20 +236,14 @@ pub fn crash_mode(seed: u64) -> sim::SimMode {
 /// model.
 /// `MONTAGE_CRASH_MODELS=file` (or `memory`) keeps only the file seeds (or only the others).
 pub fn crash_seeds(default: u64) -> Vec<u64> {
-    if let Some(seed) = std::env::var("MONTAGE_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-    {
+    let number = |name: &str| -> Option<u64> {
+        std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+    };
+    if let Some(seed) = number("MONTAGE_CRASH_SEED") {
         return vec![seed];
     }
-    let count: u64 = std::env::var("MONTAGE_CRASH_SEEDS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(default);
-    let start: u64 = std::env::var("MONTAGE_CRASH_SEED_START")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+    let count = number("MONTAGE_CRASH_SEEDS").unwrap_or(default);
+    let start = number("MONTAGE_CRASH_SEED_START").unwrap_or(0);
     let plain = start..start.saturating_add(count).min(FILE_SEED);
     let models = std::env::var("MONTAGE_CRASH_MODELS").unwrap_or_default();
     let (memory, file) = match models.trim() {

@@ -352,18 +352,21 @@ impl Allocator {
 
     /// Reads and validates `block`'s header.
     pub(crate) fn header(&self, media: &Media, block: PBlock) -> Result<BlockInfo> {
-        let place = self.locate(block.0)?;
-        read_header(media, self.geometry.creation_id, block.0, place.capacity())?
-            .ok_or_else(|| Error::InvalidBlock { offset: block.0 })
+        self.checked_header(media, block, false)
     }
 
     /// [`header`](Self::header) for a caller about to read the payload: the block's lines
     /// (as many as its size class holds) are requested before the header is read, so that
     /// the payload's cache misses overlap the header's instead of following it.
     pub(crate) fn header_for_read(&self, media: &Media, block: PBlock) -> Result<BlockInfo> {
-        let place = self.locate(block.0)?;
-        let capacity = place.capacity();
-        media.prefetch_for_read(block.0, HEADER_LEN + capacity);
+        self.checked_header(media, block, true)
+    }
+
+    fn checked_header(&self, media: &Media, block: PBlock, prefetch: bool) -> Result<BlockInfo> {
+        let capacity = self.locate(block.0)?.capacity();
+        if prefetch {
+            media.prefetch_for_read(block.0, HEADER_LEN + capacity);
+        }
         read_header(media, self.geometry.creation_id, block.0, capacity)?
             .ok_or_else(|| Error::InvalidBlock { offset: block.0 })
     }

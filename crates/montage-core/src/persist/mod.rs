@@ -207,10 +207,7 @@ impl Media {
     /// do not each wait for a line. Only a hint; a range outside the heap is ignored.
     #[inline]
     pub(crate) fn prefetch_for_write(&self, offset: u64, len: u64) {
-        #[cfg(target_arch = "x86_64")]
-        self.prefetch_lines(offset, len, x86::prefetch_write);
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (offset, len);
+        self.prefetch_lines(offset, len, true);
     }
 
     /// Asks the CPU to start loading up to [`PREFETCH_LINES`] lines of `[offset, offset +
@@ -219,20 +216,24 @@ impl Media {
     /// of after it. Only a hint; a range outside the heap is ignored.
     #[inline]
     pub(crate) fn prefetch_for_read(&self, offset: u64, len: u64) {
-        #[cfg(target_arch = "x86_64")]
-        self.prefetch_lines(offset, len, x86::prefetch_read);
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (offset, len);
+        self.prefetch_lines(offset, len, false);
     }
 
-    #[cfg(target_arch = "x86_64")]
+    /// The prefetches above: `prefetchw` for `write`, else `prefetcht0`; nothing off x86-64.
     #[inline]
-    fn prefetch_lines(&self, offset: u64, len: u64, hint: fn(*const u8)) {
+    fn prefetch_lines(&self, offset: u64, len: u64, write: bool) {
+        #[cfg(target_arch = "x86_64")]
         for line in lines(offset, len).take(PREFETCH_LINES) {
             if let Ok(addr) = self.region.addr(line) {
-                hint(addr);
+                if write {
+                    x86::prefetch_write(addr);
+                } else {
+                    x86::prefetch_read(addr);
+                }
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (offset, len, write);
     }
 
     /// Starts writing back `[offset, offset + len)`. Nothing is guaranteed durable until this
