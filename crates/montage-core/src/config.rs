@@ -231,8 +231,11 @@ impl HeapConfig {
         self
     }
 
-    /// How many per-thread allocator caches to keep. More threads than slots still work
-    /// correctly; they share caches under a lock.
+    /// How many thread slots the heap keeps (64 by default). The first threads to use any
+    /// heap of the process (by a small id each thread keeps until it exits) each own a
+    /// slot: their operations announce themselves, allocate from their own cache and log
+    /// their writes for the advancer without taking a lock. More threads than slots still
+    /// work correctly; they share a few slots under locks, which costs speed.
     #[must_use]
     pub fn thread_slots(mut self, slots: usize) -> Self {
         self.thread_slots = slots;

@@ -1,10 +1,46 @@
-//! The atomics the epoch protocol is built on: std's, or loom's under `cfg(montage_loom)`,
-//! so that `cargo xtask loom` can explore every interleaving of the announcement handshake.
+//! The atomics, cells and locks the epoch protocol is built on: std's, or loom's under
+//! `cfg(montage_loom)`, so that `cargo xtask loom` can explore every interleaving of the
+//! announcement handshake and check every access to a thread slot's cells.
 
 #[cfg(montage_loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 #[cfg(not(montage_loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
+
+#[cfg(montage_loom)]
+pub(crate) use loom::cell::UnsafeCell;
+#[cfg(montage_loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+#[cfg(not(montage_loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
+
+/// std's `UnsafeCell` with loom's interface (crossbeam's shim): the cell is reached only
+/// through [`with_mut`](Self::with_mut), which loom checks against every other access.
+#[cfg(not(montage_loom))]
+#[derive(Debug, Default)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(montage_loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) const fn new(value: T) -> UnsafeCell<T> {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
+    /// Calls `f` with a pointer to the value; what `f` may do with it is the caller's
+    /// business (dereferencing it is `unsafe`).
+    #[inline]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+/// Locks `mutex`, taking the data of a poisoned one as it is: every user of these locks
+/// keeps its data consistent at every point a panic can leave it.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Lets another thread run (a loom scheduling point under loom).
 pub(crate) fn yield_now() {

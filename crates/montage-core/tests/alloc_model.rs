@@ -214,3 +214,58 @@ fn concurrent_alloc_and_free_on_the_simulator_never_share_a_block() {
         2_000,
     );
 }
+
+/// How many 64-byte payloads operations on the calling thread can allocate in `heap` before
+/// it reports itself full.
+fn fill_with_ops(heap: &Heap) -> usize {
+    let owner = heap.register("fill").unwrap();
+    let mut count = 0;
+    loop {
+        let op = heap.begin_op().unwrap();
+        match op.alloc(owner, 1, &[7u8; 64]) {
+            Ok(_) => count += 1,
+            Err(Error::OutOfSpace { .. }) => return count,
+            Err(other) => panic!("{other}"),
+        }
+    }
+}
+
+/// A thread that allocated once keeps the rest of the span it carved in its own cache. When
+/// it then idles and another thread fills the heap, the other thread takes those blocks from
+/// the idle thread's cache (an owned slot, frozen while it is used): the heap holds exactly
+/// one block fewer for it than it does with no other thread at all.
+#[test]
+fn an_idle_threads_cached_blocks_go_to_a_thread_that_needs_them() {
+    // Slots enough that every thread of the test process owns one.
+    let config = HeapConfig::in_memory(1 << 20).thread_slots(4096);
+    let alone = fill_with_ops(&Heap::create(&config).unwrap());
+
+    let heap = Heap::create(&config).unwrap();
+    let (idle_tx, idle_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let other = {
+        let heap = heap.clone();
+        std::thread::spawn(move || {
+            let owner = heap.register("other").unwrap();
+            let op = heap.begin_op().unwrap();
+            op.alloc(owner, 1, &[1u8; 64]).unwrap();
+            drop(op);
+            // Alive, with the span's other blocks in its cache, and idle.
+            idle_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        })
+    };
+    idle_rx.recv().unwrap();
+    let beside_an_idle_thread = fill_with_ops(&heap);
+    done_tx.send(()).unwrap();
+    other.join().unwrap();
+    assert!(
+        alone > 1024,
+        "the heap should hold more than one span of blocks: {alone}"
+    );
+    assert_eq!(
+        beside_an_idle_thread,
+        alone - 1,
+        "blocks cached by an idle thread were not given to the thread that needed them"
+    );
+}

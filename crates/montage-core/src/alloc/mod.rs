@@ -31,8 +31,6 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crossbeam_utils::CachePadded;
-
 use crate::base::layout::{
     Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_SIZE, SpanEntry, TRAILER_LEN,
     block_capacity, payload_checksum,
@@ -86,19 +84,34 @@ pub(crate) struct Pending {
     place: Place,
 }
 
+/// A thread's cache of free blocks: per class, blocks whose header is durably invalid, and
+/// blocks freed through the raw interface whose invalidation is not yet known to be durable.
+/// The epoch layer keeps one per thread slot and hands it to the allocator through
+/// [`Caches`].
 #[derive(Debug)]
-struct ThreadCache {
+pub(crate) struct ThreadCache {
     free: Vec<Vec<u64>>,
     pending: Vec<Pending>,
 }
 
-impl ThreadCache {
-    fn new() -> Self {
+impl Default for ThreadCache {
+    fn default() -> Self {
         ThreadCache {
             free: vec![Vec::new(); NUM_CLASSES],
             pending: Vec::new(),
         }
     }
+}
+
+/// Where an allocation finds the calling thread's cache and, when the heap is full, the
+/// caches no thread is using at the moment (the epoch layer's thread slots).
+pub(crate) trait Caches {
+    /// Runs `f` on the calling thread's cache.
+    fn mine<R>(&self, f: impl FnOnce(&mut ThreadCache) -> R) -> R;
+
+    /// Runs `f` on every cache no thread is using now, until it returns `Some`; caches in
+    /// use are skipped.
+    fn find_idle<R>(&self, f: impl FnMut(&mut ThreadCache) -> Option<R>) -> Option<R>;
 }
 
 /// What recovery found free, to seed a new allocator.
@@ -167,7 +180,6 @@ pub(crate) struct Allocator {
     mirror: Box<[AtomicU32]>,
     span_pool: Mutex<BTreeSet<u64>>,
     class_pools: Box<[Mutex<Vec<u64>>]>,
-    caches: Box<[CachePadded<Mutex<ThreadCache>>]>,
     /// The delete reserve (see the module docs): free blocks of [`ANTI_CLASS`] with durably
     /// invalid headers, for anti-blocks only.
     reserve: Mutex<Vec<u64>>,
@@ -178,7 +190,6 @@ impl std::fmt::Debug for Allocator {
         // The free lists can hold millions of entries: summarise.
         f.debug_struct("Allocator")
             .field("stats", &self.stats())
-            .field("thread_caches", &self.caches.len())
             .finish_non_exhaustive()
     }
 }
@@ -190,16 +201,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Allocator {
-    pub(crate) fn new(geometry: Geometry, slots: usize, free: FreeState) -> Allocator {
+    pub(crate) fn new(geometry: Geometry, free: FreeState) -> Allocator {
         let class_pools = free.free_blocks.into_iter().map(Mutex::new).collect();
         Allocator {
             geometry,
             mirror: free.mirror.into_iter().map(AtomicU32::new).collect(),
             span_pool: Mutex::new(free.free_spans.into_iter().collect()),
             class_pools,
-            caches: (0..slots)
-                .map(|_| CachePadded::new(Mutex::new(ThreadCache::new())))
-                .collect(),
             reserve: Mutex::new(Vec::new()),
         }
     }
@@ -263,7 +271,7 @@ impl Allocator {
 
     /// The error of an allocation of `requested` payload bytes that found no space, with
     /// what is free.
-    fn out_of_space(&self, requested: u64) -> Error {
+    fn out_of_space(&self, caches: &impl Caches, requested: u64) -> Error {
         let free_spans = lock(&self.span_pool).len() as u64;
         let mut free_bytes = 0;
         let total = requested.saturating_add(HEADER_LEN + TRAILER_LEN);
@@ -277,22 +285,17 @@ impl Allocator {
         for (class, pool) in self.class_pools.iter().enumerate() {
             count(class, lock(pool).len());
         }
-        for cache in &self.caches {
-            if let Ok(cache) = cache.try_lock() {
-                for (class, blocks) in cache.free.iter().enumerate() {
-                    count(class, blocks.len());
-                }
+        caches.find_idle(|cache| {
+            for (class, blocks) in cache.free.iter().enumerate() {
+                count(class, blocks.len());
             }
-        }
+            None::<()>
+        });
         Error::OutOfSpace {
             requested,
             free_spans,
             free_bytes,
         }
-    }
-
-    fn cache(&self) -> &Mutex<ThreadCache> {
-        &self.caches[crate::thread_id::index_in(crate::thread_id::current(), self.caches.len())]
     }
 
     fn mirror(&self, span: u64) -> u32 {
@@ -376,14 +379,20 @@ impl Allocator {
     ///
     /// An anti-block ([`BlockKind::Delete`](block::BlockKind::Delete)) that finds no space
     /// takes a block from the delete reserve.
-    pub(crate) fn alloc(&self, media: &Media, spec: BlockSpec, len: u64) -> Result<PBlock> {
-        let stored_len = u32::try_from(len).map_err(|_| self.out_of_space(len))?;
+    pub(crate) fn alloc(
+        &self,
+        media: &Media,
+        caches: &impl Caches,
+        spec: BlockSpec,
+        len: u64,
+    ) -> Result<PBlock> {
+        let stored_len = u32::try_from(len).map_err(|_| self.out_of_space(caches, len))?;
         let total = len
             .checked_add(HEADER_LEN + TRAILER_LEN)
-            .ok_or_else(|| self.out_of_space(len))?;
+            .ok_or_else(|| self.out_of_space(caches, len))?;
         let found = match class_for(total) {
-            Some(class) => self.alloc_small(media, class, len),
-            None => self.alloc_large(media, spans_for(total), len),
+            Some(class) => self.alloc_small(media, caches, class, len),
+            None => self.alloc_large(media, caches, spans_for(total), len),
         };
         let offset = match found {
             Ok(offset) => offset,
@@ -391,7 +400,7 @@ impl Allocator {
                 let anti = spec.kind == block::BlockKind::Delete && len == 0;
                 match anti.then(|| self.alloc_anti_fallback()).flatten() {
                     Some(offset) => offset,
-                    None => return Err(self.out_of_space(len)),
+                    None => return Err(self.out_of_space(caches, len)),
                 }
             }
             Err(other) => return Err(other),
@@ -527,71 +536,80 @@ impl Allocator {
         }
     }
 
-    fn alloc_small(&self, media: &Media, class: u8, len: u64) -> Result<u64> {
+    fn alloc_small(&self, media: &Media, caches: &impl Caches, class: u8, len: u64) -> Result<u64> {
+        match caches.mine(|cache| self.alloc_cached(media, cache, class, len))? {
+            Some(offset) => Ok(offset),
+            None => self.steal(media, caches, class, len),
+        }
+    }
+
+    /// A block of `class` from `cache`, refilled from the class pool or a new carving when
+    /// empty; `None` when the heap has no free span left to carve.
+    fn alloc_cached(
+        &self,
+        media: &Media,
+        cache: &mut ThreadCache,
+        class: u8,
+        len: u64,
+    ) -> Result<Option<u64>> {
         let c = usize::from(class);
-        let mut cache = lock(self.cache());
         if let Some(offset) = cache.free[c].pop() {
             // The next block of this class was freed epochs ago and is long out of the
             // cache: ask for its lines now, so the next allocation's stores find them.
             if let Some(&next) = cache.free[c].last() {
                 media.prefetch_for_write(next, class_size(class));
             }
-            return Ok(offset);
+            return Ok(Some(offset));
         }
         if !cache.pending.is_empty() {
-            self.drain(media, &mut cache)?;
+            self.drain(media, cache)?;
             if let Some(offset) = cache.free[c].pop() {
-                return Ok(offset);
+                return Ok(Some(offset));
             }
         }
         cache.free[c].extend(take_last(&mut lock(&self.class_pools[c]), REFILL));
         if let Some(offset) = cache.free[c].pop() {
-            return Ok(offset);
+            return Ok(Some(offset));
         }
         match self.carve(media, class, len) {
             Ok(blocks) => {
                 cache.free[c].extend(blocks.into_iter().rev());
+                Ok(cache.free[c].pop())
             }
-            Err(Error::OutOfSpace { .. }) => {
-                drop(cache);
-                return self.steal(media, class, len);
-            }
-            Err(other) => return Err(other),
+            Err(Error::OutOfSpace { .. }) => Ok(None),
+            Err(other) => Err(other),
         }
-        cache.free[c].pop().ok_or_else(|| full(len))
     }
 
-    /// Drains the pending frees of every thread cache not busy right now, so that blocks
-    /// and spans freed by other threads become reusable.
-    fn drain_everywhere(&self, media: &Media) -> Result<()> {
-        for slot in &self.caches {
-            // A busy cache is being used by its thread, which drains it itself.
-            if let Ok(mut cache) = slot.try_lock()
-                && !cache.pending.is_empty()
-            {
-                self.drain(media, &mut cache)?;
+    /// Drains the pending frees of every cache not in use right now, so that blocks and
+    /// spans freed by other threads become reusable.
+    fn drain_everywhere(&self, media: &Media, caches: &impl Caches) -> Result<()> {
+        // A cache in use is drained by its own thread.
+        let failed = caches.find_idle(|cache| {
+            if cache.pending.is_empty() {
+                return None;
             }
-        }
-        Ok(())
+            self.drain(media, cache).err()
+        });
+        failed.map_or(Ok(()), Err)
     }
 
-    /// The heap has no free span: take a free block of `class` from another thread's cache,
-    /// or carve a span that draining other threads' frees gave back, before reporting the
-    /// heap full. Called without holding the caller's cache.
-    fn steal(&self, media: &Media, class: u8, len: u64) -> Result<u64> {
+    /// The heap has no free span: take a free block of `class` from a cache no thread is
+    /// using, or carve a span that draining other caches' frees gave back, before reporting
+    /// the heap full. Called without the caller's cache in hand.
+    fn steal(&self, media: &Media, caches: &impl Caches, class: u8, len: u64) -> Result<u64> {
         let c = usize::from(class);
-        self.drain_everywhere(media)?;
-        for slot in &self.caches {
-            if let Ok(mut cache) = slot.try_lock()
-                && let Some(offset) = cache.free[c].pop()
-            {
-                return Ok(offset);
-            }
+        self.drain_everywhere(media, caches)?;
+        if let Some(offset) = caches.find_idle(|cache| cache.free[c].pop()) {
+            return Ok(offset);
         }
         let blocks = self.carve(media, class, len)?;
-        let mut cache = lock(self.cache());
-        cache.free[c].extend(blocks.into_iter().rev());
-        cache.free[c].pop().ok_or_else(|| full(len))
+        caches
+            .mine(|cache| {
+                cache.free[c].extend(blocks.into_iter().rev());
+                cache.free[c].pop()
+            })
+            .ok_or_else(|| full(len))
     }
 
     fn take_spans(&self, extent: u64, len: u64) -> Result<u64> {
@@ -676,7 +694,13 @@ impl Allocator {
         Ok(blocks)
     }
 
-    fn alloc_large(&self, media: &Media, extent: u64, len: u64) -> Result<u64> {
+    fn alloc_large(
+        &self,
+        media: &Media,
+        caches: &impl Caches,
+        extent: u64,
+        len: u64,
+    ) -> Result<u64> {
         if extent > u64::from(u32::MAX >> 2) {
             return Err(full(len));
         }
@@ -684,7 +708,7 @@ impl Allocator {
             Ok(span) => span,
             Err(Error::OutOfSpace { .. }) => {
                 // Freed large blocks may still sit on pending lists: drain them, retry once.
-                self.drain_everywhere(media)?;
+                self.drain_everywhere(media, caches)?;
                 self.take_spans(extent, len)?
             }
             Err(other) => return Err(other),
@@ -710,7 +734,7 @@ impl Allocator {
 
     /// Frees `block`: invalidates its header at once (so a double free is detected), and
     /// makes the invalidation durable before the block can be reused (INV-ALLOC-1).
-    pub(crate) fn free(&self, media: &Media, block: PBlock) -> Result<()> {
+    pub(crate) fn free(&self, media: &Media, caches: &impl Caches, block: PBlock) -> Result<()> {
         let offset = block.0;
         let place = self.locate(offset)?;
         let meta = media.load(offset)?;
@@ -724,20 +748,21 @@ impl Allocator {
         if let Place::Large { span, .. } = place {
             media.store(self.geometry.span_entry_offset(span), 0)?;
         }
-        let mut cache = lock(self.cache());
-        cache.pending.push(Pending { offset, place });
-        if cache.pending.len() >= PENDING_LIMIT {
-            self.drain(media, &mut cache)?;
-        }
-        if let Place::Small { class } = place {
-            let c = usize::from(class);
-            if cache.free[c].len() >= 2 * REFILL {
-                let keep = cache.free[c].len() - REFILL;
-                let spill: Vec<u64> = cache.free[c].drain(keep..).collect();
-                lock(&self.class_pools[c]).extend(spill);
+        caches.mine(|cache| {
+            cache.pending.push(Pending { offset, place });
+            if cache.pending.len() >= PENDING_LIMIT {
+                self.drain(media, cache)?;
             }
-        }
-        Ok(())
+            if let Place::Small { class } = place {
+                let c = usize::from(class);
+                if cache.free[c].len() >= 2 * REFILL {
+                    let keep = cache.free[c].len() - REFILL;
+                    let spill: Vec<u64> = cache.free[c].drain(keep..).collect();
+                    lock(&self.class_pools[c]).extend(spill);
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Makes every pending invalidation in `cache` durable, then makes the blocks reusable.
@@ -775,15 +800,12 @@ impl Allocator {
         Ok(())
     }
 
-    /// Drains every thread cache's pending frees (at close).
-    pub(crate) fn drain_all(&self, media: &Media) -> Result<()> {
-        for slot in &self.caches {
-            let mut cache = lock(slot);
-            if !cache.pending.is_empty() {
-                self.drain(media, &mut cache)?;
-            }
+    /// Makes `cache`'s pending frees durable (at close).
+    pub(crate) fn drain_pending(&self, media: &Media, cache: &mut ThreadCache) -> Result<()> {
+        if cache.pending.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.drain(media, cache)
     }
 
     pub(crate) fn stats(&self) -> AllocStats {

@@ -50,25 +50,23 @@
 pub(crate) mod op;
 pub(crate) mod reclaim;
 pub(crate) mod stamped;
+#[allow(unsafe_code)]
 pub(crate) mod tracker;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
-
-use crate::alloc::Allocator;
 use crate::alloc::block::{BlockInfo, PBlock};
+use crate::alloc::{Allocator, Caches, ThreadCache};
 use crate::base::epoch::Epoch;
 use crate::config::{EpochLength, WriteBack};
 use crate::error::{Error, Result};
 use crate::meta::registry::Registry;
 use crate::meta::structure_name;
 use crate::persist::Media;
-use crate::thread_id::index_in;
 use reclaim::Reclaim;
-use tracker::Tracker;
+use tracker::{Announcement, Publisher, Refused, Slots, Tracker};
 
 /// How long sealed journal records may wait for a background commit.
 const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
@@ -79,11 +77,14 @@ struct Advancing {
     /// Advances made since the heap opened.
     count: u64,
     reclaim: Reclaim,
+    /// The right to publish epochs and take the slots' logs.
+    publisher: Publisher,
 }
 
-/// What operations of one epoch left for the advancer, in one thread slot.
+/// What operations of one epoch left for the advancer, in one thread slot: the slot's log
+/// of that epoch.
 #[derive(Debug, Default)]
-struct Bucket {
+pub(crate) struct Bucket {
     /// Byte ranges to write back.
     persist: Vec<(u64, u64)>,
     /// Blocks whose payloads were changed in part, in place: the advance writes their
@@ -96,11 +97,14 @@ struct Bucket {
     antis: Vec<PBlock>,
 }
 
-/// One thread slot's buckets, for four epochs.
+/// What a thread slot keeps between operations: the thread's allocator cache.
 #[derive(Debug, Default)]
-struct Slot {
-    buckets: Mutex<[Bucket; 4]>,
+pub(crate) struct SlotState {
+    cache: ThreadCache,
 }
+
+/// An operation's announcement in a slot of this heap.
+pub(crate) type OpAnnouncement<'h> = Announcement<'h, SlotState, Bucket>;
 
 /// Instance ids for open heaps (0 is never used, so a zeroed thread state names no heap).
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
@@ -112,10 +116,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The epoch state of one open heap.
 #[derive(Debug)]
 pub(crate) struct Epochs {
-    /// The clock and the announcements. The clock equals the stored epoch word, which is
-    /// persisted before a new value is published.
-    tracker: Tracker,
-    slots: Box<[CachePadded<Slot>]>,
+    /// The clock, the announcements and the thread slots. The clock equals the stored
+    /// epoch word, which is persisted before a new value is published.
+    slots: Slots<SlotState, Bucket>,
     /// Serializes advances; holds their count and the reclamation pipeline.
     advance: Mutex<Advancing>,
     /// Set when an advance failed half-way: durability can no longer be promised.
@@ -131,14 +134,13 @@ pub(crate) struct Epochs {
 
 impl Epochs {
     pub(crate) fn new(epoch: Epoch, next_uid: u64, slots: usize, length: EpochLength) -> Epochs {
+        let (slots, publisher) = Slots::new(epoch, slots);
         Epochs {
-            tracker: Tracker::new(epoch, slots),
-            slots: (0..slots.max(1))
-                .map(|_| CachePadded::new(Slot::default()))
-                .collect(),
+            slots,
             advance: Mutex::new(Advancing {
                 count: 0,
                 reclaim: Reclaim::new(epoch),
+                publisher,
             }),
             stopped: AtomicBool::new(false),
             next_uid: AtomicU64::new(next_uid),
@@ -151,22 +153,12 @@ impl Epochs {
 
     /// The epoch new operations join, which is also the durable epoch word.
     pub(crate) fn current(&self) -> Epoch {
-        self.tracker.current()
+        self.slots.tracker().current()
     }
 
     /// The clock and announcement handshake.
     pub(crate) fn tracker(&self) -> &Tracker {
-        &self.tracker
-    }
-
-    fn slot(&self, index: usize) -> &Slot {
-        &self.slots[index_in(index, self.slots.len())]
-    }
-
-    /// The slot an operation of the thread with id `thread` announces in (threads beyond
-    /// the slot count share slots).
-    pub(crate) fn slot_index(&self, thread: usize) -> usize {
-        index_in(thread, self.slots.len())
+        self.slots.tracker()
     }
 
     /// Reserves `count` consecutive uids; returns the first.
@@ -195,15 +187,37 @@ impl Epochs {
         self.stopped.store(true, Ordering::Release);
     }
 
-    /// Announces an operation in the calling thread's slot; returns its epoch (INV-EP-1).
-    pub(crate) fn announce(&self, slot: usize) -> Result<Epoch> {
+    /// Announces an operation in the calling thread's slot (INV-EP-1).
+    pub(crate) fn announce(&self) -> Result<OpAnnouncement<'_>> {
         self.check_running()?;
-        self.tracker.announce(slot).ok_or(Error::Closed)
+        self.slots
+            .announce(crate::thread_id::hold())
+            .map_err(|refused| match refused {
+                Refused::Closed => Error::Closed,
+                Refused::Nested => Error::NestedOperation,
+            })
+    }
+
+    /// The allocator caches of callers outside operations (the raw block interface).
+    pub(crate) fn outside_op_caches(&self) -> OutsideOp<'_> {
+        OutsideOp(&self.slots)
+    }
+
+    /// Makes the pending raw frees of every slot durable (at close, when no operation runs;
+    /// operations free nothing directly, so only the shared slots hold any).
+    pub(crate) fn drain_pending_frees(&self, media: &Media, alloc: &Allocator) -> Result<()> {
+        let mut result = Ok(());
+        self.slots.each_shared_state(|state| {
+            if result.is_ok() {
+                result = alloc.drain_pending(media, &mut state.cache);
+            }
+        });
+        result
     }
 
     /// Fails with [`Error::Closed`] once the heap is closed.
     pub(crate) fn check_open(&self) -> Result<()> {
-        if self.tracker.is_heap_closed() {
+        if self.tracker().is_heap_closed() {
             return Err(Error::Closed);
         }
         Ok(())
@@ -213,31 +227,7 @@ impl Epochs {
     /// operations to end; `false` if the heap was closed already. The closer then makes
     /// everything durable with [`sync_closing`](Self::sync_closing).
     pub(crate) fn close(&self) -> bool {
-        self.tracker.close_heap()
-    }
-
-    /// Ends an operation of `epoch`: hands what it wrote and retired to the advancer, then
-    /// withdraws the announcement.
-    pub(crate) fn retire_op(
-        &self,
-        slot: usize,
-        epoch: Epoch,
-        persist: &mut Vec<(u64, u64)>,
-        written: &mut Vec<PBlock>,
-        victims: &mut Vec<PBlock>,
-        antis: &mut Vec<PBlock>,
-    ) {
-        let s = self.slot(slot);
-        if !(persist.is_empty() && victims.is_empty() && antis.is_empty()) {
-            let mut buckets = lock(&s.buckets);
-            let bucket = &mut buckets[epoch.slot4()];
-            bucket.persist.append(persist);
-            bucket.written.append(written);
-            bucket.victims.append(victims);
-            bucket.antis.append(antis);
-        }
-        // The buckets filled above happen-before the advancer's read of the drained counter.
-        self.tracker.leave(slot, epoch);
+        self.slots.close_heap()
     }
 
     /// Takes the advance lock, which serializes advances and holds the number made. A
@@ -271,7 +261,7 @@ impl Epochs {
         alloc: &Allocator,
     ) -> Result<Epoch> {
         self.check_running()?;
-        let result = self.advance_locked(&mut advancing.reclaim, media, alloc);
+        let result = self.advance_locked(advancing, media, alloc);
         if result.is_err() {
             self.stop();
         } else {
@@ -289,16 +279,11 @@ impl Epochs {
         result
     }
 
-    /// Whether no ended operation left writes (and, with `reclaim`, blocks to reclaim) in
-    /// any bucket. Called with the advance lock held, so no advance is half done: a drained
-    /// bucket means its epoch's writes are durable and the stored word covers it.
-    fn nothing_pending(&self, reclaim: bool) -> bool {
-        self.slots.iter().all(|slot| {
-            let buckets = lock(&slot.buckets);
-            buckets.iter().all(|b| {
-                b.persist.is_empty() && (!reclaim || (b.victims.is_empty() && b.antis.is_empty()))
-            })
-        })
+    /// Whether no ended operation left anything (writes, or blocks to reclaim) in any
+    /// slot's log. Called with the advance lock held, so no advance is half done: a drained
+    /// log means its epoch's writes are durable and the stored word covers it.
+    fn nothing_pending(&self) -> bool {
+        !self.slots.any_filled()
     }
 
     /// What `sync` waits for: every operation that ended before the call is durable and
@@ -317,7 +302,7 @@ impl Epochs {
         let target = self.current().plus(2);
         let ticket = {
             let mut advancing = self.lock_advance()?;
-            if !self.nothing_pending(false) {
+            if !self.nothing_pending() {
                 while self.current() < target {
                     self.advance_held(&mut advancing, media, alloc)?;
                 }
@@ -337,7 +322,7 @@ impl Epochs {
     /// checkpoint when three quarters of the ring are in use.
     fn tick(&self, media: &Media, alloc: &Allocator) -> Result<()> {
         let mut advancing = self.lock_advance()?;
-        if !(self.nothing_pending(true) && advancing.reclaim.is_empty()) {
+        if !(self.nothing_pending() && advancing.reclaim.is_empty()) {
             self.advance_held(&mut advancing, media, alloc)?;
         }
         let blocked = advancing.reclaim.blocked_for(2);
@@ -359,26 +344,32 @@ impl Epochs {
 
     fn advance_locked(
         &self,
-        reclaim: &mut Reclaim,
+        advancing: &mut Advancing,
         media: &Media,
         alloc: &Allocator,
     ) -> Result<Epoch> {
+        let Advancing {
+            reclaim, publisher, ..
+        } = advancing;
         let e = self.current();
-        // 1. Every operation of e - 1 has ended (INV-EP-1).
-        self.tracker.wait_quiescent(e.minus(1));
-        // 2-3. Collect the write-backs of e - 1 and what e - 2 retired.
+        // 1-3. Once every operation of e - 1 has ended (INV-EP-1), collect its write-backs,
+        // and what e - 2 retired. (Before the first epoch these name no epoch that ran, and
+        // the logs are empty.)
         let mut persist = Vec::new();
         let mut written = Vec::new();
         let mut victims = Vec::new();
         let mut antis = Vec::new();
-        for slot in &self.slots {
-            let mut buckets = lock(&slot.buckets);
-            // Before the first epoch these name no epoch that ran, and their buckets are
-            // empty.
-            persist.append(&mut buckets[e.minus(1).slot4()].persist);
-            written.append(&mut buckets[e.minus(1).slot4()].written);
-            victims.append(&mut buckets[e.minus(2).slot4()].victims);
-            antis.append(&mut buckets[e.minus(2).slot4()].antis);
+        self.slots.drain_logs(publisher, e.minus(1), |log| {
+            persist.append(&mut log.persist);
+            written.append(&mut log.written);
+            !(log.victims.is_empty() && log.antis.is_empty())
+        });
+        if e.minus(2) < e.minus(1) {
+            self.slots.drain_logs(publisher, e.minus(2), |log| {
+                victims.append(&mut log.victims);
+                antis.append(&mut log.antis);
+                !log.persist.is_empty()
+            });
         }
         reclaim.retire(e.minus(2), victims, antis);
         // 2b. The payload checksums of the blocks of e - 1 written in place, whose payloads no
@@ -418,7 +409,7 @@ impl Epochs {
         }
         reclaim.sealed(alloc, media, next, ticket, staged);
         // 6. Publish (INV-EP-1).
-        self.tracker.publish(next);
+        self.slots.publish(publisher, next);
         Ok(next)
     }
 
@@ -443,12 +434,40 @@ impl Epochs {
     /// the reclamation pipeline. Advancing the clock gives them back to the allocator.
     pub(crate) fn reclamation_pending(&self) -> Result<bool> {
         let advancing = self.lock_advance()?;
-        Ok(!(self.nothing_pending(true) && advancing.reclaim.is_empty()))
+        Ok(!(self.nothing_pending() && advancing.reclaim.is_empty()))
     }
 
     /// How many advances this heap has made since it was opened.
     pub(crate) fn advances(&self) -> u64 {
         lock(&self.advance).count
+    }
+}
+
+/// The allocator caches of a caller outside any operation: a shared slot's, under its lock,
+/// and, when the heap is full, those of idle slots.
+#[derive(Debug)]
+pub(crate) struct OutsideOp<'a>(&'a Slots<SlotState, Bucket>);
+
+impl Caches for OutsideOp<'_> {
+    fn mine<R>(&self, f: impl FnOnce(&mut ThreadCache) -> R) -> R {
+        self.0.with_shared_state(|state| f(&mut state.cache))
+    }
+
+    fn find_idle<R>(&self, mut f: impl FnMut(&mut ThreadCache) -> Option<R>) -> Option<R> {
+        self.0.find_idle(|state| f(&mut state.cache))
+    }
+}
+
+/// What an operation allocates with: its own slot's cache and, when the heap is full, those
+/// of idle slots.
+impl Caches for std::cell::RefCell<OpAnnouncement<'_>> {
+    fn mine<R>(&self, f: impl FnOnce(&mut ThreadCache) -> R) -> R {
+        self.borrow_mut().state(|state| f(&mut state.cache))
+    }
+
+    fn find_idle<R>(&self, mut f: impl FnMut(&mut ThreadCache) -> Option<R>) -> Option<R> {
+        let slots = self.borrow().slots();
+        slots.find_idle(|state| f(&mut state.cache))
     }
 }
 

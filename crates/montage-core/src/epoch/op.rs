@@ -6,7 +6,7 @@
 use std::cell::{Cell, RefCell, RefMut};
 use std::marker::PhantomData;
 
-use super::Runtime;
+use super::{OpAnnouncement, Runtime};
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, BlockView, OwnerId, PBlock};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{HEADER_LEN, TRAILER_LEN};
@@ -93,10 +93,12 @@ struct OpLog {
 pub struct OpGuard<'h> {
     runtime: &'h Runtime,
     epoch: Epoch,
-    slot: usize,
     /// Taken back to the thread's spare logs when the operation ends.
     log: RefCell<Option<Box<OpLog>>>,
     done: Cell<bool>,
+    /// The operation's announcement, and through it its thread slot: withdrawn when the
+    /// guard is dropped, after `finish` has handed everything to the advancer.
+    announcement: RefCell<OpAnnouncement<'h>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -123,14 +125,13 @@ impl<'h> OpGuard<'h> {
         let Some(log) = log else {
             return Err(Error::NestedOperation);
         };
-        let slot = runtime.epochs.slot_index(crate::thread_id::current());
-        match runtime.epochs.announce(slot) {
-            Ok(epoch) => Ok(OpGuard {
+        match runtime.epochs.announce() {
+            Ok(announcement) => Ok(OpGuard {
                 runtime,
-                epoch,
-                slot,
+                epoch: announcement.epoch(),
                 log: RefCell::new(log),
                 done: Cell::new(false),
+                announcement: RefCell::new(announcement),
                 _not_send: PhantomData,
             }),
             Err(err) => {
@@ -192,9 +193,10 @@ impl<'h> OpGuard<'h> {
 
     fn alloc_spec(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
-        let block = shared
-            .alloc
-            .alloc(&shared.media, spec, bytes.len() as u64)?;
+        let block =
+            shared
+                .alloc
+                .alloc(&shared.media, &self.announcement, spec, bytes.len() as u64)?;
         let mut log = self.log();
         log.allocated.push(block);
         log.persist.push((
@@ -379,10 +381,7 @@ impl<'h> OpGuard<'h> {
     /// Runs `f` only if the clock still reads this operation's epoch, and keeps the clock
     /// from moving on until `f` returns (INV-EP-4): `None` if the epoch has moved.
     pub(crate) fn verified<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        self.runtime
-            .epochs
-            .tracker()
-            .verify(self.slot, self.epoch, f)
+        self.announcement.borrow().verify(f)
     }
 
     /// Checks that `type_id` may be stored under `name` in this heap, registering it the
@@ -523,14 +522,16 @@ impl<'h> OpGuard<'h> {
                 // PERSIST: as above.
                 .and_then(|()| shared.media.fence());
         }
-        shared.epochs.retire_op(
-            self.slot,
-            self.epoch,
-            &mut log.persist,
-            &mut log.resealed,
-            &mut log.victims,
-            &mut log.antis,
-        );
+        // Everything goes into the slot's log of this epoch before the announcement is
+        // withdrawn (when the guard is dropped), so the advancer takes it with the epoch.
+        if !(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty()) {
+            self.announcement.borrow_mut().log(|bucket| {
+                bucket.persist.append(&mut log.persist);
+                bucket.written.append(&mut log.resealed);
+                bucket.victims.append(&mut log.victims);
+                bucket.antis.append(&mut log.antis);
+            });
+        }
         // Everything was handed over; what is left is capacity for the next operation.
         log.allocated.clear();
         debug_assert!(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty());

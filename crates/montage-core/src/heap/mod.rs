@@ -355,7 +355,10 @@ impl Inner {
         }
         // A final sync: everything completed so far becomes durable.
         shared.runtime.sync_closing()?;
-        shared.runtime.alloc.drain_all(&shared.runtime.media)?;
+        shared
+            .runtime
+            .epochs
+            .drain_pending_frees(&shared.runtime.media, &shared.runtime.alloc)?;
         shared.runtime.media.store(CLEAN_SHUTDOWN_OFFSET, 1)?;
         // PERSIST: the clean flag is the last thing written; everything before it is durable
         // by the drains above and by the callers' own persists.

@@ -136,7 +136,7 @@ impl Heap {
         };
         let shared = Shared {
             runtime: Runtime {
-                alloc: Allocator::new(geometry, config.thread_slots, free),
+                alloc: Allocator::new(geometry, free),
                 epochs: Epochs::new(Epoch::FIRST, 1, config.thread_slots, config.epoch_length),
                 media,
                 types: Registry::empty(creation_id),
@@ -312,7 +312,7 @@ impl Heap {
         }
         let shared = Shared {
             runtime: Runtime {
-                alloc: Allocator::new(geometry, config.thread_slots, free),
+                alloc: Allocator::new(geometry, free),
                 epochs: Epochs::new(
                     stored.word,
                     next_uid,

@@ -50,12 +50,14 @@ impl RawHeap<'_> {
     /// [`Error::OutOfSpace`] when the heap cannot fit the block; [`Error::Poisoned`] after a
     /// failed write-back.
     pub fn alloc(&self, spec: BlockSpec, len: u64) -> Result<PBlock> {
-        self.heap.shared().runtime.epochs.check_open()?;
-        self.heap
-            .shared()
-            .runtime
-            .alloc
-            .alloc(&self.heap.shared().runtime.media, spec, len)
+        let runtime = &self.heap.shared().runtime;
+        runtime.epochs.check_open()?;
+        runtime.alloc.alloc(
+            &runtime.media,
+            &runtime.epochs.outside_op_caches(),
+            spec,
+            len,
+        )
     }
 
     /// Allocates a block holding `bytes`.
@@ -80,12 +82,11 @@ impl RawHeap<'_> {
     ///
     /// [`Error::InvalidBlock`] if `block` is not a live block (a double free).
     pub fn free(&self, block: PBlock) -> Result<()> {
-        self.heap.shared().runtime.epochs.check_open()?;
-        self.heap
-            .shared()
-            .runtime
+        let runtime = &self.heap.shared().runtime;
+        runtime.epochs.check_open()?;
+        runtime
             .alloc
-            .free(&self.heap.shared().runtime.media, block)
+            .free(&runtime.media, &runtime.epochs.outside_op_caches(), block)
     }
 
     /// Writes `bytes` into `block`'s payload at byte `at`.

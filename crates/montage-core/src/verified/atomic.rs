@@ -610,13 +610,17 @@ pub(crate) mod reclaim {
 #[cfg(all(test, montage_loom))]
 mod loom_tests {
     use super::*;
+    use crate::epoch::tracker::Slots;
     use loom::sync::Arc;
 
     const INSTANCE: u64 = 1;
 
-    fn clock(tracker: &Tracker) -> Clock<'_> {
+    /// Slots whose clock reads 1, and their publisher.
+    type TestSlots = Slots<(), ()>;
+
+    fn clock(slots: &TestSlots) -> Clock<'_> {
         Clock {
-            tracker,
+            tracker: slots.tracker(),
             instance: INSTANCE,
         }
     }
@@ -627,7 +631,8 @@ mod loom_tests {
     #[test]
     fn a_swap_never_succeeds_after_the_epoch_moved() {
         loom::model(|| {
-            let tracker = Arc::new(Tracker::new(Epoch::new(1), 1));
+            let (tracker, mut publisher) = TestSlots::new(Epoch::new(1), 1);
+            let tracker = Arc::new(tracker);
             let word = Arc::new(Word::new(encode(0u32)));
             let owner = {
                 let (tracker, word) = (tracker.clone(), word.clone());
@@ -642,7 +647,7 @@ mod loom_tests {
                     .is_ok()
                 })
             };
-            tracker.publish(Epoch::new(2));
+            tracker.publish(&mut publisher, Epoch::new(2));
             let seen: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
             let succeeded = owner.join().unwrap();
             if succeeded {
@@ -663,7 +668,8 @@ mod loom_tests {
     #[test]
     fn competing_swaps_lose_no_value() {
         loom::model(|| {
-            let tracker = Arc::new(Tracker::new(Epoch::new(1), 2));
+            let (tracker, _publisher) = TestSlots::new(Epoch::new(1), 2);
+            let tracker = Arc::new(tracker);
             let word = Arc::new(Word::new(encode(0u32)));
             let swappers: Vec<_> = [1u32, 2]
                 .into_iter()
