@@ -38,7 +38,7 @@ use crate::base::layout::{
 use crate::error::{Error, Result};
 use crate::persist::Media;
 use block::{BlockInfo, BlockSpec, PBlock};
-use size_class::{NUM_CLASSES, blocks_per_span, class_for, class_size, spans_for};
+use size_class::{NUM_CLASSES, blocks_per_span, class_for, class_size, is_block_start, spans_for};
 
 /// How many blocks a thread cache takes from (or gives back to) a class pool at once.
 const REFILL: usize = 64;
@@ -314,6 +314,7 @@ impl Allocator {
     }
 
     /// Where the block at `offset` lives, if `offset` is a block start of a carved span.
+    #[inline]
     fn locate(&self, offset: u64) -> Result<Place> {
         let invalid = || Error::InvalidBlock { offset };
         let span = self
@@ -336,8 +337,7 @@ impl Allocator {
             return Err(invalid());
         }
         let class = (state - 1) as u8;
-        let size = class_size(class);
-        if !within.is_multiple_of(size) || within / size >= blocks_per_span(class) {
+        if !is_block_start(class, within) {
             return Err(invalid());
         }
         Ok(Place::Small { class })
@@ -365,6 +365,7 @@ impl Allocator {
         self.checked_header(media, block, true)
     }
 
+    #[inline]
     fn checked_header(&self, media: &Media, block: PBlock, prefetch: bool) -> Result<BlockInfo> {
         let capacity = self.locate(block.0)?.capacity();
         if prefetch {
@@ -449,11 +450,9 @@ impl Allocator {
         offset: u64,
         header: &RawHeader,
     ) -> Result<()> {
-        let mut body = [0u8; 32];
-        for (chunk, word) in body.chunks_exact_mut(8).zip(header.body_words()) {
-            chunk.copy_from_slice(&word.to_le_bytes());
+        for (at, word) in (offset + 8..).step_by(8).zip(header.body_words()) {
+            media.store(at, word)?;
         }
-        media.write(offset + 8, &body)?;
         media.store(offset, header.meta(offset, self.geometry.creation_id))
     }
 
@@ -870,6 +869,7 @@ pub(crate) fn payload_intact(
 }
 
 /// Reads the header at `offset` and returns it if valid.
+#[inline]
 pub(crate) fn read_header(
     media: &Media,
     creation_id: u64,
@@ -880,13 +880,10 @@ pub(crate) fn read_header(
     if meta == 0 {
         return Ok(None);
     }
-    let mut body = [0u8; 32];
-    media.read(offset + 8, &mut body)?;
+    // The body words after the meta word (whose Acquire load orders these after it).
     let mut words = [meta, 0, 0, 0, 0];
-    for (word, chunk) in words[1..].iter_mut().zip(body.chunks_exact(8)) {
-        let mut bytes = [0u8; 8];
-        bytes.copy_from_slice(chunk);
-        *word = u64::from_le_bytes(bytes);
+    for (at, word) in (offset + 8..).step_by(8).zip(&mut words[1..]) {
+        *word = media.load(at)?;
     }
     Ok(RawHeader::decode(words, offset, creation_id)
         .and_then(|raw| BlockInfo::from_raw(PBlock(offset), raw, capacity)))

@@ -37,6 +37,53 @@ pub(crate) fn class_for(total: u64) -> Option<u8> {
         .and_then(|class| u8::try_from(class).ok())
 }
 
+/// Per class, `ceil(2^64 / m)` for blocks of `m` lines (0 for one line), so that a count of
+/// lines `n < 2^32` is a multiple of `m` exactly when `n * c <= c - 1` in wrapping
+/// arithmetic: one multiplication instead of a division (Lemire, Kaser and Kurz, "Faster
+/// remainder by direct computation", 2019).
+// Evaluated by the compiler: an index out of bounds fails the build.
+#[allow(clippy::indexing_slicing)]
+const LINE_MULTIPLES: [u64; NUM_CLASSES] = {
+    let mut out = [0u64; NUM_CLASSES];
+    let mut class = 0;
+    while class < NUM_CLASSES {
+        let lines = CLASS_SIZES[class] / LINE;
+        out[class] = (u64::MAX / lines).wrapping_add(1);
+        class += 1;
+    }
+    out
+};
+
+/// Bytes in a cache line, the unit every class size is a multiple of.
+const LINE: u64 = 64;
+
+// Evaluated by the compiler, as above.
+#[allow(clippy::indexing_slicing)]
+const _: () = {
+    let mut class = 0;
+    while class < NUM_CLASSES {
+        assert!(CLASS_SIZES[class].is_multiple_of(LINE));
+        class += 1;
+    }
+};
+
+/// Whether `within`, an offset inside a span, is where a block of `class` starts in a span
+/// carved for that class: a multiple of the class size whose block ends inside the span.
+/// No division: the hot paths ask this for every block handle they are given.
+#[inline]
+pub(crate) fn is_block_start(class: u8, within: u64) -> bool {
+    let Some(&multiple) = LINE_MULTIPLES.get(usize::from(class)) else {
+        return false;
+    };
+    let size = class_size(class);
+    if within & (LINE - 1) != 0 || within.checked_add(size).is_none_or(|end| end > SPAN_SIZE) {
+        return false;
+    }
+    // A whole number of lines below the span size (64 KiB), so well under 2^32.
+    let lines = within / LINE;
+    lines.wrapping_mul(multiple) <= multiple.wrapping_sub(1)
+}
+
 /// The block size of `class`.
 pub(crate) fn class_size(class: u8) -> u64 {
     CLASS_SIZES
@@ -64,6 +111,22 @@ pub(crate) fn spans_for(total: u64) -> u64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn block_starts_are_exactly_the_multiples_of_the_class_size_inside_the_span() {
+        for class in 0..u8::try_from(NUM_CLASSES).unwrap() {
+            let size = class_size(class);
+            for within in 0..SPAN_SIZE + 2 * MAX_CLASS_SIZE {
+                let expected = within % size == 0 && within / size < blocks_per_span(class);
+                assert_eq!(
+                    is_block_start(class, within),
+                    expected,
+                    "class {class} ({size} B), offset {within}"
+                );
+            }
+        }
+        assert!(!is_block_start(u8::try_from(NUM_CLASSES).unwrap(), 0));
+    }
 
     #[test]
     fn classes_are_sorted_line_multiples() {

@@ -336,6 +336,7 @@ const SPAN_KIND_LARGE: u64 = 2;
 /// creation id and the payload's bytes, so that a payload copied to another block or heap
 /// does not match either. Written with the payload, and again when the epoch is written back
 /// for a payload changed in part (INV-SUM-1).
+#[inline]
 pub(crate) fn payload_checksum(offset: u64, creation_id: u64, payload: &[u8]) -> u32 {
     checksum(&[offset, creation_id], payload)
 }
@@ -347,11 +348,9 @@ pub(crate) const fn block_capacity(size: u64) -> u64 {
 }
 
 /// crc32c of the little-endian bytes of `words`, then of `tail`.
+#[inline]
 fn checksum(words: &[u64], tail: &[u8]) -> u32 {
-    let crc = words.iter().fold(0, |crc, word| {
-        crc32c::crc32c_append(crc, &word.to_le_bytes())
-    });
-    crc32c::crc32c_append(crc, tail)
+    super::crc::append(super::crc::append_words(0, words), tail)
 }
 
 fn span_check(index: u64, creation_id: u64, upper: u64) -> u64 {
@@ -410,6 +409,7 @@ impl RawHeader {
     }
 
     /// The meta word that makes this header valid for a block at `offset`.
+    #[inline]
     pub(crate) fn meta(&self, offset: u64, creation_id: u64) -> u64 {
         let upper = (HEADER_TAG << META_TAG_SHIFT)
             | ((self.epoch & META_EPOCH_MASK) << META_EPOCH_SHIFT)
@@ -419,6 +419,7 @@ impl RawHeader {
 
     /// Decodes a header from its five words, or `None` if it is not a valid header for a
     /// block at `offset` (free, torn, stale or garbage).
+    #[inline]
     pub(crate) fn decode(words: [u64; 5], offset: u64, creation_id: u64) -> Option<RawHeader> {
         let [meta, epoch, uid, type_id, owner_len] = words;
         if meta_epoch_bits(meta)? != epoch & META_EPOCH_MASK {
@@ -463,9 +464,8 @@ pub(crate) fn epoch_bits_in(bits: u64, after: u64, through: u64) -> bool {
     bits.wrapping_sub(first) & META_EPOCH_MASK < count
 }
 
+#[inline]
 fn header_crc(offset: u64, creation_id: u64, upper: u64, body: &[u64; 4]) -> u32 {
-    // One contiguous buffer: a single call over 56 bytes is faster than seven over 8 each.
-    let mut bytes = [0u8; 56];
     let words = [
         offset,
         creation_id,
@@ -475,10 +475,7 @@ fn header_crc(offset: u64, creation_id: u64, upper: u64, body: &[u64; 4]) -> u32
         body[2],
         body[3],
     ];
-    for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
-        chunk.copy_from_slice(&word.to_le_bytes());
-    }
-    crc32c::crc32c(&bytes)
+    super::crc::append_words(0, &words)
 }
 
 /// A table of 64-byte entries (the directory, the type registry): each a 56-byte body and

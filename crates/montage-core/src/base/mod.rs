@@ -3,6 +3,8 @@
 //! region every access goes through. Nothing here knows about write-back, allocation or
 //! epochs.
 
+#[allow(unsafe_code)]
+pub(crate) mod crc;
 pub(crate) mod epoch;
 pub(crate) mod layout;
 #[allow(unsafe_code)]

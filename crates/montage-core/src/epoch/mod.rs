@@ -97,6 +97,29 @@ pub(crate) struct Bucket {
     antis: Vec<PBlock>,
 }
 
+impl Bucket {
+    /// Takes what an ending operation left: its written ranges, the blocks it changed in part
+    /// in place, the versions it retired and its anti-blocks.
+    fn take_from(
+        &mut self,
+        persist: &mut Vec<(u64, u64)>,
+        written: &mut Vec<PBlock>,
+        victims: &mut Vec<PBlock>,
+        antis: &mut Vec<PBlock>,
+    ) {
+        self.persist.append(persist);
+        self.written.append(written);
+        self.victims.append(victims);
+        self.antis.append(antis);
+        // The advancer read these lines when it last took this log: ask for the next ones now,
+        // so that a later operation's entries do not wait for them (the wait would fall on
+        // the next locked instruction, the operation's leave).
+        crate::persist::prefetch_tail_for_write(&self.persist);
+        crate::persist::prefetch_tail_for_write(&self.victims);
+        crate::persist::prefetch_tail_for_write(&self.antis);
+    }
+}
+
 /// What a thread slot keeps between operations: the thread's allocator cache.
 #[derive(Debug, Default)]
 pub(crate) struct SlotState {

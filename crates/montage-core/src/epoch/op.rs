@@ -526,10 +526,12 @@ impl<'h> OpGuard<'h> {
         // withdrawn (when the guard is dropped), so the advancer takes it with the epoch.
         if !(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty()) {
             self.announcement.borrow_mut().log(|bucket| {
-                bucket.persist.append(&mut log.persist);
-                bucket.written.append(&mut log.resealed);
-                bucket.victims.append(&mut log.victims);
-                bucket.antis.append(&mut log.antis);
+                bucket.take_from(
+                    &mut log.persist,
+                    &mut log.resealed,
+                    &mut log.victims,
+                    &mut log.antis,
+                );
             });
         }
         // Everything was handed over; what is left is capacity for the next operation.

@@ -375,6 +375,24 @@ impl Media {
     }
 }
 
+/// Asks the CPU to bring the cache line two lines past the end of `items` into its cache for
+/// writing: for a log that grows by a few entries per operation and that another thread
+/// (the advancer) read last, so that the stores of the next operations find their lines
+/// rather than each wait for one. Only a hint; the address may lie past the allocation.
+#[inline]
+pub(crate) fn prefetch_tail_for_write<T>(items: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    x86::prefetch_write(
+        items
+            .as_ptr()
+            .wrapping_add(items.len())
+            .cast::<u8>()
+            .wrapping_add(2 * CACHE_LINE as usize),
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = items;
+}
+
 /// The start offsets of the cache lines that `[offset, offset + len)` touches. The end is
 /// computed before the start is rounded down, so an unaligned range never loses its last line.
 pub(crate) fn lines(offset: u64, len: u64) -> impl Iterator<Item = u64> {
