@@ -102,6 +102,7 @@ impl Held {
 }
 
 /// Holds the calling thread's id (see [`Held`]).
+#[inline]
 pub(crate) fn hold() -> Held {
     let id = STATE
         .try_with(|state| {

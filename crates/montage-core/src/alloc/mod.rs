@@ -365,7 +365,9 @@ impl Allocator {
         self.checked_header(media, block, true)
     }
 
-    #[inline]
+    // Always inlined, like `read_header`, whose reasons it shares.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn checked_header(&self, media: &Media, block: PBlock, prefetch: bool) -> Result<BlockInfo> {
         let capacity = self.locate(block.0)?.capacity();
         if prefetch {
@@ -868,8 +870,11 @@ pub(crate) fn payload_intact(
     Ok(u32::from_le_bytes(stored) == payload_checksum(info.block.offset(), creation_id, buf))
 }
 
-/// Reads the header at `offset` and returns it if valid.
-#[inline]
+/// Reads the header at `offset` and returns it if valid. Always inlined: the hot paths call
+/// it through `checked_header`, and a `BlockInfo` returned through memory was read back in
+/// wider pieces than it was written, which the CPU cannot forward from its store buffer.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 pub(crate) fn read_header(
     media: &Media,
     creation_id: u64,

@@ -211,6 +211,7 @@ impl Epochs {
     }
 
     /// Announces an operation in the calling thread's slot (INV-EP-1).
+    #[inline]
     pub(crate) fn announce(&self) -> Result<OpAnnouncement<'_>> {
         self.check_running()?;
         self.slots

@@ -111,6 +111,7 @@ impl std::fmt::Debug for OpGuard<'_> {
 }
 
 impl<'h> OpGuard<'h> {
+    #[inline]
     pub(crate) fn begin(runtime: &'h Runtime) -> Result<OpGuard<'h>> {
         let id = runtime.epochs.instance();
         let log = LOCAL.with(|local| {

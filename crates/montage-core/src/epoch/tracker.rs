@@ -132,6 +132,7 @@ impl Tracker {
     /// Announces an operation in the slot whose counters are `counters` (owned, if `owned`);
     /// returns the epoch it runs in, or `None` once the tracker is
     /// [closed](Self::close_heap).
+    #[inline]
     fn announce(&self, counters: &Counters, owned: bool) -> Option<Epoch> {
         loop {
             let epoch = self.current();
@@ -398,6 +399,7 @@ impl<S, L> Slots<S, L> {
     ///
     /// [`Refused::Closed`] once the heap is closed; [`Refused::Nested`] if the thread has an
     /// operation announced in its owned slot already.
+    #[inline]
     pub(crate) fn announce(&self, held: Held) -> Result<Announcement<'_, S, L>, Refused> {
         let slot = self.slot_of(held.id());
         let counters = self.counters(slot);

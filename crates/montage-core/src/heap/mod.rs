@@ -231,6 +231,7 @@ impl Heap {
     /// [`Error::NestedOperation`] if this thread already has an operation open on this heap;
     /// [`Error::ClockStopped`] if an epoch advance failed; [`Error::Closed`] once the heap is
     /// closed.
+    #[inline]
     pub fn begin_op(&self) -> Result<OpGuard<'_>> {
         OpGuard::begin(&self.shared().runtime)
     }
