@@ -6,7 +6,7 @@
 //! ...   value bytes (Codec encoding of the value), to the end of the payload
 //! ```
 
-use montage_core::payload::Fingerprint;
+use montage_core::payload::{EncodeAs, Fingerprint};
 use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 /// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
@@ -27,25 +27,29 @@ pub(crate) fn encode<K: Codec, V: Codec>(key: &K, value: &V) -> Vec<u8> {
 }
 
 /// The entry's bytes, in `out` (cleared first), so that a caller with a buffer of its own
-/// allocates nothing.
-pub(crate) fn encode_into<K: Codec, V: Codec>(out: &mut Vec<u8>, key: &K, value: &V) {
+/// allocates nothing. The value may be any form that encodes as a `V` (see [`EncodeAs`]).
+pub(crate) fn encode_into<K: Codec, V: Codec, Q: EncodeAs<V> + ?Sized>(
+    out: &mut Vec<u8>,
+    key: &K,
+    value: &Q,
+) {
     out.clear();
     out.extend_from_slice(&[0; 4]);
     key.encode(out);
     let key_len = u32::try_from(out.len() - 4).unwrap_or(u32::MAX);
     out[..4].copy_from_slice(&key_len.to_le_bytes());
-    value.encode(out);
+    value.encode_as(out);
 }
 
 /// Runs `f` with the entry's bytes, encoded into this thread's encoding buffer (one buffer
 /// per thread rather than an allocation per write; a nested call gets a buffer of its own).
-pub(crate) fn with_encoded<K: Codec, V: Codec, R>(
+pub(crate) fn with_encoded<K: Codec, V: Codec, Q: EncodeAs<V> + ?Sized, R>(
     key: &K,
-    value: &V,
+    value: &Q,
     f: impl FnOnce(&[u8]) -> R,
 ) -> R {
     crate::structure::with_encode_buffer(|out| {
-        encode_into(out, key, value);
+        encode_into::<K, V, Q>(out, key, value);
         f(out)
     })
 }

@@ -37,6 +37,7 @@ use std::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
+use montage_core::payload::EncodeAs;
 use montage_core::{Attached, Codec, Heap, OpGuard, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
@@ -276,7 +277,7 @@ where
     // index, since an aborted attempt must be able to run again).
     #[allow(clippy::needless_pass_by_value)]
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
-        entry::with_encoded(&key, &value, |bytes| {
+        entry::with_encoded::<K, V, V, _>(&key, &value, |bytes| {
             self.attached.heap().run_op(|op| {
                 let mut old = None;
                 self.put_in(op, &key, bytes, Some(&mut old))?;
@@ -294,7 +295,31 @@ where
     /// As [`insert`](Self::insert).
     #[allow(clippy::needless_pass_by_value)] // as `insert`
     pub fn put(&self, key: K, value: V) -> Result<bool> {
-        entry::with_encoded(&key, &value, |bytes| {
+        self.put_ref(key, &value)
+    }
+
+    /// Sets `key` to a value given in any form that encodes as a `V` (see [`EncodeAs`]: a
+    /// `&[u8]` for `Vec<u8>` values, a `&str` for `String` ones, or a `&V`), as
+    /// [`put`](Self::put) does; returns whether the key was present. The map only copies a
+    /// value into the heap, so a caller holding bytes need not build an owned `V` first.
+    ///
+    /// ```
+    /// # use montage_core::{Heap, HeapConfig};
+    /// # use montage_collections::HashMap;
+    /// # let heap = Heap::create(&HeapConfig::in_memory(8 << 20))?;
+    /// let map: HashMap<u64, Vec<u8>> = HashMap::open(&heap, "blobs")?;
+    /// let received: &[u8] = b"straight from a socket buffer";
+    /// map.put_ref(7, received)?;
+    /// assert_eq!(map.get(&7)?.as_deref(), Some(received));
+    /// # Ok::<(), montage_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // as `insert`
+    pub fn put_ref<Q: EncodeAs<V> + ?Sized>(&self, key: K, value: &Q) -> Result<bool> {
+        entry::with_encoded::<K, V, Q, _>(&key, value, |bytes| {
             self.attached
                 .heap()
                 .run_op(|op| self.put_in(op, &key, bytes, None))

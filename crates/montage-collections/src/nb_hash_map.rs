@@ -23,6 +23,7 @@
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 
+use montage_core::payload::EncodeAs;
 use montage_core::verified::VerifiedList;
 use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result};
 
@@ -196,7 +197,7 @@ where
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); as [`get`](Self::get).
     #[allow(clippy::needless_pass_by_value)] // as `std`'s: the map keeps the value (encoded)
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
-        entry::with_encoded(&key, &value, |bytes| {
+        entry::with_encoded::<K, V, V, _>(&key, &value, |bytes| {
             self.attached
                 .heap()
                 .run_op(|op| match self.find(op, &key)? {
@@ -217,7 +218,19 @@ where
     /// As [`insert`](Self::insert).
     #[allow(clippy::needless_pass_by_value)] // as `insert`
     pub fn put(&self, key: K, value: V) -> Result<bool> {
-        entry::with_encoded(&key, &value, |bytes| {
+        self.put_ref(key, &value)
+    }
+
+    /// Sets `key` to a value given in any form that encodes as a `V` (see [`EncodeAs`]), as
+    /// [`put`](Self::put) does; returns whether the key was present. See
+    /// [`HashMap::put_ref`](crate::HashMap::put_ref).
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // as `insert`
+    pub fn put_ref<Q: EncodeAs<V> + ?Sized>(&self, key: K, value: &Q) -> Result<bool> {
+        entry::with_encoded::<K, V, Q, _>(&key, value, |bytes| {
             self.attached
                 .heap()
                 .run_op(|op| match self.find_block(op, &key)? {

@@ -20,6 +20,7 @@ fn sim_heap(size: u64) -> Heap {
 enum Step {
     Insert(u8, u16),
     Put(u8, u16),
+    PutRef(u8, u16),
     Remove(u8),
     Delete(u8),
     Get(u8),
@@ -33,6 +34,7 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         4 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::Insert(k % 16, v)),
         2 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::Put(k % 16, v)),
+        1 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::PutRef(k % 16, v)),
         2 => any::<u8>().prop_map(|k| Step::Remove(k % 16)),
         1 => any::<u8>().prop_map(|k| Step::Delete(k % 16)),
         2 => any::<u8>().prop_map(|k| Step::Get(k % 16)),
@@ -64,6 +66,11 @@ proptest! {
                     // Long values too: they are read back past the default decoder's stack buffer.
                     let value = v.to_le_bytes().repeat(usize::from(v % 300));
                     prop_assert_eq!(map.put(u64::from(k), value.clone()).unwrap(), model.insert(u64::from(k), value).is_some());
+                }
+                Step::PutRef(k, v) => {
+                    // A borrowed slice, stored as the `Vec<u8>` it encodes as.
+                    let value = v.to_le_bytes().repeat(usize::from(v % 300));
+                    prop_assert_eq!(map.put_ref(u64::from(k), &value[..]).unwrap(), model.insert(u64::from(k), value).is_some());
                 }
                 Step::Remove(k) => prop_assert_eq!(map.remove(&u64::from(k)).unwrap(), model.remove(&u64::from(k))),
                 Step::Delete(k) => prop_assert_eq!(map.delete(&u64::from(k)).unwrap(), model.remove(&u64::from(k)).is_some()),
@@ -158,6 +165,27 @@ fn typed_values_and_string_keys() {
     assert_eq!(map.get("bob").unwrap(), None);
     assert_eq!(map.remove("alice").unwrap().map(|a| a.balance), Some(15));
     assert!(!map.contains_key("alice").unwrap());
+}
+
+/// `put_ref` stores a borrowed form exactly as `put` stores the owned value it encodes as:
+/// a `&str` for `String` values, read back (and after a reopen) as the `String`.
+#[test]
+fn put_ref_stores_a_borrowed_form_as_its_owned_type() {
+    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let map: HashMap<u64, String> = HashMap::open(&heap, "names").unwrap();
+    assert!(!map.put_ref(1, "first").unwrap());
+    assert!(map.put_ref(1, "second").unwrap());
+    map.put(2, "owned".to_owned()).unwrap();
+    assert_eq!(map.get(&1).unwrap().as_deref(), Some("second"));
+    drop(map);
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(1);
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    let map: HashMap<u64, String> = HashMap::open(&heap, "names").unwrap();
+    assert_eq!(map.get(&1).unwrap().as_deref(), Some("second"));
+    assert_eq!(map.get(&2).unwrap().as_deref(), Some("owned"));
 }
 
 #[test]

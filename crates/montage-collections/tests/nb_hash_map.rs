@@ -19,7 +19,7 @@ proptest! {
     /// keys' stamps and their purge), with few buckets so that lists grow, and a reopened
     /// heap holds the same entries.
     #[test]
-    fn behaves_like_std_and_survives_a_reopen(steps in proptest::collection::vec((0u8..8, 0u8..24, any::<u16>()), 1..150)) {
+    fn behaves_like_std_and_survives_a_reopen(steps in proptest::collection::vec((0u8..9, 0u8..24, any::<u16>()), 1..150)) {
         let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
         let heap = Heap::create(&config).unwrap();
         let map: NbHashMap<u64, Vec<u8>> = NbHashMap::with_buckets(&heap, "m", 4).unwrap();
@@ -43,6 +43,8 @@ proptest! {
                     prop_assert_eq!(got, want);
                 }
                 5 => prop_assert_eq!(map.put(key, value.clone()).unwrap(), model.insert(key, value).is_some()),
+                // A borrowed slice, stored as the `Vec<u8>` it encodes as.
+                7 => prop_assert_eq!(map.put_ref(key, &value[..]).unwrap(), model.insert(key, value).is_some()),
                 6 => prop_assert_eq!(map.delete(&key).unwrap(), model.remove(&key).is_some()),
                 _ => { heap.advance_epoch().unwrap(); }
             }

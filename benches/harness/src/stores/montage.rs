@@ -84,10 +84,11 @@ macro_rules! map_store {
                 Ok($map::get(self, &key)?.map(|v| v.len()))
             }
 
-            // `put` and `delete`: like every other contender's, the write does not read the
-            // value it replaces.
+            // `put_ref` and `delete`: like every other contender's, the write does not read the
+            // value it replaces; and it copies the caller's bytes into the heap, with no owned
+            // value built first.
             fn insert(&self, key: u64, value: &[u8]) -> Result {
-                $map::put(self, key, value.to_vec())?;
+                $map::put_ref(self, key, value)?;
                 Ok(())
             }
 

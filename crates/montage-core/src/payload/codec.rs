@@ -47,6 +47,50 @@ pub trait Codec: Sized + Send + Sync + 'static {
     }
 }
 
+/// A value a structure can store as the [`Codec`] type `C` without being a `C`: a borrowed
+/// form whose encoding is exactly the one `C::encode` writes for the equal `C` (`[u8]` for
+/// `Vec<u8>` and `Box<[u8]>`, `str` for `String`). Structures take one where they only copy
+/// a value into the heap (`HashMap::put_ref`), so that the caller need not build an owned
+/// `C` first. Every `Codec` type encodes as itself.
+///
+/// ```
+/// use montage_core::payload::EncodeAs;
+///
+/// let mut owned = Vec::new();
+/// let mut borrowed = Vec::new();
+/// <Vec<u8> as EncodeAs<Vec<u8>>>::encode_as(&vec![1, 2, 3], &mut owned);
+/// <[u8] as EncodeAs<Vec<u8>>>::encode_as(&[1, 2, 3][..], &mut borrowed);
+/// assert_eq!(owned, borrowed);
+/// ```
+pub trait EncodeAs<C: Codec> {
+    /// Appends the encoding `C::encode` writes for the `C` equal to `self`.
+    fn encode_as(&self, out: &mut Vec<u8>);
+}
+
+impl<C: Codec> EncodeAs<C> for C {
+    fn encode_as(&self, out: &mut Vec<u8>) {
+        self.encode(out);
+    }
+}
+
+impl EncodeAs<Vec<u8>> for [u8] {
+    fn encode_as(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl EncodeAs<Box<[u8]>> for [u8] {
+    fn encode_as(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl EncodeAs<String> for str {
+    fn encode_as(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
 /// A byte string of `len` bytes read by `read` into its own allocation.
 fn read_bytes(
     len: usize,
@@ -184,6 +228,26 @@ mod tests {
         fn decode(bytes: &[u8]) -> Option<Self> {
             Some(Long(bytes.try_into().ok()?))
         }
+    }
+
+    /// The encoding of `borrowed` as `C` and of the owned `C` equal to it.
+    fn both<C: Codec, Q: EncodeAs<C> + ?Sized>(owned: &C, borrowed: &Q) -> (Vec<u8>, Vec<u8>) {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        owned.encode(&mut a);
+        borrowed.encode_as(&mut b);
+        (a, b)
+    }
+
+    #[test]
+    fn borrowed_forms_encode_as_their_owned_types() {
+        let (a, b) = both(&vec![1u8, 2, 250], &[1u8, 2, 250][..]);
+        assert_eq!(a, b);
+        let (a, b) = both(&vec![1u8, 2, 250].into_boxed_slice(), &[1u8, 2, 250][..]);
+        assert_eq!(a, b);
+        let (a, b) = both(&"gr\u{fc}\u{df}e".to_owned(), "gr\u{fc}\u{df}e");
+        assert_eq!(a, b);
+        let (a, b) = both(&77u64, &77u64);
+        assert_eq!(a, b);
     }
 
     #[test]
