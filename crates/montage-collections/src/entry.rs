@@ -6,7 +6,7 @@
 //! ...   value bytes (Codec encoding of the value), to the end of the payload
 //! ```
 
-use montage_core::payload::{EncodeAs, Fingerprint};
+use montage_core::payload::{EncodeAs, Encoded, Fingerprint};
 use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 /// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
@@ -87,7 +87,7 @@ pub(crate) fn view_value<V: Codec>(view: &BlockView<'_>) -> Result<V> {
     let value_len = u64::from(view.info().len)
         .checked_sub(at)
         .ok_or_else(corrupted)?;
-    V::decode_from(value_len as usize, |buf| view.read(at, buf))?.ok_or_else(corrupted)
+    V::decode_from(Encoded::in_payload(*view, at, value_len as usize)?)?.ok_or_else(corrupted)
 }
 
 /// The value of the entry in `block`, read in `op` (see [`view_value`]).

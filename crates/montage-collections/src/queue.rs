@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
-use montage_core::payload::Fingerprint;
+use montage_core::payload::{Encoded, Fingerprint};
 use montage_core::{Attached, BlockView, Codec, Error, Heap, OpGuard, PBlock, Result, StampedLock};
 
 use crate::structure::{self, lock};
@@ -94,7 +94,7 @@ pub(crate) fn read_value<T: Codec>(view: &BlockView<'_>) -> Result<T> {
     let len = u64::from(view.info().len)
         .checked_sub(8)
         .ok_or_else(|| corrupted(offset))?;
-    T::decode_from(len as usize, |buf| view.read(8, buf))?.ok_or_else(|| corrupted(offset))
+    T::decode_from(Encoded::in_payload(*view, 8, len as usize)?)?.ok_or_else(|| corrupted(offset))
 }
 
 /// The type id of a queue's element payloads.

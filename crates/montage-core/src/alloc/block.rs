@@ -197,14 +197,31 @@ impl<'a> BlockView<'a> {
         self.media.read(self.info.block.payload_offset() + at, buf)
     }
 
+    /// `len` bytes of the payload from byte `at`, copied once into a new vector.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfBounds`] if the range does not lie inside the payload.
+    pub fn read_to_vec(&self, at: u64, len: usize) -> Result<Vec<u8>> {
+        if at
+            .checked_add(len as u64)
+            .is_none_or(|end| end > u64::from(self.info.len))
+        {
+            return Err(Error::OutOfBounds {
+                offset: at,
+                len: len as u64,
+            });
+        }
+        self.media
+            .read_to_vec(self.info.block.payload_offset() + at, len)
+    }
+
     /// The whole payload.
     ///
     /// # Errors
     ///
     /// Only if the heap cannot be read, which a validated heap never causes.
     pub fn bytes(&self) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; self.info.len as usize];
-        self.read(0, &mut buf)?;
-        Ok(buf)
+        self.read_to_vec(0, self.info.len as usize)
     }
 }

@@ -3,6 +3,8 @@
 //! strings have variable length; integers, and every `#[derive(Payload)]` type (the derive
 //! implements `Codec` too), have a fixed one.
 
+use crate::alloc::block::BlockView;
+
 /// A key or value that a structure can store in its payloads.
 ///
 /// `CODEC_ID` names the encoding: structures mix it into the type ids of their payloads, so
@@ -18,31 +20,118 @@ pub trait Codec: Sized + Send + Sync + 'static {
     /// Decodes a value from exactly the bytes `encode` wrote; `None` if they are not one.
     fn decode(bytes: &[u8]) -> Option<Self>;
 
-    /// Decodes a value of `len` encoded bytes that `read` copies into the buffer it is
-    /// given (of exactly `len` bytes), as [`decode`](Self::decode) would from those bytes.
-    /// Structures call it to decode straight from the heap.
+    /// Decodes a value from its encoded bytes where a structure found them (in a block's
+    /// payload, usually), as [`decode`](Self::decode) would from those bytes. Structures
+    /// call it to decode straight from the heap.
     ///
-    /// The default reads into a buffer on the stack (or, past 256 bytes, one allocation)
-    /// and calls `decode`; byte strings read into their own allocation instead, so a value
-    /// is copied out of the heap once.
+    /// The default copies the bytes into a buffer on the stack (or, past 256 bytes, one
+    /// allocation) and calls `decode`; byte strings copy them into their own allocation
+    /// instead ([`Encoded::to_vec`]), so a value is copied out of the heap once.
     ///
     /// # Errors
     ///
-    /// Whatever `read` returns.
-    fn decode_from(
-        len: usize,
-        read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
-    ) -> crate::error::Result<Option<Self>> {
+    /// What reading the bytes returns (a heap error).
+    fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
         const STACK: usize = 256;
+        let len = encoded.len();
         if len <= STACK {
             let mut buf = [0u8; STACK];
             let bytes = &mut buf[..len];
-            read(bytes)?;
+            encoded.read(bytes)?;
             Ok(Self::decode(bytes))
         } else {
-            let mut buf = vec![0u8; len];
-            read(&mut buf)?;
-            Ok(Self::decode(&buf))
+            Ok(Self::decode(&encoded.to_vec()?))
+        }
+    }
+}
+
+/// The encoded bytes of one key or value, where a structure found them: a range of a
+/// block's payload, or bytes in memory. [`Codec::decode_from`] copies them out once, into a
+/// buffer of its own or, for byte strings, straight into the value ([`to_vec`]).
+///
+/// [`to_vec`]: Encoded::to_vec
+#[derive(Debug, Clone, Copy)]
+pub struct Encoded<'a>(Source<'a>);
+
+#[derive(Debug, Clone, Copy)]
+enum Source<'a> {
+    Payload {
+        view: BlockView<'a>,
+        at: u64,
+        len: usize,
+    },
+    Bytes(&'a [u8]),
+}
+
+impl<'a> Encoded<'a> {
+    /// The `len` bytes of `view`'s payload from byte `at`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) if the range does not lie inside
+    /// the payload.
+    pub fn in_payload(view: BlockView<'a>, at: u64, len: usize) -> crate::error::Result<Self> {
+        if at
+            .checked_add(len as u64)
+            .is_none_or(|end| end > u64::from(view.info().len))
+        {
+            return Err(crate::error::Error::OutOfBounds {
+                offset: at,
+                len: len as u64,
+            });
+        }
+        Ok(Encoded(Source::Payload { view, at, len }))
+    }
+
+    /// Bytes already in memory.
+    pub fn from_bytes(bytes: &'a [u8]) -> Self {
+        Encoded(Source::Bytes(bytes))
+    }
+
+    /// How many bytes there are.
+    pub fn len(&self) -> usize {
+        match self.0 {
+            Source::Payload { len, .. } => len,
+            Source::Bytes(bytes) => bytes.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies the bytes into `buf`, which must be exactly [`len`](Self::len) long.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) if `buf` has another length; a
+    /// heap error from reading the payload.
+    pub fn read(&self, buf: &mut [u8]) -> crate::error::Result<()> {
+        if buf.len() != self.len() {
+            return Err(crate::error::Error::OutOfBounds {
+                offset: 0,
+                len: buf.len() as u64,
+            });
+        }
+        match self.0 {
+            Source::Payload { view, at, .. } => view.read(at, buf),
+            Source::Bytes(bytes) => {
+                buf.copy_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
+    /// The bytes, copied once into a new vector (with nothing written to its memory first).
+    ///
+    /// # Errors
+    ///
+    /// A heap error from reading the payload.
+    pub fn to_vec(&self) -> crate::error::Result<Vec<u8>> {
+        match self.0 {
+            Source::Payload { view, at, len } => view.read_to_vec(at, len),
+            Source::Bytes(bytes) => Ok(bytes.to_vec()),
         }
     }
 }
@@ -91,16 +180,6 @@ impl EncodeAs<String> for str {
     }
 }
 
-/// A byte string of `len` bytes read by `read` into its own allocation.
-fn read_bytes(
-    len: usize,
-    read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
-) -> crate::error::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    read(&mut buf)?;
-    Ok(buf)
-}
-
 const fn id(name: &str) -> u64 {
     crate::fingerprint::Fingerprint::new()
         .str("codec")
@@ -116,11 +195,8 @@ impl Codec for Vec<u8> {
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.to_vec())
     }
-    fn decode_from(
-        len: usize,
-        read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
-    ) -> crate::error::Result<Option<Self>> {
-        read_bytes(len, read).map(Some)
+    fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
+        encoded.to_vec().map(Some)
     }
 }
 
@@ -132,11 +208,8 @@ impl Codec for Box<[u8]> {
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.into())
     }
-    fn decode_from(
-        len: usize,
-        read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
-    ) -> crate::error::Result<Option<Self>> {
-        read_bytes(len, read).map(|bytes| Some(bytes.into_boxed_slice()))
+    fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
+        encoded.to_vec().map(|bytes| Some(bytes.into_boxed_slice()))
     }
 }
 
@@ -148,11 +221,8 @@ impl Codec for String {
     fn decode(bytes: &[u8]) -> Option<Self> {
         String::from_utf8(bytes.to_vec()).ok()
     }
-    fn decode_from(
-        len: usize,
-        read: impl FnOnce(&mut [u8]) -> crate::error::Result<()>,
-    ) -> crate::error::Result<Option<Self>> {
-        read_bytes(len, read).map(|bytes| String::from_utf8(bytes).ok())
+    fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
+        encoded.to_vec().map(|bytes| String::from_utf8(bytes).ok())
     }
 }
 
@@ -209,10 +279,7 @@ mod tests {
         let mut bytes = Vec::new();
         value.encode(&mut bytes);
         assert_eq!(T::decode(&bytes), Some(value.clone()));
-        let decoded = T::decode_from(bytes.len(), |buf| {
-            buf.copy_from_slice(&bytes);
-            Ok(())
-        });
+        let decoded = T::decode_from(Encoded::from_bytes(&bytes));
         assert_eq!(decoded.unwrap(), Some(value));
     }
 
@@ -251,22 +318,46 @@ mod tests {
     }
 
     #[test]
-    fn decode_from_reads_once_and_passes_errors_on() {
+    fn decode_from_reads_a_payload_range_once_and_checks_its_bounds() {
+        use crate::alloc::block::BlockSpec;
+        use crate::base::epoch::Epoch;
+        use crate::config::HeapConfig;
+        use crate::heap::Heap;
+
         round_trip(Long([9; 300]));
         round_trip(vec![3u8; 1000]);
+        let heap = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        // A prefix of 4 bytes, then 300 bytes of value (past the default's stack buffer
+        // and the vector copy's threshold), then a byte that is no UTF-8.
+        let mut payload = vec![0u8; 4];
+        payload.extend_from_slice(&[7u8; 300]);
+        payload.push(0xff);
+        let block = heap
+            .raw()
+            .alloc_bytes(BlockSpec::new(Epoch::FIRST, 1), &payload)
+            .unwrap();
+        let view = heap.view(block).unwrap();
+        let value = Encoded::in_payload(view, 4, 300).unwrap();
+        assert_eq!(value.len(), 300);
+        assert_eq!(Vec::<u8>::decode_from(value).unwrap(), Some(vec![7u8; 300]));
+        assert_eq!(Long::decode_from(value).unwrap(), Some(Long([7; 300])));
         assert_eq!(
-            String::decode_from(1, |buf| {
-                buf[0] = 0xff;
-                Ok(())
-            })
-            .unwrap(),
+            String::decode_from(Encoded::in_payload(view, 304, 1).unwrap()).unwrap(),
+            None,
+            "bytes that are no UTF-8 are no String"
+        );
+        assert_eq!(
+            u64::decode_from(Encoded::in_payload(view, 0, 3).unwrap()).unwrap(),
             None
         );
-        assert_eq!(u64::decode_from(3, |_| Ok(())).unwrap(), None);
-        let failed = Long::decode_from(300, |_| Err(crate::error::Error::Poisoned));
-        assert!(matches!(failed, Err(crate::error::Error::Poisoned)));
-        let failed = Vec::<u8>::decode_from(8, |_| Err(crate::error::Error::Poisoned));
-        assert!(matches!(failed, Err(crate::error::Error::Poisoned)));
+        assert!(matches!(
+            Encoded::in_payload(view, 4, 302),
+            Err(crate::error::Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            value.read(&mut [0u8; 299]),
+            Err(crate::error::Error::OutOfBounds { .. })
+        ));
     }
 
     #[test]

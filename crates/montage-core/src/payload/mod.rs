@@ -23,7 +23,7 @@ pub(crate) mod access;
 pub(crate) mod codec;
 
 pub use crate::fingerprint::Fingerprint;
-pub use codec::{Codec, EncodeAs};
+pub use codec::{Codec, EncodeAs, Encoded};
 
 use std::marker::PhantomData;
 

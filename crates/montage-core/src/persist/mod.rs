@@ -189,6 +189,13 @@ impl Media {
         self.region.read(offset, buf)
     }
 
+    /// The `len` heap bytes at `offset`, copied once into a new vector (see
+    /// `Region::read_to_vec`).
+    #[inline]
+    pub(crate) fn read_to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.region.read_to_vec(offset, len)
+    }
+
     /// Copies `bytes` into the heap at `offset`.
     #[inline]
     pub(crate) fn write(&self, offset: u64, bytes: &[u8]) -> Result<()> {
