@@ -116,6 +116,7 @@ impl BlockSpec {
         self
     }
 
+    #[inline]
     pub(crate) fn raw(self, len: u32) -> RawHeader {
         RawHeader {
             kind: self.kind as u8,

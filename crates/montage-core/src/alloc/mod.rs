@@ -446,6 +446,7 @@ impl Allocator {
 
     /// Writes a whole header: the four body words, then the meta word, which with its
     /// checksum makes the header valid (INV-HDR-1).
+    #[inline]
     pub(crate) fn write_header(
         &self,
         media: &Media,

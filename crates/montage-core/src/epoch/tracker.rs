@@ -639,13 +639,21 @@ impl<'s, S, L> Announcement<'s, S, L> {
 impl<S, L> Drop for Announcement<'_, S, L> {
     fn drop(&mut self) {
         let counters = self.slots.counters(self.slot);
+        let counter = &counters.running[self.epoch.slot4()];
         if matches!(self.slot, SlotId::Own(_)) {
             // ORDERING: only the owner reads or writes `busy`.
             counters.busy.store(false, Ordering::Relaxed);
+            // An owned slot's counters change only in its owner's thread (announce, its
+            // withdrawals, this), so the decrement needs no read-modify-write: a plain
+            // store, where a locked instruction would wait for every store before it.
+            // ORDERING: Relaxed load of a value only this thread writes; Release store, as
+            // below.
+            counter.store(counter.load(Ordering::Relaxed) - 1, Ordering::Release);
+        } else {
+            // ORDERING: Release: what the operation did to the slot's cells happens-before
+            // the advancer's or a thief's SeqCst (hence Acquire) read of the drained counter.
+            counter.fetch_sub(1, Ordering::Release);
         }
-        // ORDERING: Release: what the operation did to the slot's cells happens-before the
-        // advancer's or a thief's SeqCst (hence Acquire) read of the drained counter.
-        counters.running[self.epoch.slot4()].fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -808,6 +816,43 @@ mod loom_tests {
             // An operation of epoch 1 left 1 in the log the drain took; one of epoch 2 wrote
             // the log of epoch 2, which the drain did not touch.
             assert_eq!(taken, u64::from(epoch == 1));
+        });
+    }
+
+    /// An owner runs two operations in a row (its leave is a plain store, not a locked
+    /// decrement) while the advancer publishes and drains twice: every value an operation
+    /// logged in a drained epoch is taken exactly once, and the counters end at zero.
+    #[test]
+    fn an_owner_leaves_with_a_plain_store_and_the_advancer_sees_it() {
+        loom::model(|| {
+            let (slots, mut publisher) = slots(1, 1);
+            let op = {
+                let slots = slots.clone();
+                loom::thread::spawn(move || {
+                    let mut epochs = Vec::new();
+                    for _ in 0..2 {
+                        let mut ann = slots.announce(Held::for_loom(0)).unwrap();
+                        let epoch = ann.epoch().get();
+                        ann.log(|log| *log += 1);
+                        epochs.push(epoch);
+                    }
+                    epochs
+                })
+            };
+            let mut taken = 0;
+            for next in [2u64, 3] {
+                slots.publish(&mut publisher, Epoch::new(next));
+                slots.drain_logs(&mut publisher, Epoch::new(next - 1), |log| {
+                    taken += std::mem::take(log);
+                    false
+                });
+            }
+            let epochs = op.join().unwrap();
+            let drained = epochs.iter().filter(|&&e| e < 3).count() as u64;
+            assert_eq!(taken, drained, "operations of epochs {epochs:?}");
+            for epoch in 1..=3 {
+                assert!(slots.tracker.is_quiescent(Epoch::new(epoch)));
+            }
         });
     }
 
