@@ -117,6 +117,11 @@ impl Reclaim {
                 staged.antis.extend(retired.antis);
             }
         }
+        // In address order (highest first): the invalidating stores walk the heap rather than
+        // jump about it, and the blocks reach the class pools, which hand out from the end,
+        // in the order that gives allocations neighbouring blocks one after another (warm
+        // pages, a stream the prefetcher follows) rather than a random page each.
+        blocks.sort_unstable_by(|a, b| b.cmp(a));
         staged.pending = alloc.invalidate(media, &blocks)?;
         Ok(staged)
     }
