@@ -80,6 +80,7 @@ pub(crate) fn decode<K: Codec, V: Codec>(bytes: &[u8]) -> Result<(K, V)> {
 /// The value of the entry `view` shows, copied out of the heap once: the key's length, then
 /// the value's bytes straight into the value (see [`Codec::decode_from`]); the key is not
 /// read.
+#[inline]
 pub(crate) fn view_value<V: Codec>(view: &BlockView<'_>) -> Result<V> {
     let mut len = [0u8; 4];
     view.read(0, &mut len).map_err(|_| corrupted())?;
@@ -87,7 +88,7 @@ pub(crate) fn view_value<V: Codec>(view: &BlockView<'_>) -> Result<V> {
     let value_len = u64::from(view.info().len)
         .checked_sub(at)
         .ok_or_else(corrupted)?;
-    V::decode_from(Encoded::in_payload(*view, at, value_len as usize)?)?.ok_or_else(corrupted)
+    V::decode_from(Encoded::in_payload(view, at, value_len as usize)?)?.ok_or_else(corrupted)
 }
 
 /// The value of the entry in `block`, read in `op` (see [`view_value`]).

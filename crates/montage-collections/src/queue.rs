@@ -94,7 +94,7 @@ pub(crate) fn read_value<T: Codec>(view: &BlockView<'_>) -> Result<T> {
     let len = u64::from(view.info().len)
         .checked_sub(8)
         .ok_or_else(|| corrupted(offset))?;
-    T::decode_from(Encoded::in_payload(*view, 8, len as usize)?)?.ok_or_else(|| corrupted(offset))
+    T::decode_from(Encoded::in_payload(view, 8, len as usize)?)?.ok_or_else(|| corrupted(offset))
 }
 
 /// The type id of a queue's element payloads.

@@ -187,6 +187,7 @@ impl<'a> BlockView<'a> {
     /// # Errors
     ///
     /// [`Error::OutOfBounds`] if the range does not lie inside the payload.
+    #[inline]
     pub fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
         let len = buf.len() as u64;
         if at
@@ -203,6 +204,7 @@ impl<'a> BlockView<'a> {
     /// # Errors
     ///
     /// [`Error::OutOfBounds`] if the range does not lie inside the payload.
+    #[inline]
     pub fn read_to_vec(&self, at: u64, len: usize) -> Result<Vec<u8>> {
         if at
             .checked_add(len as u64)

@@ -187,6 +187,7 @@ impl Region {
     /// [`read`](Self::read) into a buffer of one's own, nothing is written to the vector's
     /// memory before the copy (zeroing a 1 KiB value first cost a read of it a tenth of its
     /// time).
+    #[inline]
     pub(crate) fn read_to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         #[cfg(target_arch = "x86_64")]
         if len >= STRING_COPY_MIN {

@@ -56,7 +56,7 @@ pub struct Encoded<'a>(Source<'a>);
 #[derive(Debug, Clone, Copy)]
 enum Source<'a> {
     Payload {
-        view: BlockView<'a>,
+        view: &'a BlockView<'a>,
         at: u64,
         len: usize,
     },
@@ -70,7 +70,8 @@ impl<'a> Encoded<'a> {
     ///
     /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) if the range does not lie inside
     /// the payload.
-    pub fn in_payload(view: BlockView<'a>, at: u64, len: usize) -> crate::error::Result<Self> {
+    #[inline]
+    pub fn in_payload(view: &'a BlockView<'a>, at: u64, len: usize) -> crate::error::Result<Self> {
         if at
             .checked_add(len as u64)
             .is_none_or(|end| end > u64::from(view.info().len))
@@ -84,11 +85,13 @@ impl<'a> Encoded<'a> {
     }
 
     /// Bytes already in memory.
+    #[inline]
     pub fn from_bytes(bytes: &'a [u8]) -> Self {
         Encoded(Source::Bytes(bytes))
     }
 
     /// How many bytes there are.
+    #[inline]
     pub fn len(&self) -> usize {
         match self.0 {
             Source::Payload { len, .. } => len,
@@ -97,6 +100,7 @@ impl<'a> Encoded<'a> {
     }
 
     /// Whether there are none.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -107,6 +111,7 @@ impl<'a> Encoded<'a> {
     ///
     /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) if `buf` has another length; a
     /// heap error from reading the payload.
+    #[inline]
     pub fn read(&self, buf: &mut [u8]) -> crate::error::Result<()> {
         if buf.len() != self.len() {
             return Err(crate::error::Error::OutOfBounds {
@@ -128,6 +133,7 @@ impl<'a> Encoded<'a> {
     /// # Errors
     ///
     /// A heap error from reading the payload.
+    #[inline]
     pub fn to_vec(&self) -> crate::error::Result<Vec<u8>> {
         match self.0 {
             Source::Payload { view, at, len } => view.read_to_vec(at, len),
@@ -195,6 +201,7 @@ impl Codec for Vec<u8> {
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.to_vec())
     }
+    #[inline]
     fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
         encoded.to_vec().map(Some)
     }
@@ -208,6 +215,7 @@ impl Codec for Box<[u8]> {
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.into())
     }
+    #[inline]
     fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
         encoded.to_vec().map(|bytes| Some(bytes.into_boxed_slice()))
     }
@@ -221,6 +229,7 @@ impl Codec for String {
     fn decode(bytes: &[u8]) -> Option<Self> {
         String::from_utf8(bytes.to_vec()).ok()
     }
+    #[inline]
     fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
         encoded.to_vec().map(|bytes| String::from_utf8(bytes).ok())
     }
@@ -337,21 +346,21 @@ mod tests {
             .alloc_bytes(BlockSpec::new(Epoch::FIRST, 1), &payload)
             .unwrap();
         let view = heap.view(block).unwrap();
-        let value = Encoded::in_payload(view, 4, 300).unwrap();
+        let value = Encoded::in_payload(&view, 4, 300).unwrap();
         assert_eq!(value.len(), 300);
         assert_eq!(Vec::<u8>::decode_from(value).unwrap(), Some(vec![7u8; 300]));
         assert_eq!(Long::decode_from(value).unwrap(), Some(Long([7; 300])));
         assert_eq!(
-            String::decode_from(Encoded::in_payload(view, 304, 1).unwrap()).unwrap(),
+            String::decode_from(Encoded::in_payload(&view, 304, 1).unwrap()).unwrap(),
             None,
             "bytes that are no UTF-8 are no String"
         );
         assert_eq!(
-            u64::decode_from(Encoded::in_payload(view, 0, 3).unwrap()).unwrap(),
+            u64::decode_from(Encoded::in_payload(&view, 0, 3).unwrap()).unwrap(),
             None
         );
         assert!(matches!(
-            Encoded::in_payload(view, 4, 302),
+            Encoded::in_payload(&view, 4, 302),
             Err(crate::error::Error::OutOfBounds { .. })
         ));
         assert!(matches!(
