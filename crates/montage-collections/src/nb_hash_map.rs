@@ -83,7 +83,7 @@ where
     /// The table does not grow, and each bucket is a list searched node by node (a cache
     /// miss a node): give it about as many buckets as it will hold keys. With a million keys
     /// in the default 65,536 buckets, reads ran at 0.4x the striped [`HashMap`]'s; with a
-    /// million buckets (8 MiB of DRAM), at 0.6x (`docs/PERFORMANCE.md`).
+    /// million buckets (8 MiB of DRAM), at 0.68x to 0.86x (`docs/PERFORMANCE.md`).
     ///
     /// [`HashMap`]: crate::HashMap
     ///
@@ -130,29 +130,37 @@ where
         &self.buckets[hash as usize & (self.buckets.len() - 1)]
     }
 
+    /// `key`'s bucket, for a method about to begin an operation on it: its line is asked
+    /// for first, so that it arrives while the operation begins.
+    fn bucket_ahead(&self, key: &K) -> &VerifiedList<K> {
+        let bucket = self.bucket(key);
+        bucket.prefetch();
+        bucket
+    }
+
     /// The key's payload and value as `op` sees them. A payload replaced between the load
     /// of its offset and the read (it becomes invalid when the replacing operation ends)
     /// is looked up again.
-    fn find(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<Found<V>>> {
-        self.find_with(op, key, |block| entry::read_value(op, block))
+    fn find(op: &OpGuard<'_>, bucket: &VerifiedList<K>, key: &K) -> Result<Option<Found<V>>> {
+        Self::find_with(op, bucket, key, |block| entry::read_value(op, block))
     }
 
     /// The key's payload, checked live (as [`find`](Self::find), without reading the value).
-    fn find_block(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<PBlock>> {
-        Ok(self
-            .find_with(op, key, |block| op.info(block).map(|_| ()))?
-            .map(|found| found.block))
+    fn find_block(op: &OpGuard<'_>, bucket: &VerifiedList<K>, key: &K) -> Result<Option<PBlock>> {
+        Ok(
+            Self::find_with(op, bucket, key, |block| op.info(block).map(|_| ()))?
+                .map(|found| found.block),
+        )
     }
 
     /// The key's payload and what `read` makes of it, looking the key up again when the
     /// payload was replaced between the load of its offset and the read.
     fn find_with<T>(
-        &self,
         op: &OpGuard<'_>,
+        bucket: &VerifiedList<K>,
         key: &K,
         read: impl Fn(PBlock) -> Result<T>,
     ) -> Result<Option<Found<T>>> {
-        let bucket = self.bucket(key);
         let mut last = None;
         loop {
             let Some(offset) = bucket.get(op, key)? else {
@@ -174,9 +182,10 @@ where
     ///
     /// A heap error ([`Error::Corrupted`] for an entry that does not decode, ...).
     pub fn get(&self, key: &K) -> Result<Option<V>> {
+        let bucket = self.bucket_ahead(key);
         self.attached
             .heap()
-            .run_op(|op| Ok(self.find(op, key)?.map(|found| found.value)))
+            .run_op(|op| Ok(Self::find(op, bucket, key)?.map(|found| found.value)))
     }
 
     /// Whether the map holds `key`.
@@ -185,9 +194,10 @@ where
     ///
     /// As [`get`](Self::get).
     pub fn contains_key(&self, key: &K) -> Result<bool> {
+        let bucket = self.bucket_ahead(key);
         self.attached
             .heap()
-            .run_op(|op| Ok(self.find(op, key)?.is_some()))
+            .run_op(|op| Ok(Self::find(op, bucket, key)?.is_some()))
     }
 
     /// Sets `key` to `value`; returns the value it replaced.
@@ -197,15 +207,16 @@ where
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); as [`get`](Self::get).
     #[allow(clippy::needless_pass_by_value)] // as `std`'s: the map keeps the value (encoded)
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
+        let bucket = self.bucket_ahead(&key);
         entry::with_encoded::<K, V, V, _>(&key, &value, |bytes| {
             self.attached
                 .heap()
-                .run_op(|op| match self.find(op, &key)? {
+                .run_op(|op| match Self::find(op, bucket, &key)? {
                     Some(old) => {
-                        self.replace_in(op, &key, old.block, bytes)?;
+                        Self::replace_in(op, bucket, &key, old.block, bytes)?;
                         Ok(Some(old.value))
                     }
-                    None => self.insert_new(op, &key, bytes).map(|()| None),
+                    None => self.insert_new(op, bucket, &key, bytes).map(|()| None),
                 })
         })
     }
@@ -230,27 +241,39 @@ where
     /// As [`insert`](Self::insert).
     #[allow(clippy::needless_pass_by_value)] // as `insert`
     pub fn put_ref<Q: EncodeAs<V> + ?Sized>(&self, key: K, value: &Q) -> Result<bool> {
+        let bucket = self.bucket_ahead(&key);
         entry::with_encoded::<K, V, Q, _>(&key, value, |bytes| {
             self.attached
                 .heap()
-                .run_op(|op| match self.find_block(op, &key)? {
-                    Some(block) => self.replace_in(op, &key, block, bytes).map(|()| true),
-                    None => self.insert_new(op, &key, bytes).map(|()| false),
+                .run_op(|op| match Self::find_block(op, bucket, &key)? {
+                    Some(block) => Self::replace_in(op, bucket, &key, block, bytes).map(|()| true),
+                    None => self.insert_new(op, bucket, &key, bytes).map(|()| false),
                 })
         })
     }
 
     /// Replaces the entry `old` of `key` with a new version holding `bytes`.
-    fn replace_in(&self, op: &OpGuard<'_>, key: &K, old: PBlock, bytes: &[u8]) -> Result<()> {
+    fn replace_in(
+        op: &OpGuard<'_>,
+        bucket: &VerifiedList<K>,
+        key: &K,
+        old: PBlock,
+        bytes: &[u8],
+    ) -> Result<()> {
         let new = op.copy_update(old, bytes).map_err(contended)?;
-        self.bucket(key)
+        bucket
             .replace(op, key, old.offset(), new.offset())?
             .map_err(|_| Error::Aborted)
     }
 
     /// Adds an entry holding `bytes` for `key`, which `op` found absent.
-    fn insert_new(&self, op: &OpGuard<'_>, key: &K, bytes: &[u8]) -> Result<()> {
-        let bucket = self.bucket(key);
+    fn insert_new(
+        &self,
+        op: &OpGuard<'_>,
+        bucket: &VerifiedList<K>,
+        key: &K,
+        bytes: &[u8],
+    ) -> Result<()> {
         let new = op.alloc(self.attached.owner(), self.type_id, bytes)?;
         bucket
             .insert(op, key, new.offset())?
@@ -265,11 +288,12 @@ where
     ///
     /// As [`insert`](Self::insert).
     pub fn remove(&self, key: &K) -> Result<Option<V>> {
+        let bucket = self.bucket_ahead(key);
         self.attached.heap().run_op(|op| {
-            let Some(old) = self.find(op, key)? else {
+            let Some(old) = Self::find(op, bucket, key)? else {
                 return Ok(None);
             };
-            self.remove_in(op, key, old.block)?;
+            self.remove_in(op, bucket, key, old.block)?;
             Ok(Some(old.value))
         })
     }
@@ -281,18 +305,25 @@ where
     ///
     /// As [`insert`](Self::insert).
     pub fn delete(&self, key: &K) -> Result<bool> {
+        let bucket = self.bucket_ahead(key);
         self.attached.heap().run_op(|op| {
-            let Some(block) = self.find_block(op, key)? else {
+            let Some(block) = Self::find_block(op, bucket, key)? else {
                 return Ok(false);
             };
-            self.remove_in(op, key, block).map(|()| true)
+            self.remove_in(op, bucket, key, block).map(|()| true)
         })
     }
 
     /// Deletes the entry `old` of `key`.
-    fn remove_in(&self, op: &OpGuard<'_>, key: &K, old: PBlock) -> Result<()> {
+    fn remove_in(
+        &self,
+        op: &OpGuard<'_>,
+        bucket: &VerifiedList<K>,
+        key: &K,
+        old: PBlock,
+    ) -> Result<()> {
         op.delete(old).map_err(contended)?;
-        self.bucket(key)
+        bucket
             .remove(op, key, old.offset())?
             .map_err(|_| Error::Aborted)?;
         self.len.decrement();
@@ -309,15 +340,16 @@ where
     where
         V: Clone,
     {
+        let bucket = self.bucket_ahead(key);
         self.attached.heap().run_op(|op| {
-            let Some(old) = self.find(op, key)? else {
+            let Some(old) = Self::find(op, bucket, key)? else {
                 return Ok(None);
             };
             let new = f(&old.value);
             let block = op
                 .copy_update(old.block, &entry::encode(key, &new))
                 .map_err(contended)?;
-            self.bucket(key)
+            bucket
                 .replace(op, key, old.block.offset(), block.offset())?
                 .map_err(|_| Error::Aborted)?;
             Ok(Some(new))
@@ -336,15 +368,16 @@ where
         V: PartialEq,
     {
         let bytes = entry::encode(key, &new);
+        let bucket = self.bucket_ahead(key);
         self.attached.heap().run_op(|op| {
-            let Some(old) = self.find(op, key)? else {
+            let Some(old) = Self::find(op, bucket, key)? else {
                 return Ok(Err(None));
             };
             if old.value != *current {
                 return Ok(Err(Some(old.value)));
             }
             let block = op.copy_update(old.block, &bytes).map_err(contended)?;
-            self.bucket(key)
+            bucket
                 .replace(op, key, old.block.offset(), block.offset())?
                 .map_err(|_| Error::Aborted)?;
             Ok(Ok(()))

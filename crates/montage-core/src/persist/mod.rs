@@ -382,6 +382,16 @@ impl Media {
     }
 }
 
+/// Asks the CPU to bring the cache line `item` begins on into its cache, for a caller that
+/// will read it soon (on x86-64; nothing elsewhere). Only a hint.
+#[inline]
+pub(crate) fn prefetch_for_read<T>(item: &T) {
+    #[cfg(target_arch = "x86_64")]
+    x86::prefetch_read(std::ptr::from_ref(item).cast::<u8>());
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = item;
+}
+
 /// Asks the CPU to bring the cache line two lines past the end of `items` into its cache for
 /// writing: for a log that grows by a few entries per operation and that another thread
 /// (the advancer) read last, so that the stores of the next operations find their lines
