@@ -412,6 +412,33 @@ impl Allocator {
         Ok(PBlock(offset))
     }
 
+    /// A small block for `len` payload bytes from the caller's cache, without its header:
+    /// for a write that fills the payload while it waits for something else, and writes the
+    /// header (with [`write_header`](Self::write_header)) once it knows it. `None` when
+    /// `len` needs a large block, or when there is no small block to take (the caller falls
+    /// back to [`alloc`](Self::alloc), which reports why). Its meta word is still the durable
+    /// zero it had on the free list, so until the header is written it is as free as it was;
+    /// [`put_back`](Self::put_back) returns it unused.
+    #[inline]
+    pub(crate) fn take_small(
+        &self,
+        media: &Media,
+        caches: &impl Caches,
+        len: u64,
+    ) -> Option<PBlock> {
+        u32::try_from(len).ok()?;
+        let class = class_for(len.checked_add(HEADER_LEN + TRAILER_LEN)?)?;
+        self.alloc_small(media, caches, class, len).ok().map(PBlock)
+    }
+
+    /// Returns a block from [`take_small`](Self::take_small) whose header was never written
+    /// to the caller's cache.
+    pub(crate) fn put_back(&self, caches: &impl Caches, block: PBlock) {
+        if let Ok(Place::Small { class }) = self.locate(block.0) {
+            caches.mine(|cache| cache.free[usize::from(class)].push(block.0));
+        }
+    }
+
     /// Writes `block`'s payload checksum into its trailer, right after the payload
     /// (INV-SUM-1), and returns the range to write back (header, payload and trailer); `None`
     /// if the block holds no valid header any more (it was killed). `buf` is scratch space.

@@ -198,13 +198,7 @@ impl<'h> OpGuard<'h> {
             shared
                 .alloc
                 .alloc(&shared.media, &self.announcement, spec, bytes.len() as u64)?;
-        let mut log = self.log();
-        log.allocated.push(block);
-        log.persist.push((
-            block.offset(),
-            HEADER_LEN + bytes.len() as u64 + TRAILER_LEN,
-        ));
-        drop(log);
+        self.log_new(block, bytes.len() as u64);
         shared.media.write(block.payload_offset(), bytes)?;
         // The bytes are in hand (and in this core's cache): their checksum costs least now.
         shared
@@ -290,9 +284,27 @@ impl<'h> OpGuard<'h> {
     /// As [`info`](Self::info); [`Error::Retired`] if another operation already superseded
     /// or deleted it; [`Error::OutOfSpace`].
     pub fn update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
-        let info = self.info(block)?;
         let shared = self.runtime;
         let len = bytes.len() as u64;
+        // Most updates write a new version (the block is of an older epoch): ask for the old
+        // header's line, and fill a new block while it comes, so that its miss overlaps
+        // those stores instead of preceding them. The new block's header, written last, needs
+        // the old one's uid.
+        shared.media.prefetch_for_write(block.offset(), HEADER_LEN);
+        let filled = self.filled_block(bytes);
+        let info = match self.info(block) {
+            Ok(info) => info,
+            Err(err) => {
+                self.put_back(filled);
+                return Err(err);
+            }
+        };
+        if let Some(new) = filled {
+            if info.spec.epoch < self.epoch || len > info.capacity {
+                return self.supersede_filled(&info, new, len);
+            }
+            self.put_back(filled);
+        }
         if info.spec.epoch == self.epoch && len <= info.capacity {
             shared.media.write(block.payload_offset(), bytes)?;
             if len != u64::from(info.len) {
@@ -407,13 +419,95 @@ impl<'h> OpGuard<'h> {
 
     /// Copy-on-write: a new block with `info`'s uid holding `bytes`; the old one retired.
     fn replace(&self, info: &BlockInfo, bytes: &[u8]) -> Result<PBlock> {
-        let kind = if info.spec.epoch == self.epoch {
+        self.supersede(info, self.version_kind(info), bytes)
+    }
+
+    /// The kind of a new version of `info`'s block.
+    fn version_kind(&self, info: &BlockInfo) -> BlockKind {
+        if info.spec.epoch == self.epoch {
             // A block of this epoch has no older version unless it is an update itself.
             info.spec.kind
         } else {
             BlockKind::Update
+        }
+    }
+
+    /// A small block holding `bytes` and their checksum but no header yet (see
+    /// `Allocator::take_small`), or `None` (a large payload, no block at hand, or a failed
+    /// write, which the caller's ordinary path meets again and reports).
+    fn filled_block(&self, bytes: &[u8]) -> Option<PBlock> {
+        let shared = self.runtime;
+        let block =
+            shared
+                .alloc
+                .take_small(&shared.media, &self.announcement, bytes.len() as u64)?;
+        let written = shared
+            .media
+            .write(block.payload_offset(), bytes)
+            .and_then(|()| shared.alloc.write_trailer(&shared.media, block, bytes));
+        if written.is_err() {
+            shared.alloc.put_back(&self.announcement, block);
+            return None;
+        }
+        Some(block)
+    }
+
+    /// Returns an unused block from [`filled_block`](Self::filled_block).
+    fn put_back(&self, filled: Option<PBlock>) {
+        if let Some(block) = filled {
+            self.runtime.alloc.put_back(&self.announcement, block);
+        }
+    }
+
+    /// [`replace`](Self::replace) with the new version's payload (`len` bytes) already in
+    /// `new` (from [`filled_block`](Self::filled_block)): retires the old block, then writes
+    /// the new one's header. `new` goes back unused if the old block cannot be retired.
+    fn supersede_filled(&self, old: &BlockInfo, new: PBlock, len: u64) -> Result<PBlock> {
+        let shared = self.runtime;
+        if let Err(err) = shared.alloc.mark_retired(&shared.media, old.block) {
+            shared.alloc.put_back(&self.announcement, new);
+            return Err(err);
+        }
+        let spec = BlockSpec {
+            kind: self.version_kind(old),
+            epoch: self.epoch,
+            ..old.spec
         };
-        self.supersede(info, kind, bytes)
+        self.log_new(new, len);
+        let header = spec.raw(len as u32);
+        match shared
+            .alloc
+            .write_header(&shared.media, new.offset(), &header)
+        {
+            Ok(()) => {
+                self.log_superseded(old);
+                Ok(new)
+            }
+            Err(err) => {
+                shared.alloc.clear_retired(&shared.media, old.block)?;
+                Err(err)
+            }
+        }
+    }
+
+    /// Logs a block this operation allocated, holding `len` payload bytes: killed if the
+    /// operation aborts, written back with its epoch.
+    fn log_new(&self, block: PBlock, len: u64) {
+        let mut log = self.log();
+        log.allocated.push(block);
+        log.persist
+            .push((block.offset(), HEADER_LEN + len + TRAILER_LEN));
+    }
+
+    /// Logs `old`, superseded by this operation: killed at commit if it is of this epoch,
+    /// reclaimed as an old version otherwise.
+    fn log_superseded(&self, old: &BlockInfo) {
+        let mut log = self.log();
+        if old.spec.epoch == self.epoch {
+            log.kills.push(old.block);
+        } else {
+            log.victims.push(old.block);
+        }
     }
 
     /// Retires `old` and writes a block of `kind` with its uid, type and owner in this epoch
@@ -430,12 +524,7 @@ impl<'h> OpGuard<'h> {
         };
         match self.alloc_spec(spec, bytes) {
             Ok(block) => {
-                let mut log = self.log();
-                if old.spec.epoch == self.epoch {
-                    log.kills.push(old.block);
-                } else {
-                    log.victims.push(old.block);
-                }
+                self.log_superseded(old);
                 Ok(block)
             }
             Err(err) => {
