@@ -270,32 +270,30 @@ fn an_idle_threads_cached_blocks_go_to_a_thread_that_needs_them() {
     );
 }
 
-/// An update fills a new block before it reads the old block's header (so that its miss
+/// An update may fill a new block before it reads the old block's header (so that its miss
 /// overlaps the stores); when the update turns out to be in place, or fails, that block goes
-/// back. Were it lost, these loops would take every free block of the heap (a few thousand)
-/// many times over, and the fill at the end would find fewer than a fresh heap holds.
+/// back. Were it lost, these loops would take the heap's free blocks (a few thousand) several
+/// times over, and the fill at the end would find fewer than a fresh heap holds.
 #[test]
 fn updates_in_place_and_failed_updates_give_their_spare_block_back() {
-    let heap = Heap::create(
-        &HeapConfig::in_memory(1 << 20).epoch_length(montage_core::EpochLength::Manual),
-    )
-    .unwrap();
+    let config = HeapConfig::in_memory(1 << 20).epoch_length(montage_core::EpochLength::Manual);
+    let heap = Heap::create(&config).unwrap();
     let owner = heap.register("spares").unwrap();
-    let block = heap.run_op(|op| op.alloc(owner, 1, &[0; 100])).unwrap();
-    // In place: the block is of the clock's epoch, which never moves here.
-    for i in 0..100_000u32 {
-        let same = heap
-            .run_op(|op| op.update(block, &i.to_le_bytes().repeat(25)))
-            .unwrap();
+    let payload = |i: u32| i.to_le_bytes().repeat(25);
+    let mut block = heap.run_op(|op| op.alloc(owner, 1, &payload(0))).unwrap();
+    for i in 0..20_000u32 {
+        heap.advance_epoch().unwrap();
+        // A new version (the block is of an older epoch) keeps the thread filling first...
+        block = heap.run_op(|op| op.update(block, &payload(i))).unwrap();
+        // ...so the next update, in place (the block is of this epoch), fills one too and
+        // gives it back.
+        let same = heap.run_op(|op| op.update(block, &payload(i + 1))).unwrap();
         assert_eq!(same, block);
     }
     // Failed: the block was deleted, so every update is refused.
     heap.run_op(|op| op.delete(block)).unwrap();
-    for i in 0..100_000u32 {
-        let refused = heap
-            .begin_op()
-            .unwrap()
-            .update(block, &i.to_le_bytes().repeat(25));
+    for i in 0..20_000u32 {
+        let refused = heap.begin_op().unwrap().update(block, &payload(i));
         assert!(
             matches!(
                 refused,
@@ -304,19 +302,19 @@ fn updates_in_place_and_failed_updates_give_their_spare_block_back() {
             "{refused:?}"
         );
     }
-    // The space is all there: as many blocks fit as in a fresh heap of the same size.
-    let fresh = Heap::create(
-        &HeapConfig::in_memory(1 << 20).epoch_length(montage_core::EpochLength::Manual),
-    )
-    .unwrap();
+    // The space is all there: as many blocks fit as in a fresh heap of the same size, once
+    // the old versions are reclaimed.
+    for _ in 0..4 {
+        heap.advance_epoch().unwrap();
+    }
     let fill = |heap: &Heap| {
         let owner = heap.register("fill").unwrap();
         let mut n = 0usize;
-        while heap.run_op(|op| op.alloc(owner, 1, &[1; 100])).is_ok() {
+        while heap.run_op(|op| op.alloc(owner, 1, &payload(1))).is_ok() {
             n += 1;
         }
         n
     };
-    let expected = fill(&fresh);
+    let expected = fill(&Heap::create(&config).unwrap());
     assert!(fill(&heap) + 2 >= expected, "blocks were lost");
 }

@@ -49,6 +49,10 @@ impl ThreadState {
 
 thread_local! {
     static LOCAL: RefCell<ThreadState> = const { RefCell::new(ThreadState::new()) };
+    /// How this thread's recent updates went, a saturating count from 0 to 3: up when an
+    /// update wrote a new version, down when it wrote in place. `update` fills a new block
+    /// before it reads the old header only while it is 2 or more (see there).
+    static NEW_VERSIONS: Cell<u8> = const { Cell::new(2) };
 }
 
 /// How many uids a thread reserves at a time.
@@ -286,12 +290,19 @@ impl<'h> OpGuard<'h> {
     pub fn update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
         let len = bytes.len() as u64;
-        // Most updates write a new version (the block is of an older epoch): ask for the old
-        // header's line, and fill a new block while it comes, so that its miss overlaps
-        // those stores instead of preceding them. The new block's header, written last, needs
-        // the old one's uid.
-        shared.media.prefetch_for_write(block.offset(), HEADER_LEN);
-        let filled = self.filled_block(bytes);
+        // Where updates write new versions (blocks of older epochs: a large working set),
+        // the old header is a cache miss: ask for its line and fill a new block while it
+        // comes, so that the miss overlaps those stores instead of preceding them (the new
+        // header, written last, needs the old one's uid). Where they write in place (a hot
+        // set, rewritten within an epoch), the header is in cache and a filled block would be
+        // thrown away, so the thread's recent updates decide.
+        let versions = NEW_VERSIONS.get();
+        let filled = if versions >= 2 {
+            shared.media.prefetch_for_write(block.offset(), HEADER_LEN);
+            self.filled_block(bytes)
+        } else {
+            None
+        };
         let info = match self.info(block) {
             Ok(info) => info,
             Err(err) => {
@@ -299,13 +310,19 @@ impl<'h> OpGuard<'h> {
                 return Err(err);
             }
         };
+        let in_place = info.spec.epoch == self.epoch && len <= info.capacity;
+        NEW_VERSIONS.set(if in_place {
+            versions.saturating_sub(1)
+        } else {
+            (versions + 1).min(3)
+        });
         if let Some(new) = filled {
-            if info.spec.epoch < self.epoch || len > info.capacity {
+            if !in_place {
                 return self.supersede_filled(&info, new, len);
             }
             self.put_back(filled);
         }
-        if info.spec.epoch == self.epoch && len <= info.capacity {
+        if in_place {
             shared.media.write(block.payload_offset(), bytes)?;
             if len != u64::from(info.len) {
                 let header = info.spec.raw(len as u32);
