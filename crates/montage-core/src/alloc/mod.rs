@@ -426,7 +426,6 @@ impl Allocator {
         caches: &impl Caches,
         len: u64,
     ) -> Option<PBlock> {
-        u32::try_from(len).ok()?;
         let class = class_for(len.checked_add(HEADER_LEN + TRAILER_LEN)?)?;
         self.alloc_small(media, caches, class, len).ok().map(PBlock)
     }

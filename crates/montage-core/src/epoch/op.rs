@@ -55,6 +55,16 @@ thread_local! {
     static NEW_VERSIONS: Cell<u8> = const { Cell::new(2) };
 }
 
+/// A new version's payload, as `OpGuard::supersede` writes it.
+#[derive(Clone, Copy)]
+enum NewVersion<'b> {
+    /// Bytes for a block still to be allocated.
+    Bytes(&'b [u8]),
+    /// A block from `OpGuard::filled_block`, holding this many payload bytes and their
+    /// checksum, its header still to be written.
+    Filled(PBlock, u64),
+}
+
 /// How many uids a thread reserves at a time.
 const UID_BATCH: u64 = 1024;
 
@@ -203,12 +213,15 @@ impl<'h> OpGuard<'h> {
                 .alloc
                 .alloc(&shared.media, &self.announcement, spec, bytes.len() as u64)?;
         self.log_new(block, bytes.len() as u64);
+        self.fill(block, bytes).map(|()| block)
+    }
+
+    /// Writes `bytes` as `block`'s payload, and their checksum into its trailer.
+    fn fill(&self, block: PBlock, bytes: &[u8]) -> Result<()> {
+        let shared = self.runtime;
         shared.media.write(block.payload_offset(), bytes)?;
         // The bytes are in hand (and in this core's cache): their checksum costs least now.
-        shared
-            .alloc
-            .write_trailer(&shared.media, block, bytes)
-            .map(|()| block)
+        shared.alloc.write_trailer(&shared.media, block, bytes)
     }
 
     /// The header of `block`, checked against this operation's epoch.
@@ -316,27 +329,26 @@ impl<'h> OpGuard<'h> {
         } else {
             (versions + 1).min(3)
         });
-        if let Some(new) = filled {
-            if !in_place {
-                return self.supersede_filled(&info, new, len);
-            }
-            self.put_back(filled);
+        if !in_place {
+            let new = match filled {
+                Some(new) => NewVersion::Filled(new, len),
+                None => NewVersion::Bytes(bytes),
+            };
+            return self.supersede(&info, self.version_kind(&info), new);
         }
-        if in_place {
-            shared.media.write(block.payload_offset(), bytes)?;
-            if len != u64::from(info.len) {
-                let header = info.spec.raw(len as u32);
-                shared
-                    .alloc
-                    .write_header(&shared.media, block.offset(), &header)?;
-            }
-            shared.alloc.write_trailer(&shared.media, block, bytes)?;
-            self.log()
-                .persist
-                .push((block.offset(), HEADER_LEN + len + TRAILER_LEN));
-            return Ok(block);
+        self.put_back(filled);
+        shared.media.write(block.payload_offset(), bytes)?;
+        if len != u64::from(info.len) {
+            let header = info.spec.raw(len as u32);
+            shared
+                .alloc
+                .write_header(&shared.media, block.offset(), &header)?;
         }
-        self.replace(&info, bytes)
+        shared.alloc.write_trailer(&shared.media, block, bytes)?;
+        self.log()
+            .persist
+            .push((block.offset(), HEADER_LEN + len + TRAILER_LEN));
+        Ok(block)
     }
 
     /// Writes a new version of `block`'s payload holding `bytes` to a new block with the
@@ -436,7 +448,7 @@ impl<'h> OpGuard<'h> {
 
     /// Copy-on-write: a new block with `info`'s uid holding `bytes`; the old one retired.
     fn replace(&self, info: &BlockInfo, bytes: &[u8]) -> Result<PBlock> {
-        self.supersede(info, self.version_kind(info), bytes)
+        self.supersede(info, self.version_kind(info), NewVersion::Bytes(bytes))
     }
 
     /// The kind of a new version of `info`'s block.
@@ -458,11 +470,7 @@ impl<'h> OpGuard<'h> {
             shared
                 .alloc
                 .take_small(&shared.media, &self.announcement, bytes.len() as u64)?;
-        let written = shared
-            .media
-            .write(block.payload_offset(), bytes)
-            .and_then(|()| shared.alloc.write_trailer(&shared.media, block, bytes));
-        if written.is_err() {
+        if self.fill(block, bytes).is_err() {
             shared.alloc.put_back(&self.announcement, block);
             return None;
         }
@@ -473,37 +481,6 @@ impl<'h> OpGuard<'h> {
     fn put_back(&self, filled: Option<PBlock>) {
         if let Some(block) = filled {
             self.runtime.alloc.put_back(&self.announcement, block);
-        }
-    }
-
-    /// [`replace`](Self::replace) with the new version's payload (`len` bytes) already in
-    /// `new` (from [`filled_block`](Self::filled_block)): retires the old block, then writes
-    /// the new one's header. `new` goes back unused if the old block cannot be retired.
-    fn supersede_filled(&self, old: &BlockInfo, new: PBlock, len: u64) -> Result<PBlock> {
-        let shared = self.runtime;
-        if let Err(err) = shared.alloc.mark_retired(&shared.media, old.block) {
-            shared.alloc.put_back(&self.announcement, new);
-            return Err(err);
-        }
-        let spec = BlockSpec {
-            kind: self.version_kind(old),
-            epoch: self.epoch,
-            ..old.spec
-        };
-        self.log_new(new, len);
-        let header = spec.raw(len as u32);
-        match shared
-            .alloc
-            .write_header(&shared.media, new.offset(), &header)
-        {
-            Ok(()) => {
-                self.log_superseded(old);
-                Ok(new)
-            }
-            Err(err) => {
-                shared.alloc.clear_retired(&shared.media, old.block)?;
-                Err(err)
-            }
         }
     }
 
@@ -528,18 +505,34 @@ impl<'h> OpGuard<'h> {
     }
 
     /// Retires `old` and writes a block of `kind` with its uid, type and owner in this epoch
-    /// holding `bytes`. The old block is killed at commit if it is of this epoch, and
+    /// holding `new`. The old block is killed at commit if it is of this epoch, and
     /// reclaimed as a superseded version otherwise; if the write fails, the retirement is
-    /// undone.
-    fn supersede(&self, old: &BlockInfo, kind: BlockKind, bytes: &[u8]) -> Result<PBlock> {
+    /// undone, and if the retirement fails, a filled block goes back unused.
+    fn supersede(&self, old: &BlockInfo, kind: BlockKind, new: NewVersion<'_>) -> Result<PBlock> {
         let shared = self.runtime;
-        shared.alloc.mark_retired(&shared.media, old.block)?;
+        if let Err(err) = shared.alloc.mark_retired(&shared.media, old.block) {
+            if let NewVersion::Filled(block, _) = new {
+                self.put_back(Some(block));
+            }
+            return Err(err);
+        }
         let spec = BlockSpec {
             kind,
             epoch: self.epoch,
             ..old.spec
         };
-        match self.alloc_spec(spec, bytes) {
+        let written = match new {
+            NewVersion::Bytes(bytes) => self.alloc_spec(spec, bytes),
+            NewVersion::Filled(block, len) => {
+                // Its payload and trailer are written: log it, then its header makes it whole.
+                self.log_new(block, len);
+                shared
+                    .alloc
+                    .write_header(&shared.media, block.offset(), &spec.raw(len as u32))
+                    .map(|()| block)
+            }
+        };
+        match written {
             Ok(block) => {
                 self.log_superseded(old);
                 Ok(block)
@@ -565,7 +558,7 @@ impl<'h> OpGuard<'h> {
             self.log().kills.push(block);
             return Ok(());
         }
-        let anti = self.supersede(&info, BlockKind::Delete, &[])?;
+        let anti = self.supersede(&info, BlockKind::Delete, NewVersion::Bytes(&[]))?;
         self.log().antis.push(anti);
         Ok(())
     }
