@@ -318,3 +318,59 @@ fn updates_in_place_and_failed_updates_give_their_spare_block_back() {
     let expected = fill(&Heap::create(&config).unwrap());
     assert!(fill(&heap) + 2 >= expected, "blocks were lost");
 }
+
+/// Allocates payloads of `len` bytes in operations until the heap reports itself full;
+/// returns them.
+fn fill_with(heap: &Heap, owner: montage_core::OwnerId, len: usize) -> Vec<PBlock> {
+    let payload = vec![0x5a; len];
+    let mut blocks = Vec::new();
+    loop {
+        match heap.run_op(|op| op.alloc(owner, 1, &payload)) {
+            Ok(block) => blocks.push(block),
+            Err(Error::OutOfSpace { .. }) => return blocks,
+            Err(other) => panic!("{other}"),
+        }
+    }
+}
+
+/// A workload whose value sizes shift: the heap is filled with 64-byte payloads, they are all
+/// deleted, and then it is filled with 4 KiB ones. The heap cannot hold both at once, so the
+/// second fill needs the spans the first one carved; they go back to the free spans while the
+/// heap runs, and the second fill gets (nearly) all the space a fresh heap gives it. Then
+/// the sizes shift back the other way, through the same path for a large value.
+#[test]
+fn spans_whose_blocks_are_all_free_are_carved_again_for_another_size() {
+    for config in [
+        HeapConfig::in_memory(4 << 20),
+        HeapConfig::in_memory(4 << 20).thread_slots(1),
+    ] {
+        let fresh = |len| {
+            let heap = Heap::create(&config).unwrap();
+            fill_with(&heap, heap.register("fresh").unwrap(), len).len()
+        };
+        let (small_alone, big_alone, large_alone) = (fresh(24), fresh(4000), fresh(70_000));
+
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("shift").unwrap();
+        for (from, to, alone) in [(24, 4000, big_alone), (4000, 70_000, large_alone)] {
+            let first = fill_with(&heap, owner, from);
+            assert!(!first.is_empty());
+            for block in first {
+                heap.run_op(|op| op.delete(block)).unwrap();
+            }
+            let released = heap.stats().spans_released;
+            let second = fill_with(&heap, owner, to);
+            assert!(
+                second.len() + 2 >= alone,
+                "{from} B then {to} B: {} payloads of {to} B fit, a fresh heap holds {alone}",
+                second.len()
+            );
+            assert!(heap.stats().spans_released > released);
+            for block in second {
+                heap.run_op(|op| op.delete(block)).unwrap();
+            }
+        }
+        // And back to the smallest size: everything is free again.
+        assert!(fill_with(&heap, owner, 24).len() + 512 >= small_alone);
+    }
+}

@@ -52,8 +52,17 @@ struct Payload {
     free_started: Option<u64>,
 }
 
+/// How many steps a workload runs; halfway through, it frees everything and its small
+/// payloads change size (see `run_workload`).
+const STEPS: u64 = 120;
+
 /// Runs the workload of `seed`. With `crash_at`, the simulator snapshots before that event.
 /// Returns the heap and what happened.
+///
+/// Halfway through, the workload frees every live payload and its small payloads grow from
+/// at most 300 bytes to 1 to 4 KiB: the heap has too few free spans left for the new size
+/// classes, so allocations release the spans whose blocks are all free while the heap runs
+/// (the crash may come at any step of that).
 fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTreeMap<u64, Payload>) {
     let heap = Heap::create(&config(mode)).unwrap();
     let sim = heap.simulator().unwrap();
@@ -64,13 +73,22 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
     let mut payloads: BTreeMap<u64, Payload> = BTreeMap::new();
     let mut live: Vec<u64> = Vec::new();
     let mut next_uid = 1;
-    for _ in 0..120 {
+    for step in 0..STEPS {
+        if step == STEPS / 2 {
+            for uid in live.drain(..) {
+                let p = payloads.get_mut(&uid).unwrap();
+                p.free_started = Some(sim.events());
+                heap.raw().free(p.block).unwrap();
+            }
+        }
         match rng.next_u64() % 10 {
             0..=4 => {
                 let len = if rng.next_u64().is_multiple_of(16) {
                     70_000 + (rng.next_u64() % 1000) as usize
-                } else {
+                } else if step < STEPS / 2 {
                     1 + (rng.next_u64() % 300) as usize
+                } else {
+                    1000 + (rng.next_u64() % 3000) as usize
                 };
                 let uid = next_uid;
                 next_uid += 1;
@@ -299,6 +317,20 @@ fn crash_once(mode: SimMode, seed: u64) {
         stats.spans,
         "spans leaked"
     );
+}
+
+/// The workloads above do reach the release of spans while the heap runs, in every mode.
+#[test]
+fn the_workloads_release_spans_while_the_heap_runs() {
+    for mode in SimMode::ALL {
+        let released: u64 = (0..24)
+            .map(|seed| run_workload(mode, seed, None).0.stats().spans_released)
+            .sum();
+        assert!(
+            released >= 12,
+            "{mode:?}: {released} spans released in 24 workloads"
+        );
+    }
 }
 
 #[test]

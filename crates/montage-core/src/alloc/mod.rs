@@ -14,6 +14,19 @@
 //! * INV-SPAN-2: a span's table entry is durable before any block in it is handed out, and a
 //!   span goes back to the free-span pool only once its entry is durably zero again.
 //!
+//! # Spans given back while the heap runs
+//!
+//! A size-class span whose blocks are all free is worth more as a free span: a workload whose
+//! value sizes shift would otherwise find the heap full of free blocks of the wrong class.
+//! Recovery releases such spans at open; while the heap runs, an allocation that finds no
+//! free span to carve sweeps the free lists first ([`Allocator::release_free_spans`]): it
+//! moves the free blocks of its own cache and of the idle ones to the class pools, takes out
+//! of the pools the blocks of every span they hold whole, and gives those spans back once
+//! their entries are durably zero. A block that is not on a free list (live, retired, in a
+//! busy thread's cache, pending, in the delete reserve) keeps its span, so the sweep never
+//! takes a span out from under a block someone holds. It costs a pass over the free lists,
+//! so it runs only when blocks were freed since the last sweep that found nothing.
+//!
 //! # The delete reserve
 //!
 //! A delete writes an anti-block, so in a heap with no free space a delete would need space
@@ -28,7 +41,8 @@ pub(crate) mod block;
 pub(crate) mod size_class;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::base::layout::{
@@ -172,6 +186,9 @@ pub struct AllocStats {
     pub reserve_blocks: u64,
     /// Spans the reserve's blocks lie in.
     pub reserve_spans: u64,
+    /// Size-class spans given back to the free spans while the heap ran, because every block
+    /// in them was free (see `docs/design.md`, "Free").
+    pub spans_released: u64,
 }
 
 /// The allocator of one heap. See the module docs for its invariants.
@@ -183,6 +200,12 @@ pub(crate) struct Allocator {
     /// The delete reserve (see the module docs): free blocks of [`ANTI_CLASS`] with durably
     /// invalid headers, for anti-blocks only.
     reserve: Mutex<Vec<u64>>,
+    /// Counts the times blocks became free (reached a free list) since the heap opened.
+    freed: AtomicU64,
+    /// The value of `freed` when a sweep last found no span to release ([`u64::MAX`]: never).
+    fruitless: AtomicU64,
+    /// Spans the sweeps gave back.
+    spans_released: AtomicU64,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -209,6 +232,9 @@ impl Allocator {
             span_pool: Mutex::new(free.free_spans.into_iter().collect()),
             class_pools,
             reserve: Mutex::new(Vec::new()),
+            freed: AtomicU64::new(0),
+            fruitless: AtomicU64::new(u64::MAX),
+            spans_released: AtomicU64::new(0),
         }
     }
 
@@ -557,6 +583,7 @@ impl Allocator {
         }
         let anti = std::mem::take(&mut by_class[usize::from(ANTI_CLASS)]);
         by_class[usize::from(ANTI_CLASS)] = self.top_up_reserve(anti);
+        self.note_freed();
         for (class, blocks) in by_class.into_iter().enumerate() {
             if !blocks.is_empty() {
                 lock(&self.class_pools[class]).extend(blocks);
@@ -631,7 +658,19 @@ impl Allocator {
         if let Some(offset) = caches.find_idle(|cache| cache.free[c].pop()) {
             return Ok(offset);
         }
-        let blocks = self.carve(media, class, len)?;
+        let blocks = match self.carve(media, class, len) {
+            Err(Error::OutOfSpace { .. }) if self.release_free_spans(media, caches)? > 0 => {
+                // The sweep moved the caller's free blocks to the pools too: take from them
+                // before carving.
+                if let Some(offset) =
+                    caches.mine(|cache| self.alloc_cached(media, cache, class, len))?
+                {
+                    return Ok(offset);
+                }
+                return Err(full(len));
+            }
+            other => other?,
+        };
         caches
             .mine(|cache| {
                 cache.free[c].extend(blocks.into_iter().rev());
@@ -735,9 +774,17 @@ impl Allocator {
         let span = match self.take_spans(extent, len) {
             Ok(span) => span,
             Err(Error::OutOfSpace { .. }) => {
-                // Freed large blocks may still sit on pending lists: drain them, retry once.
+                // Freed large blocks may still sit on pending lists: drain them, retry once;
+                // then release the spans whose blocks are all free, and retry again.
                 self.drain_everywhere(media, caches)?;
-                self.take_spans(extent, len)?
+                match self.take_spans(extent, len) {
+                    Err(Error::OutOfSpace { .. })
+                        if self.release_free_spans(media, caches)? > 0 =>
+                    {
+                        self.take_spans(extent, len)?
+                    }
+                    other => other?,
+                }
             }
             Err(other) => return Err(other),
         };
@@ -802,6 +849,92 @@ impl Allocator {
                 Place::Large { span, extent } => self.return_spans(span, extent),
             }
         }
+        self.note_freed();
+        Ok(())
+    }
+
+    /// Records that blocks became free, so the next sweep looks again.
+    fn note_freed(&self) {
+        // ORDERING: a hint for the sweep; the free lists themselves are under their locks.
+        self.freed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives every size-class span whose blocks are all on a free list back to the free-span
+    /// pool (see the module docs, "Spans given back while the heap runs"); returns how many.
+    /// Called by an allocation that found no span to carve, without its cache in hand.
+    pub(crate) fn release_free_spans(&self, media: &Media, caches: &impl Caches) -> Result<u64> {
+        // ORDERING: hints only (see `note_freed`); a sweep skipped wrongly costs one
+        // allocation a failure that the next freeing retries, and never space that was free.
+        let freed = self.freed.load(Ordering::Relaxed);
+        if self.fruitless.load(Ordering::Relaxed) == freed {
+            return Ok(0);
+        }
+        // Every free block the sweep may count is in a class pool: the caller's and those of
+        // caches no thread is using.
+        caches.mine(|cache| self.spill(media, cache))?;
+        let failed = caches.find_idle(|cache| self.spill(media, cache).err());
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        let mut spans = Vec::new();
+        for (class, pool) in (0u8..).zip(self.class_pools.iter()) {
+            let per_span = blocks_per_span(class);
+            let mut pool = lock(pool);
+            if (pool.len() as u64) < per_span {
+                continue;
+            }
+            let mut counts: HashMap<u64, u64> = HashMap::new();
+            for &offset in pool.iter() {
+                if let Some(span) = self.geometry.span_of(offset) {
+                    *counts.entry(span).or_default() += 1;
+                }
+            }
+            counts.retain(|_, count| *count == per_span);
+            if counts.is_empty() {
+                continue;
+            }
+            // Out of the pool under its lock: no allocation can take these blocks any more.
+            pool.retain(|&offset| {
+                self.geometry
+                    .span_of(offset)
+                    .is_none_or(|span| !counts.contains_key(&span))
+            });
+            spans.extend(counts.into_keys());
+        }
+        if spans.is_empty() {
+            self.fruitless.store(freed, Ordering::Relaxed);
+            return Ok(0);
+        }
+        spans.sort_unstable();
+        for &span in &spans {
+            let entry = self.geometry.span_entry_offset(span);
+            media.store(entry, 0)?;
+            // PERSIST: INV-SPAN-2: the entry is durably zero (the fence below) before the
+            // span is carved again. Every block start in the span is durably zero already
+            // (INV-ALLOC-1: its blocks were all on free lists).
+            media.flush(entry, 8)?;
+        }
+        // PERSIST: completes the entry flushes above.
+        media.fence()?;
+        for &span in &spans {
+            self.return_spans(span, 1);
+        }
+        let released = spans.len() as u64;
+        self.spans_released.fetch_add(released, Ordering::Relaxed);
+        Ok(released)
+    }
+
+    /// Moves every free block of `cache` (its pending ones once their invalidation is
+    /// durable) to the class pools.
+    fn spill(&self, media: &Media, cache: &mut ThreadCache) -> Result<()> {
+        if !cache.pending.is_empty() {
+            self.drain(media, cache)?;
+        }
+        for (free, pool) in cache.free.iter_mut().zip(self.class_pools.iter()) {
+            if !free.is_empty() {
+                lock(pool).append(free);
+            }
+        }
         Ok(())
     }
 
@@ -847,6 +980,7 @@ impl Allocator {
             free_spans: lock(&self.span_pool).len() as u64,
             reserve_blocks: reserve.len() as u64,
             reserve_spans: spans.len() as u64,
+            spans_released: self.spans_released.load(Ordering::Relaxed),
         }
     }
 }
