@@ -10,20 +10,28 @@ use montage_core::payload::{EncodeAs, Encoded, Fingerprint};
 use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 /// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
-pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> u64 {
-    Fingerprint::new()
+///
+/// # Errors
+///
+/// What the codecs' [`Codec::codec_id`] returns.
+pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> Result<u64> {
+    Ok(Fingerprint::new()
         .str("montage-collections")
         .str(kind)
-        .u64(K::CODEC_ID)
-        .u64(V::CODEC_ID)
-        .finish()
+        .u64(K::codec_id()?)
+        .u64(V::codec_id()?)
+        .finish())
 }
 
 /// The entry's bytes.
-pub(crate) fn encode<K: Codec, V: Codec>(key: &K, value: &V) -> Vec<u8> {
+///
+/// # Errors
+///
+/// What the key's or the value's [`Codec::encode`] returns.
+pub(crate) fn encode<K: Codec, V: Codec>(key: &K, value: &V) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    encode_into(&mut out, key, value);
-    out
+    encode_into(&mut out, key, value)?;
+    Ok(out)
 }
 
 /// The entry's bytes, in `out` (cleared first), so that a caller with a buffer of its own
@@ -32,24 +40,28 @@ pub(crate) fn encode_into<K: Codec, V: Codec, Q: EncodeAs<V> + ?Sized>(
     out: &mut Vec<u8>,
     key: &K,
     value: &Q,
-) {
+) -> Result<()> {
     out.clear();
     out.extend_from_slice(&[0; 4]);
-    key.encode(out);
+    key.encode(out)?;
     let key_len = u32::try_from(out.len() - 4).unwrap_or(u32::MAX);
     out[..4].copy_from_slice(&key_len.to_le_bytes());
-    value.encode_as(out);
+    value.encode_as(out)
 }
 
 /// Runs `f` with the entry's bytes, encoded into this thread's encoding buffer (one buffer
 /// per thread rather than an allocation per write; a nested call gets a buffer of its own).
+///
+/// # Errors
+///
+/// What encoding returns (see [`encode`]), or what `f` returns.
 pub(crate) fn with_encoded<K: Codec, V: Codec, Q: EncodeAs<V> + ?Sized, R>(
     key: &K,
     value: &Q,
-    f: impl FnOnce(&[u8]) -> R,
-) -> R {
+    f: impl FnOnce(&[u8]) -> Result<R>,
+) -> Result<R> {
     crate::structure::with_encode_buffer(|out| {
-        encode_into::<K, V, Q>(out, key, value);
+        encode_into::<K, V, Q>(out, key, value)?;
         f(out)
     })
 }
@@ -126,14 +138,17 @@ mod tests {
 
     #[test]
     fn entries_round_trip_and_garbage_is_an_error() {
-        let bytes = encode(&b"key".to_vec(), &42u64);
+        let bytes = encode(&b"key".to_vec(), &42u64).unwrap();
         assert_eq!(
             decode::<Vec<u8>, u64>(&bytes).unwrap(),
             (b"key".to_vec(), 42)
         );
         assert!(decode::<Vec<u8>, u64>(&bytes[..5]).is_err());
         assert!(decode::<Vec<u8>, u64>(&[9, 0, 0, 0, 1]).is_err());
-        assert_ne!(type_id::<u64, u64>("hash"), type_id::<u64, Vec<u8>>("hash"));
+        assert_ne!(
+            type_id::<u64, u64>("hash").unwrap(),
+            type_id::<u64, Vec<u8>>("hash").unwrap()
+        );
     }
 
     #[test]
@@ -142,17 +157,21 @@ mod tests {
         let owner = heap.register("entries").unwrap();
         let alloc = |bytes: &[u8]| heap.run_op(|op| op.alloc(owner, 1, bytes)).unwrap();
         let long = vec![7u8; 1000];
-        let good = alloc(&encode(&b"key".to_vec(), &long));
+        let good = alloc(&encode(&b"key".to_vec(), &long).unwrap());
         assert_eq!(
             view_value::<Vec<u8>>(&heap.view(good).unwrap()).unwrap(),
             long
         );
-        let number = alloc(&encode(&5u64, &42u64));
+        let number = alloc(&encode(&5u64, &42u64).unwrap());
         let read = heap.run_op(|op| read_value::<u64>(op, number)).unwrap();
         assert_eq!(read, 42);
         // A key length past the payload, a payload shorter than a key length, and a value of
         // the wrong size for its type.
-        for garbage in [&[9u8, 0, 0, 0, 1][..], &[1, 0], &encode(&5u64, &42u32)] {
+        for garbage in [
+            &[9u8, 0, 0, 0, 1][..],
+            &[1, 0],
+            &encode(&5u64, &42u32).unwrap(),
+        ] {
             let block = alloc(garbage);
             let err = view_value::<u64>(&heap.view(block).unwrap()).unwrap_err();
             assert!(matches!(err, Error::Corrupted { .. }), "{err:?}");

@@ -83,10 +83,10 @@ fn value<T: Codec>(bytes: &[u8], at: usize, offset: u64) -> Result<T> {
         .ok_or_else(|| corrupted(offset))
 }
 
-fn encode<T: Codec>(words: &[u64], value: &T) -> Vec<u8> {
+fn encode<T: Codec>(words: &[u64], value: &T) -> Result<Vec<u8>> {
     let mut out: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    value.encode(&mut out);
-    out
+    value.encode(&mut out)?;
+    Ok(out)
 }
 
 impl<V: Codec, E: Codec> Graph<V, E> {
@@ -107,8 +107,8 @@ impl<V: Codec, E: Codec> Graph<V, E> {
                 .finish()
         };
         let (vertex_type, edge_type) = (
-            id("graph-vertex", V::CODEC_ID),
-            id("graph-edge", E::CODEC_ID),
+            id("graph-vertex", V::codec_id()?),
+            id("graph-edge", E::codec_id()?),
         );
         let attached = heap.attach(name)?;
         let existed = attached.existed();
@@ -191,7 +191,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
     pub fn add_vertex(&self, id: u64, value: &V) -> Result<bool> {
-        let bytes = encode(&[id], value);
+        let bytes = encode(&[id], value)?;
         self.attached.heap().run_op(|op| {
             let mut state = self.state.write(op)?;
             if state.vertices.contains_key(&id) {
@@ -267,7 +267,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
     pub fn add_edge(&self, src: u64, dst: u64, value: &E) -> Result<bool> {
-        let bytes = encode(&[src, dst], value);
+        let bytes = encode(&[src, dst], value)?;
         self.attached.heap().run_op(|op| {
             let mut state = self.state.write(op)?;
             if !state.vertices.contains_key(&dst)

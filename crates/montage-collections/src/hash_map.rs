@@ -180,7 +180,7 @@ where
         name: &str,
         visit: impl Fn(&K, &V) + Sync,
     ) -> Result<HashMap<K, V>> {
-        let type_id = entry::type_id::<K, V>("hash-map");
+        let type_id = entry::type_id::<K, V>("hash-map")?;
         let attached = heap.attach(name)?;
         let existed = attached.existed();
         let map = HashMap {
@@ -454,14 +454,14 @@ where
         match (change, block) {
             (Change::Keep, _) | (Change::Remove, None) => return Ok(result),
             (Change::Set(new), Some(block)) => {
-                let block = op.update(block, &entry::encode(key, &new))?;
+                let block = op.update(block, &entry::encode(key, &new)?)?;
                 stripe.set(hash, key, block);
             }
             (Change::Set(new), None) => {
                 let block = op.alloc(
                     self.attached.owner(),
                     self.type_id,
-                    &entry::encode(key, &new),
+                    &entry::encode(key, &new)?,
                 )?;
                 stripe.insert_new(hash, key.clone(), block, &self.hasher);
             }
@@ -484,7 +484,7 @@ where
     where
         V: PartialEq,
     {
-        let bytes = entry::encode(key, &new);
+        let bytes = entry::encode(key, &new)?;
         let (hash, stripe) = self.stripe(key);
         self.attached.heap().run_op(|op| {
             let mut stripe = stripe.lock(op)?;
@@ -569,7 +569,7 @@ mod tests {
             &heap,
             || assert_eq!(map.remove(&1).unwrap(), Some(10)),
             |old| {
-                let bytes = entry::encode(&1u64, &11u64);
+                let bytes = entry::encode(&1u64, &11u64).unwrap();
                 assert!(matches!(
                     map.put_in(old, &1, &bytes, None),
                     Err(Error::Aborted)

@@ -97,7 +97,7 @@ where
         let (owner, existed) = (attached.owner(), attached.existed());
         let map = NbHashMap {
             attached,
-            type_id: entry::type_id::<K, V>("hash-map"),
+            type_id: entry::type_id::<K, V>("hash-map")?,
             hasher: std::collections::hash_map::RandomState::new(),
             buckets: (0..buckets.max(1).next_power_of_two())
                 .map(|_| VerifiedList::new())
@@ -347,7 +347,7 @@ where
             };
             let new = f(&old.value);
             let block = op
-                .copy_update(old.block, &entry::encode(key, &new))
+                .copy_update(old.block, &entry::encode(key, &new)?)
                 .map_err(contended)?;
             bucket
                 .replace(op, key, old.block.offset(), block.offset())?
@@ -367,7 +367,7 @@ where
     where
         V: PartialEq,
     {
-        let bytes = entry::encode(key, &new);
+        let bytes = entry::encode(key, &new)?;
         let bucket = self.bucket_ahead(key);
         self.attached.heap().run_op(|op| {
             let Some(old) = Self::find(op, bucket, key)? else {

@@ -52,7 +52,7 @@ impl<T: Codec> NbQueue<T> {
     ///
     /// As [`Queue::open`](crate::Queue::open).
     pub fn open(heap: &Heap, name: &str) -> Result<NbQueue<T>> {
-        let type_id = queue::type_id::<T>();
+        let type_id = queue::type_id::<T>()?;
         let (attached, elements) =
             queue::open_elements::<T>(heap, name, "montage_collections::NbQueue element")?;
         let mut index = VerifiedQueue::new(elements.first().map_or(0, |&(seq, _)| seq));

@@ -78,11 +78,14 @@ pub(crate) fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
 
 /// Runs `f` with an element's bytes, a zero sequence number followed by `value`, encoded
 /// into this thread's encoding buffer.
-pub(crate) fn encode_element<T: Codec, R>(value: &T, f: impl FnOnce(&mut [u8]) -> R) -> R {
+pub(crate) fn encode_element<T: Codec, R>(
+    value: &T,
+    f: impl FnOnce(&mut [u8]) -> Result<R>,
+) -> Result<R> {
     structure::with_encode_buffer(|bytes| {
         bytes.clear();
         bytes.extend_from_slice(&[0; 8]);
-        value.encode(bytes);
+        value.encode(bytes)?;
         f(bytes)
     })
 }
@@ -98,12 +101,12 @@ pub(crate) fn read_value<T: Codec>(view: &BlockView<'_>) -> Result<T> {
 }
 
 /// The type id of a queue's element payloads.
-pub(crate) fn type_id<T: Codec>() -> u64 {
-    Fingerprint::new()
+pub(crate) fn type_id<T: Codec>() -> Result<u64> {
+    Ok(Fingerprint::new()
         .str("montage-collections")
         .str("queue")
-        .u64(T::CODEC_ID)
-        .finish()
+        .u64(T::codec_id()?)
+        .finish())
 }
 
 /// Finds or creates the queue `name` (of either kind; `type_name` names it in errors) and
@@ -122,7 +125,7 @@ pub(crate) fn open_elements<T: Codec>(
     structure::scan_payloads(
         heap,
         owner,
-        &[type_id::<T>()],
+        &[type_id::<T>()?],
         type_name,
         |_, block, bytes| {
             let (seq, _) = decode::<T>(bytes, block.offset())?;
@@ -157,7 +160,7 @@ impl<T: Codec> Queue<T> {
     /// [`Error::Corrupted`] if an element does not decode or two share a sequence number;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &Heap, name: &str) -> Result<Queue<T>> {
-        let type_id = type_id::<T>();
+        let type_id = type_id::<T>()?;
         let (attached, elements) =
             open_elements::<T>(heap, name, "montage_collections::Queue element")?;
         // `decode` bounds every number, so this cannot overflow.
@@ -282,7 +285,7 @@ mod tests {
     #[test]
     fn a_sequence_number_past_the_limit_is_corruption() {
         let mut bytes = u64::MAX.to_le_bytes().to_vec();
-        5u64.encode(&mut bytes);
+        5u64.encode(&mut bytes).unwrap();
         assert!(matches!(
             decode::<u64>(&bytes, 0x40),
             Err(Error::Corrupted { offset: 0x40, .. })

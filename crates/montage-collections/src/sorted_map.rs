@@ -82,7 +82,7 @@ where
     /// [`Error::Corrupted`] if an entry does not decode or a key appears twice;
     /// [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &Heap, name: &str) -> Result<SortedMap<K, V>> {
-        let type_id = entry::type_id::<K, V>("sorted-map");
+        let type_id = entry::type_id::<K, V>("sorted-map")?;
         let attached = heap.attach(name)?;
         let existed = attached.existed();
         let map = SortedMap {
@@ -188,7 +188,7 @@ where
     // must be able to run again.
     #[allow(clippy::needless_pass_by_value)]
     pub fn insert(&self, key: K, value: V) -> Result<Option<V>> {
-        let bytes = entry::encode(&key, &value);
+        let bytes = entry::encode(&key, &value)?;
         let result = self
             .attached
             .heap()
@@ -291,7 +291,7 @@ where
                     return Ok(None);
                 };
                 let new = f(&entry::read_value(op, block)?);
-                slot.block = Some(op.update(block, &entry::encode(key, &new))?);
+                slot.block = Some(op.update(block, &entry::encode(key, &new)?)?);
                 Ok(Some(new))
             })
         })
@@ -464,7 +464,7 @@ mod tests {
             &heap,
             || assert_eq!(map.remove(&1).unwrap(), Some(10)),
             |old| {
-                let bytes = entry::encode(&1u64, &11u64);
+                let bytes = entry::encode(&1u64, &11u64).unwrap();
                 assert!(matches!(
                     map.insert_in(old, &1, &bytes),
                     Err(Error::Aborted)

@@ -240,6 +240,17 @@ pub enum Error {
     /// more. Every later write and sync fails with this error; reopen the heap to recover.
     #[error("heap is poisoned by an earlier write-back failure; reopen it to recover")]
     Poisoned,
+    /// A key or value has no encoding in its codec's format (for
+    /// `payload::Serde`, with the `serde` feature: a path that is no UTF-8, a sequence of unknown
+    /// length), or the codec cannot store values of its type at all (found when a
+    /// structure opens). Nothing was written.
+    #[error("values of `{type_name}` cannot be stored: {why}")]
+    Encode {
+        /// The type of the value.
+        type_name: &'static str,
+        /// What the codec reported.
+        why: String,
+    },
 }
 
 impl Error {

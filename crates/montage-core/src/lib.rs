@@ -85,6 +85,8 @@ pub use epoch::stamped::{StampedLock, StampedRwLock};
 pub use error::{Error, Result};
 pub use heap::raw;
 pub use heap::{Attached, Heap, ScanFilter};
+#[cfg(feature = "serde")]
+pub use payload::Serde;
 pub use payload::{Codec, POff, PRef, Payload};
 pub use recovery::{QuarantineReason, Quarantined, RecoveryReport};
 

@@ -160,8 +160,9 @@ fn codec_impl(ident: &syn::Ident, krate: &syn::Path, bounds: &[TokenStream]) -> 
         impl #krate::payload::Codec for #ident where #(#bounds)* {
             const CODEC_ID: u64 = <#ident as #krate::Payload>::TYPE_ID;
 
-            fn encode(&self, out: &mut ::std::vec::Vec<u8>) {
+            fn encode(&self, out: &mut ::std::vec::Vec<u8>) -> #krate::Result<()> {
                 #krate::__private::encode_payload::<#ident>(self, out);
+                ::core::result::Result::Ok(())
             }
 
             fn decode(bytes: &[u8]) -> ::core::option::Option<Self> {

@@ -41,12 +41,13 @@ impl Codec for Item {
         .str("montage-kv item, version 1")
         .finish();
 
-    fn encode(&self, out: &mut Vec<u8>) {
+    fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.exptime.to_le_bytes());
         out.extend_from_slice(&self.stored.to_le_bytes());
         out.extend_from_slice(&self.cas.to_le_bytes());
         out.extend_from_slice(&self.data);
+        Ok(())
     }
 
     fn decode(bytes: &[u8]) -> Option<Self> {
@@ -593,7 +594,7 @@ mod tests {
             data: b"data".to_vec(),
         };
         let mut bytes = Vec::new();
-        item.encode(&mut bytes);
+        item.encode(&mut bytes).unwrap();
         assert_eq!(Item::decode(&bytes), Some(item));
         assert_eq!(Item::decode(&bytes[..ITEM_HEADER - 1]), None);
     }

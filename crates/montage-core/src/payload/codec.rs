@@ -15,7 +15,26 @@ pub trait Codec: Sized + Send + Sync + 'static {
     const CODEC_ID: u64;
 
     /// Appends the encoding of `self` to `out`.
-    fn encode(&self, out: &mut Vec<u8>);
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`](crate::Error::Encode) if the value has no encoding (a codec whose
+    /// format cannot hold every value of its type, such as `Serde` (the `serde` feature)
+    /// for a path that is no UTF-8); `out` is then as it was. The codecs of this crate for
+    /// byte strings, strings, integers and payload types never fail.
+    fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()>;
+
+    /// The id of the encoding for the structures' type ids: [`CODEC_ID`](Self::CODEC_ID),
+    /// unless the codec learns it from the type at run time (as `Serde`, with the `serde`
+    /// feature, does from the type's serde data model). Structures call it when they open.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`](crate::Error::Encode) if the codec cannot store values of this type
+    /// at all.
+    fn codec_id() -> crate::error::Result<u64> {
+        Ok(Self::CODEC_ID)
+    }
 
     /// Decodes a value from exactly the bytes `encode` wrote; `None` if they are not one.
     fn decode(bytes: &[u8]) -> Option<Self>;
@@ -153,40 +172,48 @@ impl<'a> Encoded<'a> {
 ///
 /// let mut owned = Vec::new();
 /// let mut borrowed = Vec::new();
-/// <Vec<u8> as EncodeAs<Vec<u8>>>::encode_as(&vec![1, 2, 3], &mut owned);
-/// <[u8] as EncodeAs<Vec<u8>>>::encode_as(&[1, 2, 3][..], &mut borrowed);
+/// <Vec<u8> as EncodeAs<Vec<u8>>>::encode_as(&vec![1, 2, 3], &mut owned)?;
+/// <[u8] as EncodeAs<Vec<u8>>>::encode_as(&[1, 2, 3][..], &mut borrowed)?;
 /// assert_eq!(owned, borrowed);
+/// # Ok::<(), montage_core::Error>(())
 /// ```
 pub trait EncodeAs<C: Codec> {
     /// Appends the encoding `C::encode` writes for the `C` equal to `self`.
-    fn encode_as(&self, out: &mut Vec<u8>);
+    ///
+    /// # Errors
+    ///
+    /// What `C::encode` returns for that `C`.
+    fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()>;
 }
 
 impl<C: Codec> EncodeAs<C> for C {
-    fn encode_as(&self, out: &mut Vec<u8>) {
-        self.encode(out);
+    fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
+        self.encode(out)
     }
 }
 
 impl EncodeAs<Vec<u8>> for [u8] {
-    fn encode_as(&self, out: &mut Vec<u8>) {
+    fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
+        Ok(())
     }
 }
 
 impl EncodeAs<Box<[u8]>> for [u8] {
-    fn encode_as(&self, out: &mut Vec<u8>) {
+    fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
+        Ok(())
     }
 }
 
 impl EncodeAs<String> for str {
-    fn encode_as(&self, out: &mut Vec<u8>) {
+    fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self.as_bytes());
+        Ok(())
     }
 }
 
-const fn id(name: &str) -> u64 {
+pub(crate) const fn id(name: &str) -> u64 {
     crate::fingerprint::Fingerprint::new()
         .str("codec")
         .str(name)
@@ -195,8 +222,9 @@ const fn id(name: &str) -> u64 {
 
 impl Codec for Vec<u8> {
     const CODEC_ID: u64 = id("bytes");
-    fn encode(&self, out: &mut Vec<u8>) {
+    fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
+        Ok(())
     }
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.to_vec())
@@ -209,8 +237,9 @@ impl Codec for Vec<u8> {
 
 impl Codec for Box<[u8]> {
     const CODEC_ID: u64 = id("bytes");
-    fn encode(&self, out: &mut Vec<u8>) {
+    fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
+        Ok(())
     }
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.into())
@@ -223,8 +252,9 @@ impl Codec for Box<[u8]> {
 
 impl Codec for String {
     const CODEC_ID: u64 = id("utf-8");
-    fn encode(&self, out: &mut Vec<u8>) {
+    fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self.as_bytes());
+        Ok(())
     }
     fn decode(bytes: &[u8]) -> Option<Self> {
         String::from_utf8(bytes.to_vec()).ok()
@@ -239,8 +269,9 @@ macro_rules! integer_codecs {
     ($($t:ty),*) => {$(
         impl Codec for $t {
             const CODEC_ID: u64 = id(stringify!($t));
-            fn encode(&self, out: &mut Vec<u8>) {
+            fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
                 out.extend_from_slice(&self.to_le_bytes());
+                Ok(())
             }
             fn decode(bytes: &[u8]) -> Option<Self> {
                 Some(<$t>::from_le_bytes(bytes.try_into().ok()?))
@@ -252,8 +283,9 @@ integer_codecs!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
 
 impl Codec for bool {
     const CODEC_ID: u64 = id("bool");
-    fn encode(&self, out: &mut Vec<u8>) {
+    fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.push(u8::from(*self));
+        Ok(())
     }
     fn decode(bytes: &[u8]) -> Option<Self> {
         match bytes {
@@ -266,7 +298,9 @@ impl Codec for bool {
 
 impl Codec for () {
     const CODEC_ID: u64 = id("unit");
-    fn encode(&self, _out: &mut Vec<u8>) {}
+    fn encode(&self, _out: &mut Vec<u8>) -> crate::error::Result<()> {
+        Ok(())
+    }
     fn decode(bytes: &[u8]) -> Option<Self> {
         bytes.is_empty().then_some(())
     }
@@ -286,7 +320,7 @@ mod tests {
 
     fn round_trip<T: Codec + PartialEq + std::fmt::Debug + Clone>(value: T) {
         let mut bytes = Vec::new();
-        value.encode(&mut bytes);
+        value.encode(&mut bytes).unwrap();
         assert_eq!(T::decode(&bytes), Some(value.clone()));
         let decoded = T::decode_from(Encoded::from_bytes(&bytes));
         assert_eq!(decoded.unwrap(), Some(value));
@@ -298,8 +332,9 @@ mod tests {
 
     impl Codec for Long {
         const CODEC_ID: u64 = id("long");
-        fn encode(&self, out: &mut Vec<u8>) {
+        fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
             out.extend_from_slice(&self.0);
+            Ok(())
         }
         fn decode(bytes: &[u8]) -> Option<Self> {
             Some(Long(bytes.try_into().ok()?))
@@ -309,8 +344,8 @@ mod tests {
     /// The encoding of `borrowed` as `C` and of the owned `C` equal to it.
     fn both<C: Codec, Q: EncodeAs<C> + ?Sized>(owned: &C, borrowed: &Q) -> (Vec<u8>, Vec<u8>) {
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        owned.encode(&mut a);
-        borrowed.encode_as(&mut b);
+        owned.encode(&mut a).unwrap();
+        borrowed.encode_as(&mut b).unwrap();
         (a, b)
     }
 

@@ -21,9 +21,13 @@
 
 pub(crate) mod access;
 pub(crate) mod codec;
+#[cfg(feature = "serde")]
+pub(crate) mod serde_codec;
 
 pub use crate::fingerprint::Fingerprint;
 pub use codec::{Codec, EncodeAs, Encoded};
+#[cfg(feature = "serde")]
+pub use serde_codec::Serde;
 
 use std::marker::PhantomData;
 
