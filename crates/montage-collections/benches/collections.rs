@@ -22,21 +22,10 @@ use montage_core::{BackendKind, Heap, HeapConfig};
 const PREFILL: u64 = 100_000;
 
 fn heap(name: &str) -> (Heap, PathBuf) {
-    let dir = std::env::var_os("MONTAGE_BENCH_DIR").map_or_else(
-        || {
-            let shm = PathBuf::from("/dev/shm");
-            if shm.is_dir() {
-                shm
-            } else {
-                std::env::temp_dir()
-            }
-        },
-        PathBuf::from,
-    );
-    let path = dir.join(format!("montage-bench-{}-{name}.heap", std::process::id()));
-    let _ = std::fs::remove_file(&path);
+    let path = montage_testkit::fresh_bench_path(name);
     let config = HeapConfig::new(&path)
-        .size(1 << 30)
+        .size(64 << 20)
+        .max_size(1 << 30)
         .backend(BackendKind::Pmem);
     (Heap::create(&config).unwrap(), path)
 }

@@ -17,7 +17,10 @@ const MIB: u64 = 1 << 20;
 /// flushes lines as it would on persistent memory). The journal backend would repair some of
 /// the damage these tests make from its journal.
 fn file_config(path: &Path, size: u64) -> HeapConfig {
-    HeapConfig::new(path).size(size).backend(BackendKind::Pmem)
+    HeapConfig::new(path)
+        .size(size)
+        .max_size(size)
+        .backend(BackendKind::Pmem)
 }
 
 fn read_word(path: &Path, offset: u64) -> u64 {

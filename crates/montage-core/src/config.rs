@@ -137,6 +137,7 @@ pub(crate) enum Location {
 pub struct HeapConfig {
     pub(crate) location: Location,
     pub(crate) size: u64,
+    pub(crate) max_size: Option<u64>,
     pub(crate) backend: BackendKind,
     pub(crate) thread_slots: usize,
     pub(crate) recovery_threads: usize,
@@ -173,6 +174,7 @@ impl HeapConfig {
         HeapConfig {
             location: Location::File(path.as_ref().to_path_buf()),
             size: DEFAULT_HEAP_SIZE,
+            max_size: None,
             backend: BackendKind::DEFAULT,
             thread_slots: default_thread_slots(),
             recovery_threads: default_recovery_threads(),
@@ -193,6 +195,7 @@ impl HeapConfig {
         HeapConfig {
             location: Location::Memory,
             size,
+            max_size: None,
             backend: BackendKind::Volatile,
             thread_slots: default_thread_slots(),
             recovery_threads: default_recovery_threads(),
@@ -343,9 +346,29 @@ impl HeapConfig {
         len.div_ceil(512) * 512
     }
 
-    /// The configured heap size in bytes.
+    /// The largest the heap may grow to, in bytes (rounded down to whole spans). A heap
+    /// that is full grows by a step that doubles it, up to 1 GiB a step, before an
+    /// allocation fails with [`Error::OutOfSpace`](crate::Error::OutOfSpace); its address
+    /// stays the same, so nothing that points into it moves.
+    ///
+    /// Without it, a heap file grows as far as its file system has room: the limit is its
+    /// length plus the file system's free space when it is opened (the address range
+    /// reserved for it then). A heap in memory does not grow unless given one. A heap
+    /// created by a build older than format 4 does not grow either.
+    #[must_use]
+    pub fn max_size(mut self, bytes: u64) -> Self {
+        self.max_size = Some(bytes);
+        self
+    }
+
+    /// The configured heap size in bytes: the size a new heap is created with.
     pub fn heap_size(&self) -> u64 {
         self.size
+    }
+
+    /// The configured maximum size, if one was set.
+    pub fn max_heap_size(&self) -> Option<u64> {
+        self.max_size
     }
 
     /// The configured backend.

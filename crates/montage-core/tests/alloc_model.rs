@@ -65,7 +65,9 @@ fn assert_no_overlap(heap: &Heap, live: &BTreeMap<PBlock, (u64, Vec<u8>)>) {
 
 fn run(ops: &[Op]) {
     let dir = test_dir();
-    let config = HeapConfig::new(dir.path().join("model.heap")).size(2 << 20);
+    let config = HeapConfig::new(dir.path().join("model.heap"))
+        .size(2 << 20)
+        .max_size(2 << 20);
     let mut heap = Heap::create(&config).unwrap();
     // The model: block -> (uid, payload).
     let mut live: BTreeMap<PBlock, (u64, Vec<u8>)> = BTreeMap::new();

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use montage_core::Epoch;
-use montage_core::limits::HEADER_LEN;
+use montage_core::limits::{HEADER_LEN, MIN_HEAP_SIZE};
 use montage_core::raw;
 use montage_core::raw::{BlockSpec, Verdict};
 use montage_core::sim::{SimMode, SplitMix64};
@@ -29,6 +29,13 @@ fn open_raw(
 
 fn config(mode: SimMode) -> HeapConfig {
     HeapConfig::simulated(HEAP, mode).recovery_threads(2)
+}
+
+/// A heap of the minimum size that grows to twice `HEAP`: the workload grows it many times.
+fn growing(mode: SimMode) -> HeapConfig {
+    HeapConfig::simulated(MIN_HEAP_SIZE, mode)
+        .recovery_threads(2)
+        .max_size(2 * HEAP)
 }
 
 /// The bytes of version `version` of payload `uid`: distinct for every (uid, version).
@@ -64,7 +71,18 @@ const STEPS: u64 = 120;
 /// classes, so allocations release the spans whose blocks are all free while the heap runs
 /// (the crash may come at any step of that).
 fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTreeMap<u64, Payload>) {
-    let heap = Heap::create(&config(mode)).unwrap();
+    let (heap, payloads, _) = run_workload_on(&config(mode), seed, crash_at);
+    (heap, payloads)
+}
+
+/// [`run_workload`] on the heap `config` creates; also returns the heap's size after each
+/// step, with the event count then.
+fn run_workload_on(
+    config: &HeapConfig,
+    seed: u64,
+    crash_at: Option<u64>,
+) -> (Heap, BTreeMap<u64, Payload>, Vec<(u64, u64)>) {
+    let heap = Heap::create(config).unwrap();
     let sim = heap.simulator().unwrap();
     if let Some(step) = crash_at {
         sim.crash_at(step);
@@ -73,7 +91,11 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
     let mut payloads: BTreeMap<u64, Payload> = BTreeMap::new();
     let mut live: Vec<u64> = Vec::new();
     let mut next_uid = 1;
+    let mut sizes = vec![(sim.events(), heap.size())];
     for step in 0..STEPS {
+        if heap.size() != sizes.last().unwrap().1 {
+            sizes.push((sim.events(), heap.size()));
+        }
         if step == STEPS / 2 {
             for uid in live.drain(..) {
                 let p = payloads.get_mut(&uid).unwrap();
@@ -147,7 +169,10 @@ fn run_workload(mode: SimMode, seed: u64, crash_at: Option<u64>) -> (Heap, BTree
             _ => {}
         }
     }
-    (heap, payloads)
+    if heap.size() != sizes.last().unwrap().1 {
+        sizes.push((sim.events(), heap.size()));
+    }
+    (heap, payloads, sizes)
 }
 
 /// The (uid, payload) pairs a heap holds.
@@ -274,25 +299,51 @@ fn fill_and_check_no_overlap(heap: &Heap, seed: u64) -> Vec<BlockInfo> {
 }
 
 fn crash_once(mode: SimMode, seed: u64) {
+    crash_once_on(&config(mode), seed, None);
+}
+
+/// Runs the workload of `seed` on `config`'s heap, crashes it at `step` (by default a random
+/// event after the heap was formatted) keeping what `crash_seed` (by default `seed`) picks
+/// of the stores not yet durable, recovers it and checks it: every promise kept, its size
+/// one it had around the crash, no block lost to the allocator.
+fn crash_once_on(config: &HeapConfig, seed: u64, step: Option<(u64, u64)>) {
+    let crash_seed = step.map_or(seed, |(_, crash_seed)| crash_seed);
+    let step = step.map(|(step, _)| step);
     // Pass 1 counts the workload's persistence events (the workload is deterministic).
-    let (heap, _) = run_workload(mode, seed, None);
+    let (heap, _, _) = run_workload_on(config, seed, None);
     let sim = heap.simulator().unwrap();
     let total = sim.events();
     drop(heap);
     let base = {
-        let heap = Heap::create(&config(mode)).unwrap();
+        let heap = Heap::create(config).unwrap();
         heap.simulator().unwrap().events()
     };
     // Pass 2 crashes at a random event after the heap was formatted.
     let mut rng = SplitMix64::new(seed ^ 0xC4A5);
-    let step = base + rng.below_or_equal(total - base);
-    let (heap, payloads) = run_workload(mode, seed, Some(step));
-    let image = heap.simulator().unwrap().crash(seed);
+    let step = step.unwrap_or_else(|| base + rng.below_or_equal(total - base));
+    let (heap, payloads, sizes) = run_workload_on(config, seed, Some(step));
+    let image = heap.simulator().unwrap().crash(crash_seed);
     drop(heap);
-    eprintln!("mode {mode:?} seed {seed}: crash at step {step} of {total}");
+    eprintln!(
+        "mode {:?} seed {seed}: crash at step {step} of {total}",
+        config.backend_kind()
+    );
 
-    let recovered = open_raw(image.clone(), &config(mode)).unwrap();
+    let recovered = open_raw(image.clone(), config).unwrap();
     assert!(!recovered.recovery_report().clean_shutdown);
+    // A growth in flight at the crash may or may not have taken, and on the journal a
+    // finished one is durable only with the next record: the size is one the heap had
+    // before the crash or the one it was growing to, never anything else. (That no durable
+    // payload in grown spans is lost, `check_recovered` checks.)
+    let size = recovered.size();
+    let next = sizes
+        .iter()
+        .find(|(at, _)| *at >= step)
+        .map_or(u64::MAX, |s| s.1);
+    assert!(
+        size <= next && sizes.iter().any(|&(_, had)| had == size),
+        "recovered a heap of {size} bytes; it had {sizes:?}, crashing at {step}"
+    );
     check_recovered(&recovered, &payloads, step);
     let before_fill = contents(&recovered);
     let fresh = fill_and_check_no_overlap(&recovered, seed);
@@ -304,10 +355,12 @@ fn crash_once(mode: SimMode, seed: u64) {
     }
     assert!(!fresh.is_empty() || !before_fill.is_empty() || recovered.stats().free_spans == 0);
     let sim = recovered.simulator().unwrap();
+    let grown = recovered.size();
     recovered.close().unwrap();
     let image = sim.durable();
-    let reopened = open_raw(image, &config(mode)).unwrap();
+    let reopened = open_raw(image, config).unwrap();
     assert!(reopened.recovery_report().clean_shutdown);
+    assert_eq!(reopened.size(), grown);
     assert!(contents(&reopened).is_empty());
     let stats = reopened.stats();
     // Every span is free but the one the delete reserve was carved from.
@@ -317,6 +370,40 @@ fn crash_once(mode: SimMode, seed: u64) {
         stats.spans,
         "spans leaked"
     );
+}
+
+#[test]
+fn a_heap_that_grows_keeps_every_persisted_payload_across_a_crash() {
+    for mode in SimMode::ALL {
+        for_each_seed(&format!("growing heap crash {mode:?}"), 24, |seed| {
+            crash_once_on(&growing(mode), seed, None);
+        });
+    }
+}
+
+/// A crash at every persistence event of a growth (extending the file, clearing the new
+/// group tables, writing and persisting the span count) recovers a heap of the old size or
+/// of the new one, with everything that was durable.
+#[test]
+fn a_crash_at_every_step_of_a_growth_recovers_the_old_or_the_new_heap() {
+    for mode in SimMode::ALL {
+        let config = growing(mode);
+        let seed = 3;
+        let (heap, _, sizes) = run_workload_on(&config, seed, None);
+        drop(heap);
+        assert!(
+            sizes.len() >= 4,
+            "{mode:?}: the workload grew the heap {} times",
+            sizes.len() - 1
+        );
+        // Every event of the workload's steps from the first growth to the end of the
+        // second (a step ends where the next size is recorded), each with two crash seeds.
+        for step in sizes[1].0..=sizes[2].0 {
+            for crash_seed in [step, !step] {
+                crash_once_on(&config, seed, Some((step, crash_seed)));
+            }
+        }
+    }
 }
 
 /// The workloads above do reach the release of spans while the heap runs, in every mode.

@@ -115,6 +115,43 @@ fn open_rejects_a_truncated_heap_and_leaves_the_file_untouched() {
     assert_eq!(file_bytes(&path), before);
 }
 
+/// A heap written by a build of format 3 (no span count word) opens, keeps what it holds,
+/// and stays at its size.
+#[test]
+fn a_version_3_heap_opens_at_its_size_and_does_not_grow() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    make_heap(&path);
+    let mut bytes = file_bytes(&path);
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    bytes[12..16].fill(0);
+    let sum = crc32c::crc32c(&bytes[..0x40]);
+    bytes[12..16].copy_from_slice(&sum.to_le_bytes());
+    bytes[0x100..0x108].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    let heap = open_raw(&HeapConfig::new(&path).max_size(4 * SIZE)).unwrap();
+    let mut found: Vec<Vec<u8>> = heap
+        .collect(ScanFilter::all())
+        .unwrap()
+        .into_iter()
+        .map(|info| heap.read_payload(info.block).unwrap())
+        .collect();
+    found.sort();
+    let expected: Vec<Vec<u8>> = (1..=3u64)
+        .map(|uid| vec![uid as u8; uid as usize * 10])
+        .collect();
+    assert_eq!(found, expected);
+    let stats = heap.stats();
+    assert_eq!(stats.spans_limit, stats.spans);
+    while heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 1000), 50_000)
+        .is_ok()
+    {}
+    assert_eq!(heap.size(), SIZE);
+    assert_eq!(heap.stats().growths, 0);
+}
+
 #[test]
 fn open_rejects_another_format_version_and_leaves_the_file_untouched() {
     let dir = tempfile::tempdir().unwrap();
@@ -122,7 +159,7 @@ fn open_rejects_another_format_version_and_leaves_the_file_untouched() {
     make_heap(&path);
     // Version 1 (no payload checksums), version 2 (no epoch bits in the meta word) and a
     // future version alike.
-    for version in [1u32, 2, 4] {
+    for version in [1u32, 2, 5] {
         let mut bytes = file_bytes(&path);
         bytes[8..12].copy_from_slice(&version.to_le_bytes());
         std::fs::write(&path, &bytes).unwrap();
@@ -130,7 +167,7 @@ fn open_rejects_another_format_version_and_leaves_the_file_untouched() {
         assert!(
             matches!(
                 err,
-                Error::FormatVersion { found, supported: 3 } if found == version
+                Error::FormatVersion { found, supported: 4 } if found == version
             ),
             "{err}"
         );
@@ -195,7 +232,8 @@ fn a_second_open_in_this_process_is_locked_out_until_close() {
 fn a_full_heap_returns_out_of_space_and_recovers_after_a_free() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
-    let heap = Heap::create(&HeapConfig::new(&path).size(MIN_HEAP_SIZE * 2)).unwrap();
+    let size = MIN_HEAP_SIZE * 2;
+    let heap = Heap::create(&HeapConfig::new(&path).size(size).max_size(size)).unwrap();
     let mut blocks = Vec::new();
     let err = loop {
         match heap
@@ -256,8 +294,8 @@ fn the_spans_of_a_freed_large_block_are_reused() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
     // Room for 20 spans: one block of 17 spans fits, two do not.
-    let heap =
-        Heap::create(&HeapConfig::new(&path).size(21 * montage_core::limits::SPAN_SIZE)).unwrap();
+    let size = 21 * montage_core::limits::SPAN_SIZE;
+    let heap = Heap::create(&HeapConfig::new(&path).size(size).max_size(size)).unwrap();
     let len = (1 << 20) + 17;
     let first = heap
         .raw()
@@ -281,8 +319,8 @@ fn the_spans_of_a_freed_large_block_are_reused() {
 fn spans_freed_by_another_thread_are_reused() {
     let dir = tempfile::tempdir().unwrap();
     let path = heap_path(&dir);
-    let heap =
-        Heap::create(&HeapConfig::new(&path).size(21 * montage_core::limits::SPAN_SIZE)).unwrap();
+    let size = 21 * montage_core::limits::SPAN_SIZE;
+    let heap = Heap::create(&HeapConfig::new(&path).size(size).max_size(size)).unwrap();
     let len = (1 << 20) + 17;
     let first = heap
         .raw()

@@ -4,6 +4,11 @@
 //! and that the state is a prefix of what the child did. Twenty rounds on one heap file,
 //! each continuing from what the previous one recovered.
 //!
+//! A third run makes the heap grow all the time: it starts at the minimum size, and each
+//! operation also allocates a 10 KB payload that is never freed, so the heap grows a dozen
+//! times over the rounds (extending its file, writing its span count) with kills landing at
+//! random moments around those growths; every acknowledged payload must survive.
+//!
 //! Two kinds of crash: a SIGKILL (the page cache survives it), and a power cut on the
 //! `montage-powercut` FUSE file system: after the SIGKILL the FUSE connection is aborted (the
 //! kernel's dirty pages never reach the file system) and every write no `fsync` covered is
@@ -20,8 +25,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{Key, kv_state, write_key};
+use montage_core::limits::MIN_HEAP_SIZE;
 use montage_core::sim::SplitMix64;
-use montage_core::{BackendKind, EpochLength, Heap, HeapConfig};
+use montage_core::{BackendKind, EpochLength, Heap, HeapConfig, ScanFilter};
 use montage_powercut::Mounted;
 
 const KEYS: u64 = 16;
@@ -30,8 +36,37 @@ const ROUNDS: u64 = 20;
 fn config(path: &Path) -> HeapConfig {
     HeapConfig::new(path)
         .size(8 << 20)
+        .max_size(8 << 20)
         .backend(BackendKind::Journal)
         .epoch_length(EpochLength::Every(Duration::from_millis(5)))
+}
+
+/// The heap of the growing run: it starts at the minimum size.
+fn growing_config(path: &Path) -> HeapConfig {
+    HeapConfig::new(path)
+        .size(MIN_HEAP_SIZE)
+        .max_size(256 << 20)
+        .backend(BackendKind::Journal)
+        .epoch_length(EpochLength::Every(Duration::from_millis(5)))
+}
+
+/// The payload each operation of the growing run adds, under the owner "ballast".
+const BALLAST: usize = 10_000;
+
+/// Whether a run grows its heap.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Growth {
+    Fixed,
+    Growing,
+}
+
+impl Growth {
+    fn config(self, path: &Path) -> HeapConfig {
+        match self {
+            Growth::Fixed => config(path),
+            Growth::Growing => growing_config(path),
+        }
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -39,7 +74,12 @@ fn main() -> std::process::ExitCode {
         std::env::var_os("MONTAGE_CHILD_HEAP"),
         std::env::var("MONTAGE_CHILD_SEED").ok(),
     ) {
-        child_writer(Path::new(&path), &seed);
+        let growth = if std::env::var_os("MONTAGE_CHILD_GROWS").is_some() {
+            Growth::Growing
+        } else {
+            Growth::Fixed
+        };
+        child_writer(Path::new(&path), &seed, growth);
     }
     montage_testkit::run_tests(&[
         (
@@ -49,6 +89,10 @@ fn main() -> std::process::ExitCode {
         (
             "every_acknowledged_write_survives_a_power_cut_on_a_journaled_file",
             every_acknowledged_write_survives_a_power_cut,
+        ),
+        (
+            "every_acknowledged_write_survives_sigkill_while_the_heap_grows",
+            every_acknowledged_write_survives_sigkill_while_the_heap_grows,
         ),
     ])
 }
@@ -63,7 +107,12 @@ enum Cut {
 
 fn every_acknowledged_write_survives_sigkill() {
     let dir = tempfile::tempdir().unwrap();
-    rounds(&dir.path().join("kill.heap"), Cut::Kill);
+    rounds(&dir.path().join("kill.heap"), Cut::Kill, Growth::Fixed);
+}
+
+fn every_acknowledged_write_survives_sigkill_while_the_heap_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    rounds(&dir.path().join("grow.heap"), Cut::Kill, Growth::Growing);
 }
 
 fn every_acknowledged_write_survives_a_power_cut() {
@@ -76,19 +125,20 @@ fn every_acknowledged_write_survives_a_power_cut() {
         }
     };
     let path = mounted.dir().join("cut.heap");
-    rounds(&path, Cut::Power(mounted));
+    rounds(&path, Cut::Power(mounted), Growth::Fixed);
 }
 
 /// The child process the test starts: opens (or creates) the heap at `path`, then writes
 /// random keys until it is killed, printing `MONTAGE begin <key> <value|-1>` before and
 /// `MONTAGE ack` after each synced operation.
-fn child_writer(path: &Path, seed: &str) -> ! {
+fn child_writer(path: &Path, seed: &str, growth: Growth) -> ! {
     let heap = if path.exists() {
-        Heap::open(&config(path)).unwrap()
+        Heap::open(&growth.config(path)).unwrap()
     } else {
-        Heap::create(&config(path)).unwrap()
+        Heap::create(&growth.config(path)).unwrap()
     };
     let owner = heap.register("kv").unwrap();
+    let ballast = heap.register("ballast").unwrap();
     let mut slots: BTreeMap<u64, Key> = kv_state(&heap, owner)
         .into_iter()
         .map(|(k, (_, b))| {
@@ -117,6 +167,9 @@ fn child_writer(path: &Path, seed: &str) -> ! {
         heap.run_op(|op| {
             let mut attempt = *slot;
             write_key(op, owner, &mut attempt, key, value)?;
+            if growth == Growth::Growing {
+                op.alloc(ballast, 1, &[0xBA; BALLAST])?;
+            }
             *slot = attempt;
             Ok(())
         })
@@ -127,18 +180,43 @@ fn child_writer(path: &Path, seed: &str) -> ! {
     }
 }
 
-fn rounds(path: &Path, mut cut: Cut) {
+/// In the growing run, after a round that began `begun` operations and acknowledged
+/// `acked`, with `before` ballast payloads recovered after the round before: one ballast
+/// payload per operation, at least one per acknowledged operation and at most one per begun
+/// one, each whole. Returns how many there are now.
+fn check_ballast(heap: &Heap, round: u64, before: usize, acked: usize, begun: usize) -> usize {
+    let owner = heap.lookup("ballast").unwrap();
+    let found = heap.collect(ScanFilter::all().owner(owner)).unwrap();
+    for info in &found {
+        assert_eq!(heap.read_payload(info.block).unwrap(), [0xBA; BALLAST]);
+    }
+    assert!(
+        found.len() >= before + acked && found.len() <= before + begun,
+        "round {round}: {} ballast payloads after {before} and {acked} acknowledged of {begun} \
+         begun",
+        found.len(),
+    );
+    found.len()
+}
+
+fn rounds(path: &Path, mut cut: Cut, growth: Growth) {
     let path = path.to_path_buf();
     let mut model: BTreeMap<u64, u64> = BTreeMap::new();
     let mut rng = SplitMix64::new(42);
     let mut total_acks = 0;
+    // The growing run: ballast payloads recovered after the last round, and the heap's sizes.
+    let mut ballast = 0;
+    let mut sizes = Vec::new();
     for round in 0..ROUNDS {
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
             .env("MONTAGE_CHILD_HEAP", &path)
             .env("MONTAGE_CHILD_SEED", round.to_string())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stdout(std::process::Stdio::piped());
+        if growth == Growth::Growing {
+            command.env("MONTAGE_CHILD_GROWS", "1");
+        }
+        let mut child = command.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
@@ -185,12 +263,16 @@ fn rounds(path: &Path, mut cut: Cut) {
         }
         total_acks += acked;
 
-        let heap = Heap::open(&config(&path)).unwrap();
+        let heap = Heap::open(&growth.config(&path)).unwrap();
         let owner = heap.lookup("kv").unwrap();
         let got: BTreeMap<u64, u64> = kv_state(&heap, owner)
             .into_iter()
             .map(|(k, (v, _))| (k, v))
             .collect();
+        if growth == Growth::Growing {
+            ballast = check_ballast(&heap, round, ballast, acked, ops.len());
+            sizes.push(heap.size());
+        }
         heap.close().unwrap();
         // Some prefix of the operations, at least every acknowledged one, explains the state.
         let mut candidate = model.clone();
@@ -215,4 +297,13 @@ fn rounds(path: &Path, mut cut: Cut) {
         model = matched;
     }
     assert!(total_acks > 0, "the children never acknowledged a write");
+    if growth == Growth::Growing {
+        // Each growth doubles the heap: it grew a dozen times in all, in most early rounds.
+        let grew = sizes.windows(2).filter(|w| w[1] > w[0]).count();
+        let last = sizes.last().copied().unwrap_or(0);
+        assert!(
+            grew >= 3 && last >= 256 * MIN_HEAP_SIZE,
+            "the heap grew in only {grew} of {ROUNDS} rounds, to {last} bytes: {sizes:?}"
+        );
+    }
 }

@@ -27,7 +27,8 @@ struct Cli {
     /// The heap file: opened and recovered if it exists, created otherwise.
     #[arg(long, default_value = "montage-kv.heap")]
     heap: PathBuf,
-    /// Size of a new heap, in bytes (suffixes K, M, G, KiB, MiB, GiB allowed).
+    /// The most the heap may grow to, in bytes (suffixes K, M, G, KiB, MiB, GiB allowed). A
+    /// new heap starts at 64 MiB (or this, if smaller) and grows as items need room.
     #[arg(long, value_parser = parse_size, default_value = "1GiB")]
     size: u64,
     /// How writes reach the medium.
@@ -47,6 +48,9 @@ struct Cli {
     #[arg(long, value_parser = parse_size, default_value = "1MiB")]
     max_value: u64,
 }
+
+/// The size a new heap starts at (it grows up to `--size`).
+const INITIAL_SIZE: u64 = 64 << 20;
 
 /// The heap's write-back backend.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -74,15 +78,19 @@ fn run(cli: &Cli) -> Result<(), String> {
         Backend::Pmem => BackendKind::Pmem,
         Backend::Journal => BackendKind::Journal,
     };
-    let config = HeapConfig::new(&cli.heap).size(cli.size).backend(backend);
+    let config = HeapConfig::new(&cli.heap)
+        .size(cli.size.min(INITIAL_SIZE))
+        .max_size(cli.size)
+        .backend(backend);
     let heap_name = cli.heap.display();
     let opened = Cache::open(&config).map_err(|e| format!("cannot open heap {heap_name}: {e}"))?;
     let cache = Arc::new(opened.cache);
     let store = cache.store();
     if opened.created {
         eprintln!(
-            "montage-kv: created heap {heap_name} ({} bytes)",
-            cache.heap().size()
+            "montage-kv: created heap {heap_name} ({} bytes, growing to at most {})",
+            cache.heap().size(),
+            cli.size
         );
     } else {
         let how = if opened.report.clean_shutdown {

@@ -340,6 +340,28 @@ pub fn run_tests(tests: &[(&str, fn())]) -> std::process::ExitCode {
     }
 }
 
+/// The directory for benchmark heap files: `MONTAGE_BENCH_DIR`, else `/dev/shm` (so file
+/// heaps measure the runtime rather than the disk), else the system temp directory.
+pub fn bench_dir() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("MONTAGE_BENCH_DIR") {
+        return std::path::PathBuf::from(dir);
+    }
+    let shm = std::path::PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// A fresh heap file path named after `name` and this process in [`bench_dir`], removed
+/// first (with its journal) if a previous run left it.
+pub fn fresh_bench_path(name: &str) -> std::path::PathBuf {
+    let path = bench_dir().join(format!("montage-bench-{}-{name}.heap", std::process::id()));
+    let _ = montage_core::Heap::remove(&path);
+    path
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

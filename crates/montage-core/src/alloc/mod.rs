@@ -46,8 +46,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::base::layout::{
-    Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_SIZE, SpanEntry, TRAILER_LEN,
-    block_capacity, payload_checksum,
+    Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_COUNT_OFFSET, SPAN_SIZE, SpanEntry,
+    TRAILER_LEN, block_capacity, payload_checksum, span_count_word,
 };
 use crate::error::{Error, Result};
 use crate::persist::Media;
@@ -70,6 +70,8 @@ const ANTI_CLASS: u8 = 0;
 const MIRROR_FREE: u32 = 0;
 const MIRROR_LARGE_HEAD: u32 = 1 << 31;
 const MIRROR_LARGE_CONT: u32 = 1 << 30;
+/// A span that holds its group's span table (never free, never a block).
+pub(crate) const MIRROR_TABLE: u32 = MIRROR_LARGE_CONT | 1;
 
 fn mirror_class(class: u8) -> u32 {
     u32::from(class) + 1
@@ -157,6 +159,12 @@ impl FreeState {
     pub(crate) fn mark_large(&mut self, span: u64, extent: u64) {
         mark_large(&mut self.mirror, span, extent);
     }
+
+    pub(crate) fn mark_table(&mut self, span: u64) {
+        if let Some(slot) = self.mirror.get_mut(span as usize) {
+            *slot = MIRROR_TABLE;
+        }
+    }
 }
 
 /// The mirror entry of the `index`-th span of a large block covering `extent` spans.
@@ -178,8 +186,13 @@ fn mark_large(mirror: &mut [u32], span: u64, extent: u64) {
 /// Allocation statistics, for monitoring and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocStats {
-    /// Spans in the heap.
+    /// Spans of blocks in the heap now.
     pub spans: u64,
+    /// The most spans of blocks the heap may grow to (see `HeapConfig::max_size`); `spans`
+    /// when it does not grow.
+    pub spans_limit: u64,
+    /// How many times the heap grew since it was opened.
+    pub growths: u64,
     /// Spans not carved into blocks and not part of a large block.
     pub free_spans: u64,
     /// Blocks held in the delete reserve (see `docs/design.md`, "The delete reserve").
@@ -193,7 +206,15 @@ pub struct AllocStats {
 
 /// The allocator of one heap. See the module docs for its invariants.
 pub(crate) struct Allocator {
+    /// The heap's layout; its `span_count` is the count at open (see `spans`).
     geometry: Geometry,
+    /// The spans the heap has now (it grows; see the module docs).
+    spans: AtomicU64,
+    /// The most spans it may have.
+    limit: u64,
+    /// Held while the heap grows.
+    growth: Mutex<u64>,
+    /// One entry per span the heap may have, zero (free) past the spans it has.
     mirror: Box<[AtomicU32]>,
     span_pool: Mutex<BTreeSet<u64>>,
     class_pools: Box<[Mutex<Vec<u64>>]>,
@@ -224,18 +245,55 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Allocator {
-    pub(crate) fn new(geometry: Geometry, free: FreeState) -> Allocator {
+    /// An allocator for a heap of `geometry` that may grow to `limit` spans, seeded with what
+    /// recovery (or creation) found free.
+    pub(crate) fn new(geometry: Geometry, limit: u64, free: FreeState) -> Result<Allocator> {
+        let limit = limit.max(geometry.span_count);
+        let slots = usize::try_from(limit).map_err(|_| Error::BadSize {
+            size: geometry.len_with(limit).unwrap_or(u64::MAX),
+            why: "larger than the address space",
+        })?;
+        // Zeroed memory from the allocator: the pages past the spans the heap has are never
+        // touched until it grows into them.
+        let mirror = <[AtomicU32] as zerocopy::FromZeros>::new_box_zeroed_with_elems(slots)
+            .map_err(|_| Error::BadSize {
+                size: geometry.len_with(limit).unwrap_or(u64::MAX),
+                why: "its span map does not fit in memory",
+            })?;
+        for (slot, value) in mirror.iter().zip(free.mirror) {
+            // ORDERING: not shared yet.
+            slot.store(value, Ordering::Relaxed);
+        }
         let class_pools = free.free_blocks.into_iter().map(Mutex::new).collect();
-        Allocator {
+        Ok(Allocator {
             geometry,
-            mirror: free.mirror.into_iter().map(AtomicU32::new).collect(),
+            spans: AtomicU64::new(geometry.span_count),
+            limit,
+            growth: Mutex::new(0),
+            mirror,
             span_pool: Mutex::new(free.free_spans.into_iter().collect()),
             class_pools,
             reserve: Mutex::new(Vec::new()),
             freed: AtomicU64::new(0),
             fruitless: AtomicU64::new(u64::MAX),
             spans_released: AtomicU64::new(0),
+        })
+    }
+
+    /// The heap's layout with the spans it has now.
+    pub(crate) fn geometry(&self) -> Geometry {
+        Geometry {
+            // ORDERING: grows only, under `growth`; a stale count names fewer spans.
+            span_count: self.spans.load(Ordering::Acquire),
+            ..self.geometry
         }
+    }
+
+    /// The span `offset` lies in, if it lies past the data offset (whether the heap has that
+    /// span is the mirror's to say: past the spans it has, every entry is free).
+    #[inline]
+    fn span_index(&self, offset: u64) -> Option<u64> {
+        Some(offset.checked_sub(self.geometry.data_offset)? / SPAN_SIZE)
     }
 
     /// Fills the delete reserve from the free blocks of [`ANTI_CLASS`], carving a span for
@@ -344,8 +402,7 @@ impl Allocator {
     fn locate(&self, offset: u64) -> Result<Place> {
         let invalid = || Error::InvalidBlock { offset };
         let span = self
-            .geometry
-            .span_of(offset)
+            .span_index(offset)
             .ok_or_else(|| Error::InvalidBlock { offset })?;
         let within = offset - self.geometry.span_start(span);
         let state = self.mirror(span);
@@ -658,25 +715,19 @@ impl Allocator {
         if let Some(offset) = caches.find_idle(|cache| cache.free[c].pop()) {
             return Ok(offset);
         }
-        let blocks = match self.carve(media, class, len) {
-            Err(Error::OutOfSpace { .. }) if self.release_free_spans(media, caches)? > 0 => {
-                // The sweep moved the caller's free blocks to the pools too: take from them
-                // before carving.
-                if let Some(offset) =
-                    caches.mine(|cache| self.alloc_cached(media, cache, class, len))?
-                {
-                    return Ok(offset);
-                }
+        // Draining may have given spans back; if not, release the spans whose blocks are all
+        // free, else grow the heap, and take from what that gave (another thread may take it
+        // first: try again).
+        loop {
+            if let Some(offset) =
+                caches.mine(|cache| self.alloc_cached(media, cache, class, len))?
+            {
+                return Ok(offset);
+            }
+            if self.release_free_spans(media, caches)? == 0 && !self.grow(media, 1)? {
                 return Err(full(len));
             }
-            other => other?,
-        };
-        caches
-            .mine(|cache| {
-                cache.free[c].extend(blocks.into_iter().rev());
-                cache.free[c].pop()
-            })
-            .ok_or_else(|| full(len))
+        }
     }
 
     fn take_spans(&self, extent: u64, len: u64) -> Result<u64> {
@@ -771,22 +822,21 @@ impl Allocator {
         if extent > u64::from(u32::MAX >> 2) {
             return Err(full(len));
         }
-        let span = match self.take_spans(extent, len) {
-            Ok(span) => span,
-            Err(Error::OutOfSpace { .. }) => {
-                // Freed large blocks may still sit on pending lists: drain them, retry once;
-                // then release the spans whose blocks are all free, and retry again.
-                self.drain_everywhere(media, caches)?;
-                match self.take_spans(extent, len) {
-                    Err(Error::OutOfSpace { .. })
-                        if self.release_free_spans(media, caches)? > 0 =>
-                    {
-                        self.take_spans(extent, len)?
-                    }
-                    other => other?,
-                }
+        // Freed large blocks may still sit on pending lists: drain them; then release the
+        // spans whose blocks are all free; then grow the heap; retrying after each.
+        let mut drained = false;
+        let span = loop {
+            match self.take_spans(extent, len) {
+                Ok(span) => break span,
+                Err(Error::OutOfSpace { .. }) => {}
+                Err(other) => return Err(other),
             }
-            Err(other) => return Err(other),
+            if !drained {
+                drained = true;
+                self.drain_everywhere(media, caches)?;
+            } else if self.release_free_spans(media, caches)? == 0 && !self.grow(media, extent)? {
+                return Err(full(len));
+            }
         };
         let start = self.geometry.span_start(span);
         let result = Self::clear_metas(media, std::iter::once(start)).and_then(|()| {
@@ -853,6 +903,57 @@ impl Allocator {
         Ok(())
     }
 
+    /// Grows the heap to make room for `wanted` more contiguous spans (see `docs/design.md`,
+    /// "Grow"); returns whether it grew: not at the limit, nor when the disk is full.
+    fn grow(&self, media: &Media, wanted: u64) -> Result<bool> {
+        let mut growths = lock(&self.growth);
+        let geometry = self.geometry();
+        let Some(target) = geometry.grown_span_count(wanted, self.limit) else {
+            return Ok(false);
+        };
+        let Some(len) = geometry.len_with(target) else {
+            return Ok(false);
+        };
+        match media.extend(len) {
+            Ok(()) => {}
+            Err(Error::OutOfSpace { .. }) => return Ok(false),
+            Err(other) => return Err(other),
+        }
+        // The span tables of the new groups are durably zero (all their spans free) before
+        // the count names them. The file's new bytes read zero already; this only makes sure.
+        let mut dirty = false;
+        for span in (geometry.span_count..target).filter(|&s| geometry.is_table_span(s)) {
+            let start = geometry.span_start(span);
+            for at in (start..start + SPAN_SIZE).step_by(8) {
+                dirty |= clear_meta(media, at)?;
+            }
+        }
+        if dirty {
+            // PERSIST: completes the flushes above before the count is written.
+            media.fence()?;
+        }
+        media.store(
+            SPAN_COUNT_OFFSET,
+            span_count_word(target, self.geometry.creation_id),
+        )?;
+        // PERSIST: INV-GROW-1: the count names the new spans before any of them is carved,
+        // so a block in them is durable only once the count is (on the journal, in a record
+        // no later than the block's; see `Media::persist_ordered`).
+        media.persist_ordered(SPAN_COUNT_OFFSET, 8)?;
+        let mut pool = lock(&self.span_pool);
+        for span in geometry.span_count..target {
+            if geometry.is_table_span(span) {
+                self.set_mirror(span, MIRROR_TABLE);
+            } else {
+                pool.insert(span);
+            }
+        }
+        // ORDERING: read by `geometry`; the spans reach allocations through the pool's lock.
+        self.spans.store(target, Ordering::Release);
+        *growths += 1;
+        Ok(true)
+    }
+
     /// Records that blocks became free, so the next sweep looks again.
     fn note_freed(&self) {
         // ORDERING: a hint for the sweep; the free lists themselves are under their locks.
@@ -885,7 +986,7 @@ impl Allocator {
             }
             let mut counts: HashMap<u64, u64> = HashMap::new();
             for &offset in pool.iter() {
-                if let Some(span) = self.geometry.span_of(offset) {
+                if let Some(span) = self.span_index(offset) {
                     *counts.entry(span).or_default() += 1;
                 }
             }
@@ -895,8 +996,7 @@ impl Allocator {
             }
             // Out of the pool under its lock: no allocation can take these blocks any more.
             pool.retain(|&offset| {
-                self.geometry
-                    .span_of(offset)
+                self.span_index(offset)
                     .is_none_or(|span| !counts.contains_key(&span))
             });
             spans.extend(counts.into_keys());
@@ -973,10 +1073,17 @@ impl Allocator {
         let reserve = lock(&self.reserve);
         let spans: BTreeSet<u64> = reserve
             .iter()
-            .filter_map(|&offset| self.geometry.span_of(offset))
+            .filter_map(|&offset| self.span_index(offset))
             .collect();
+        let geometry = self.geometry();
         AllocStats {
-            spans: self.geometry.span_count,
+            spans: geometry.data_spans(),
+            spans_limit: Geometry {
+                span_count: self.limit,
+                ..geometry
+            }
+            .data_spans(),
+            growths: *lock(&self.growth),
             free_spans: lock(&self.span_pool).len() as u64,
             reserve_blocks: reserve.len() as u64,
             reserve_spans: spans.len() as u64,

@@ -6,8 +6,13 @@
 //! 0x0000  superblock            one page (see below)
 //! 0x1000  structure directory   64 entries x 64 B
 //! 0x2000  type registry         128 entries x 64 B (payload layouts)
-//! 0x4000  span table            one u64 per span
+//! 0x4000  span table            one u64 per span, to the data offset
 //! data    spans                 SPAN_SIZE bytes each, data offset aligned to SPAN_SIZE
+//!
+//! Spans are numbered from the data offset on. The entries of the first
+//! `(data offset - 0x4000) / 8` spans are in the table at 0x4000; a heap that grows past them
+//! continues in groups of GROUP_SPANS spans whose first span holds the entries of its group
+//! (entry `r` for the group's span `r`; the table span's own entry, 0, is unused).
 //!
 //! Superblock (immutable part covered by the checksum, then one mutable word per line)
 //! 0x00  magic            [u8; 8]  "MONTAGE\0"
@@ -22,6 +27,7 @@
 //! 0x40  epoch word       u64      alone on its cache line
 //! 0x80  clean shutdown   u64      1 after a clean close, 0 while open; alone on its line
 //! 0xC0  journal id       u64      the journal beside the file (journal backend); 0 = none
+//! 0x100 span count       u64      spans in the heap now (format 4): count | check << 48
 //!
 //! Directory entry (64 B)
 //! 0x00  name             [u8; 32] NUL-padded UTF-8
@@ -76,14 +82,21 @@ use crate::error::{Error, Result};
 
 /// The first eight bytes of every heap file.
 pub(crate) const MAGIC: [u8; 8] = *b"MONTAGE\0";
-/// The format this build reads and writes.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The format this build writes.
+pub(crate) const FORMAT_VERSION: u32 = 4;
+/// The oldest format this build reads: version 3 heaps open, at the size they were created
+/// with (they have no span count word, so they do not grow).
+pub(crate) const OLDEST_READABLE_VERSION: u32 = 3;
 
 pub(crate) const MAGIC_OFFSET: u64 = 0x00;
 pub(crate) const SUPERBLOCK_HEAD_LEN: u64 = 0x40;
 pub(crate) const EPOCH_OFFSET: u64 = 0x40;
 pub(crate) const CLEAN_SHUTDOWN_OFFSET: u64 = 0x80;
 pub(crate) const JOURNAL_ID_OFFSET: u64 = 0xC0;
+/// The span count word (format 4): how many spans the heap has now, alone on its line.
+pub(crate) const SPAN_COUNT_OFFSET: u64 = 0x100;
+/// The tag in bits 63..48 of the span count word's check.
+const SPAN_COUNT_CHECK_SHIFT: u32 = 48;
 
 /// The size of a cache line: the unit of write-back on persistent memory.
 pub const CACHE_LINE: u64 = 64;
@@ -113,6 +126,9 @@ pub(crate) const SPAN_TABLE_OFFSET: u64 = 0x4000;
 
 /// The size of a span, the unit the allocator carves into blocks of one size class.
 pub const SPAN_SIZE: u64 = 64 << 10;
+/// Past the table at `SPAN_TABLE_OFFSET`, spans come in groups of this many (512 MiB), the
+/// first of which holds the group's span table entries.
+pub(crate) const GROUP_SPANS: u64 = SPAN_SIZE / 8;
 
 /// Bytes of header in front of every payload.
 pub const HEADER_LEN: u64 = 40;
@@ -182,16 +198,25 @@ impl SuperblockHead {
 /// [`Geometry::from_superblock`] has checked it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Geometry {
+    /// The heap's size when it was created.
     pub(crate) heap_size: u64,
     pub(crate) creation_id: u64,
+    /// The spans the heap has: at creation, those that fit in `heap_size`; once opened, what
+    /// the span count word says (see [`with_span_count`](Self::with_span_count)).
     pub(crate) span_count: u64,
     pub(crate) span_table: u64,
     pub(crate) data_offset: u64,
+    /// The format version: 3 heaps do not grow.
+    pub(crate) version: u32,
 }
 
 impl Geometry {
     /// The geometry of a new heap of `size` bytes.
     pub(crate) fn for_new(size: u64, creation_id: u64) -> Result<Geometry> {
+        Self::of_size(size, creation_id, FORMAT_VERSION)
+    }
+
+    fn of_size(size: u64, creation_id: u64, version: u32) -> Result<Geometry> {
         if size < MIN_HEAP_SIZE {
             return Err(Error::BadSize {
                 size,
@@ -227,6 +252,7 @@ impl Geometry {
             span_count,
             span_table: SPAN_TABLE_OFFSET,
             data_offset,
+            version,
         })
     }
 
@@ -234,7 +260,7 @@ impl Geometry {
     pub(crate) fn superblock(&self) -> SuperblockHead {
         let mut head = SuperblockHead {
             magic: MAGIC,
-            version: U32::new(FORMAT_VERSION),
+            version: U32::new(self.version),
             checksum: U32::new(0),
             heap_size: U64::new(self.heap_size),
             creation_id: U64::new(self.creation_id),
@@ -247,7 +273,9 @@ impl Geometry {
         head
     }
 
-    /// Validates the superblock head read from a file of `file_len` bytes.
+    /// Validates the superblock head read from a file of `file_len` bytes. The span count
+    /// is the one the heap was created with, until [`with_span_count`](Self::with_span_count)
+    /// applies the span count word.
     pub(crate) fn from_superblock(bytes: &[u8], file_len: u64) -> Result<Geometry> {
         let Ok((head, _)) = SuperblockHead::read_from_prefix(bytes) else {
             return Err(Error::Truncated {
@@ -258,9 +286,10 @@ impl Geometry {
         if head.magic != MAGIC {
             return Err(Error::BadMagic);
         }
-        if head.version.get() != FORMAT_VERSION {
+        let version = head.version.get();
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(Error::FormatVersion {
-                found: head.version.get(),
+                found: version,
                 supported: FORMAT_VERSION,
             });
         }
@@ -278,9 +307,11 @@ impl Geometry {
             });
         }
         let expected =
-            Geometry::for_new(heap_size, head.creation_id.get()).map_err(|_| Error::Corrupted {
-                offset: MAGIC_OFFSET,
-                what: "superblock describes an impossible heap size",
+            Geometry::of_size(heap_size, head.creation_id.get(), version).map_err(|_| {
+                Error::Corrupted {
+                    offset: MAGIC_OFFSET,
+                    what: "superblock describes an impossible heap size",
+                }
             })?;
         let stored = Geometry {
             heap_size,
@@ -288,6 +319,7 @@ impl Geometry {
             span_count: head.span_count.get(),
             span_table: head.span_table.get(),
             data_offset: head.data_offset.get(),
+            version,
         };
         if stored != expected || head.span_size.get() != SPAN_SIZE {
             return Err(Error::Corrupted {
@@ -298,24 +330,129 @@ impl Geometry {
         Ok(stored)
     }
 
+    /// Whether heaps of this format grow (version 3 heaps have no span count word).
+    pub(crate) fn grows(&self) -> bool {
+        self.version >= 4
+    }
+
+    /// This geometry with `span_count` spans, checked against what the superblock allows
+    /// and what a file of `file_len` bytes holds: the span count word's value at open.
+    pub(crate) fn with_span_count(&self, span_count: u64, file_len: u64) -> Result<Geometry> {
+        let corrupted = |what| Error::Corrupted {
+            offset: SPAN_COUNT_OFFSET,
+            what,
+        };
+        if span_count < self.span_count || (!self.grows() && span_count != self.span_count) {
+            return Err(corrupted(
+                "the span count is below the heap's initial spans",
+            ));
+        }
+        let len = self
+            .len_with(span_count)
+            .filter(|&len| len <= MAX_HEAP_SIZE)
+            .ok_or_else(|| corrupted("the span count is larger than any heap"))?;
+        if self.is_table_span(span_count.saturating_sub(1)) {
+            return Err(corrupted("the span count ends on a span table"));
+        }
+        if file_len < len {
+            return Err(Error::Truncated {
+                expected: len,
+                actual: file_len,
+            });
+        }
+        Ok(Geometry {
+            span_count,
+            ..*self
+        })
+    }
+
+    /// The file length a heap of `span_count` spans needs.
+    pub(crate) fn len_with(&self, span_count: u64) -> Option<u64> {
+        span_count
+            .checked_mul(SPAN_SIZE)?
+            .checked_add(self.data_offset)
+    }
+
+    /// The heap's length with its spans now.
+    pub(crate) fn len(&self) -> u64 {
+        self.len_with(self.span_count).unwrap_or(u64::MAX)
+    }
+
+    /// How many of the spans hold blocks (the others hold span tables).
+    pub(crate) fn data_spans(&self) -> u64 {
+        let first = self.first_table_capacity();
+        let tables = self.span_count.saturating_sub(first).div_ceil(GROUP_SPANS);
+        self.span_count.saturating_sub(tables)
+    }
+
+    /// How many spans have their entries in the table at `span_table`.
+    fn first_table_capacity(&self) -> u64 {
+        self.data_offset.saturating_sub(self.span_table) / 8
+    }
+
+    /// Whether span `index` holds the span table of its group, not blocks.
+    #[inline]
+    pub(crate) fn is_table_span(&self, index: u64) -> bool {
+        index
+            .checked_sub(self.first_table_capacity())
+            .is_some_and(|past| past.is_multiple_of(GROUP_SPANS))
+    }
+
     /// The heap offset where span `index` starts.
+    #[inline]
     pub(crate) fn span_start(&self, index: u64) -> u64 {
-        debug_assert!(index < self.span_count);
         self.data_offset
             .saturating_add(index.saturating_mul(SPAN_SIZE))
     }
 
-    /// The span holding heap offset `offset`, if it is in the data area.
-    pub(crate) fn span_of(&self, offset: u64) -> Option<u64> {
-        let rel = offset.checked_sub(self.data_offset)?;
-        let index = rel / SPAN_SIZE;
-        (index < self.span_count).then_some(index)
+    /// The offset of span `index`'s table entry (for a table span, the unused entry 0 of its
+    /// own table).
+    pub(crate) fn span_entry_offset(&self, index: u64) -> u64 {
+        let first = self.first_table_capacity();
+        match index.checked_sub(first) {
+            None => self.span_table.saturating_add(index.saturating_mul(8)),
+            Some(past) => {
+                let within = past % GROUP_SPANS;
+                let table = index.saturating_sub(within);
+                self.span_start(table)
+                    .saturating_add(within.saturating_mul(8))
+            }
+        }
     }
 
-    /// The offset of span `index`'s table entry.
-    pub(crate) fn span_entry_offset(&self, index: u64) -> u64 {
-        self.span_table.saturating_add(index.saturating_mul(8))
+    /// The spans the heap should have after growing from its `span_count` to make room for
+    /// at least `wanted` more contiguous data spans, by steps that double its spans up to
+    /// 1 GiB at a time, never past `limit` spans; `None` when no such count fits.
+    pub(crate) fn grown_span_count(&self, wanted: u64, limit: u64) -> Option<u64> {
+        const STEP_MAX: u64 = (1 << 30) / SPAN_SIZE;
+        let step = self.span_count.clamp(1, STEP_MAX).max(wanted);
+        let mut target = self.span_count.checked_add(step)?.min(limit);
+        // Never end on a table span (its group would have no data span), and room for the
+        // wanted run must not be cut by one: a run longer than a group never fits past the
+        // first table.
+        if target > 0 && self.is_table_span(target.saturating_sub(1)) {
+            target = if target < limit {
+                target.checked_add(1)?
+            } else {
+                target.saturating_sub(1)
+            };
+        }
+        (target > self.span_count && target <= limit).then_some(target)
     }
+}
+
+/// The span count word for `span_count` spans.
+pub(crate) fn span_count_word(span_count: u64, creation_id: u64) -> u64 {
+    let count = span_count & ((1 << SPAN_COUNT_CHECK_SHIFT) - 1);
+    count
+        | (u64::from(checksum(&[count, creation_id, SPAN_COUNT_OFFSET], &[]) & 0xFFFF)
+            << SPAN_COUNT_CHECK_SHIFT)
+}
+
+/// The span count a span count word holds, if its check matches.
+pub(crate) fn decode_span_count(word: u64, creation_id: u64) -> Option<u64> {
+    let count = word & ((1 << SPAN_COUNT_CHECK_SHIFT) - 1);
+    (span_count_word(count, creation_id) == word).then_some(count)
 }
 
 /// What a span table entry says about a span.
@@ -532,6 +669,104 @@ mod tests {
         assert!(Geometry::for_new(MIN_HEAP_SIZE - 4096, 7).is_err());
         assert!(Geometry::for_new(MIN_HEAP_SIZE + 1, 7).is_err());
         assert!(Geometry::for_new(MAX_HEAP_SIZE + 4096, 7).is_err());
+    }
+
+    #[test]
+    fn grown_spans_have_their_entries_in_their_groups_table() {
+        let g = Geometry::for_new(MIN_HEAP_SIZE, 7).unwrap();
+        let first = (g.data_offset - SPAN_TABLE_OFFSET) / 8;
+        assert_eq!(first, 6144);
+        let g = Geometry {
+            span_count: first + 3 * GROUP_SPANS + 5,
+            ..g
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut tables = 0;
+        for span in 0..g.span_count {
+            let entry = g.span_entry_offset(span);
+            assert!(entry.is_multiple_of(8));
+            if g.is_table_span(span) {
+                tables += 1;
+                // Its own entry is the unused first word of its table.
+                assert_eq!(entry, g.span_start(span));
+                continue;
+            }
+            assert!(seen.insert(entry), "span {span} shares its entry");
+            if span < first {
+                assert!(entry >= SPAN_TABLE_OFFSET && entry < g.data_offset);
+            } else {
+                let table = first + (span - first) / GROUP_SPANS * GROUP_SPANS;
+                assert!(g.is_table_span(table));
+                let start = g.span_start(table);
+                assert!(entry > start && entry < start + SPAN_SIZE, "span {span}");
+            }
+        }
+        assert_eq!(tables, 4);
+        assert!(g.is_table_span(first) && g.is_table_span(first + GROUP_SPANS));
+        assert!(!g.is_table_span(first - 1) && !g.is_table_span(first + 1));
+        assert_eq!(g.data_spans(), g.span_count - 4);
+    }
+
+    #[test]
+    fn growth_steps_double_up_to_a_gib_and_never_end_on_a_table() {
+        let g = Geometry::for_new(MIN_HEAP_SIZE, 7).unwrap();
+        assert_eq!(g.grown_span_count(1, 1000), Some(2));
+        assert_eq!(g.grown_span_count(5, 1000), Some(6));
+        assert_eq!(g.grown_span_count(1, 1), None);
+        let big = Geometry {
+            span_count: 100_000,
+            ..g
+        };
+        let step = (1 << 30) / SPAN_SIZE;
+        let target = big.grown_span_count(1, u64::MAX).unwrap();
+        assert_eq!(
+            target - big.span_count,
+            step + u64::from(big.is_table_span(big.span_count + step - 1))
+        );
+        assert_eq!(big.grown_span_count(1, 100_010), Some(100_010));
+        for count in 6000..6200 {
+            for limit in [count + 1, count + 150, u64::MAX] {
+                let g = Geometry {
+                    span_count: count,
+                    ..g
+                };
+                if let Some(target) = g.grown_span_count(3, limit) {
+                    assert!(target > count && target <= limit);
+                    assert!(!g.is_table_span(target - 1), "{count} -> {target}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_span_count_word_round_trips_and_detects_flips() {
+        let word = span_count_word(6150, 0xABCD);
+        assert_eq!(decode_span_count(word, 0xABCD), Some(6150));
+        assert_eq!(decode_span_count(word, 0xABCE), None);
+        for bit in 0..64 {
+            assert_eq!(
+                decode_span_count(word ^ (1 << bit), 0xABCD),
+                None,
+                "bit {bit}"
+            );
+        }
+        let g = Geometry::for_new(MIN_HEAP_SIZE, 7).unwrap();
+        assert!(g.with_span_count(0, u64::MAX).is_err());
+        assert!(
+            g.with_span_count(6144 + 1, u64::MAX).is_err(),
+            "ends on a table span"
+        );
+        assert!(matches!(
+            g.with_span_count(10, g.len_with(10).unwrap() - 1),
+            Err(Error::Truncated { .. })
+        ));
+        assert_eq!(
+            g.with_span_count(10, u64::MAX).unwrap().len(),
+            g.len_with(10).unwrap()
+        );
+        let v3 = Geometry { version: 3, ..g };
+        assert!(!v3.grows());
+        assert!(v3.with_span_count(2, u64::MAX).is_err());
     }
 
     #[test]

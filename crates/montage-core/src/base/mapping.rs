@@ -9,6 +9,39 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 
+/// Allocates the file's blocks for `[offset, offset + len)`, lengthening the file if it is
+/// shorter, so that stores through a mapping of them never meet a full disk (which would be
+/// a `SIGBUS`): a full disk is this call's `ENOSPC` instead.
+pub(crate) fn allocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let too_big = || io::Error::from(io::ErrorKind::InvalidInput);
+    let offset = libc::off_t::try_from(offset).map_err(|_| too_big())?;
+    let len = libc::off_t::try_from(len).map_err(|_| too_big())?;
+    // SAFETY: `posix_fallocate` reads only its integer arguments and acts on the open
+    // descriptor `file` owns; it touches no memory of this process.
+    let err = unsafe { libc::posix_fallocate(file.as_raw_fd(), offset, len) };
+    if err == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(err))
+    }
+}
+
+/// The bytes the file system holding `file` has free for an unprivileged writer.
+pub(crate) fn free_space(file: &File) -> io::Result<u64> {
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `fstatvfs` writes one `statvfs` into the pointer it is given, which points to
+    // uninitialised memory of exactly that type and size, owned by this frame.
+    let err = unsafe { libc::fstatvfs(file.as_raw_fd(), stat.as_mut_ptr()) };
+    if err != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fstatvfs` returned 0, so it initialised the whole struct.
+    let stat = unsafe { stat.assume_init() };
+    // The fields' C types are 64-bit here but not on every target.
+    #[allow(clippy::useless_conversion)]
+    Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
+}
+
 /// One mapping of a heap's bytes. Dropping it unmaps them.
 #[derive(Debug)]
 pub(crate) struct Mapping {

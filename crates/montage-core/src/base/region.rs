@@ -10,7 +10,7 @@
 )]
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use super::mapping::Mapping;
 use crate::error::{Error, Result};
@@ -55,11 +55,13 @@ unsafe fn copy_string(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
-/// A mapped heap: base pointer plus length, with checked word and byte access.
+/// A mapped heap: base pointer plus length, with checked word and byte access. The mapping
+/// may reserve more than the heap holds now (a heap that grows keeps its address); only the
+/// first [`len`](Self::len) bytes are accessible, and [`grow`](Self::grow) makes more so.
 #[derive(Debug)]
 pub(crate) struct Region {
     base: NonNull<u8>,
-    len: usize,
+    len: AtomicUsize,
     mapping: Mapping,
 }
 
@@ -71,13 +73,50 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// Takes ownership of a mapping. The mapping's base is at least page-aligned.
+    /// Takes ownership of a mapping, all of it accessible. The mapping's base is at least
+    /// page-aligned.
+    #[cfg(test)]
     pub(crate) fn new(mapping: Mapping) -> Region {
+        let len = mapping.len();
+        Self::with_len(mapping, len)
+    }
+
+    /// Takes ownership of a mapping of which the first `len` bytes (at most its length) are
+    /// accessible; the rest is reserved for [`grow`](Self::grow).
+    pub(crate) fn with_len(mapping: Mapping, len: usize) -> Region {
         Region {
             base: mapping.base(),
-            len: mapping.len(),
+            len: AtomicUsize::new(len.min(mapping.len())),
             mapping,
         }
+    }
+
+    /// How many bytes are accessible.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        // ORDERING: the length only grows, and only after the bytes it adds are backed (the
+        // file was extended); a thread reaches an offset in them only through a span handed
+        // out after the growth (a mutex's happens-before), so a relaxed load sees it.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// How many bytes the mapping reserves.
+    pub(crate) fn reserved(&self) -> usize {
+        self.mapping.len()
+    }
+
+    /// Makes the first `len` bytes accessible; they must be backed by the file (or the
+    /// anonymous memory) already. Fails if the mapping does not reserve that many.
+    pub(crate) fn grow(&self, len: usize) -> Result<()> {
+        if len > self.mapping.len() {
+            return Err(Error::OutOfBounds {
+                offset: 0,
+                len: len as u64,
+            });
+        }
+        // ORDERING: see `len`.
+        self.len.fetch_max(len, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The mapping this region owns.
@@ -91,7 +130,7 @@ impl Region {
         let end = offset
             .checked_add(len)
             .ok_or_else(|| Error::OutOfBounds { offset, len })?;
-        if end > self.len as u64 {
+        if end > self.len() as u64 {
             return Err(Error::OutOfBounds { offset, len });
         }
         usize::try_from(offset).map_err(|_| Error::OutOfBounds { offset, len })
@@ -108,7 +147,7 @@ impl Region {
 
     /// The byte at the already-checked index `at`.
     fn byte(&self, at: usize) -> &AtomicU8 {
-        debug_assert!(at < self.len);
+        debug_assert!(at < self.len());
         let ptr = self.base.as_ptr().wrapping_add(at);
         // SAFETY:
         // - callers pass an index inside `[0, len)` that they derived from a range checked by
@@ -119,7 +158,9 @@ impl Region {
 
     /// The word at the already-checked, 8-aligned index `at`.
     fn word_at(&self, at: usize) -> &AtomicU64 {
-        debug_assert!(at.is_multiple_of(8) && at.checked_add(8).is_some_and(|end| end <= self.len));
+        debug_assert!(
+            at.is_multiple_of(8) && at.checked_add(8).is_some_and(|end| end <= self.len())
+        );
         // INV-MEM-1: the base is page-aligned, so an 8-aligned index is an 8-aligned address.
         #[allow(clippy::cast_ptr_alignment)]
         let ptr = self.base.as_ptr().wrapping_add(at).cast::<u64>();

@@ -159,7 +159,8 @@ impl Heap {
         threads: usize,
         visit: impl Fn(&BlockView<'_>) -> Result<()> + Sync,
     ) -> Result<u64> {
-        let units = scan::read_span_table(&self.shared().runtime.media, &self.shared().geometry)?;
+        let geometry = self.shared().runtime.alloc.geometry();
+        let units = scan::read_span_table(&self.shared().runtime.media, &geometry)?;
         let progress = std::sync::atomic::AtomicU64::new(0);
         let media = &self.shared().runtime.media;
         let report = &self.shared().report;
@@ -188,7 +189,7 @@ impl Heap {
         };
         let counts = scan::scan(
             &self.shared().runtime.media,
-            &self.shared().geometry,
+            &geometry,
             &units,
             options,
             &progress,

@@ -102,9 +102,10 @@ impl Heap {
         self.shared().file.as_ref().map(|(_, path)| path.as_path())
     }
 
-    /// The heap's size in bytes.
+    /// The heap's size in bytes now (it grows: see
+    /// [`HeapConfig::max_size`](crate::HeapConfig::max_size)).
     pub fn size(&self) -> u64 {
-        self.shared().geometry.heap_size
+        self.shared().runtime.alloc.geometry().len()
     }
 
     /// The random id chosen when the heap was created.
@@ -324,7 +325,7 @@ impl std::fmt::Debug for Heap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Heap")
             .field("path", &self.path())
-            .field("size", &self.shared().geometry.heap_size)
+            .field("size", &self.size())
             .field("backend", &self.shared().backend)
             .field(
                 "creation_id",

@@ -16,9 +16,10 @@ use crate::alloc::{Allocator, FreeState};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{
     CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, JOURNAL_ID_OFFSET,
-    MAGIC_OFFSET, SUPERBLOCK_HEAD_LEN,
+    MAGIC_OFFSET, MAX_HEAP_SIZE, SPAN_COUNT_OFFSET, SPAN_SIZE, SUPERBLOCK_HEAD_LEN,
+    decode_span_count, span_count_word,
 };
-use crate::base::mapping::Mapping;
+use crate::base::mapping::{Mapping, free_space};
 use crate::base::region::Region;
 use crate::config::{BackendKind, HeapConfig, Location};
 use crate::epoch::{Epochs, Runtime};
@@ -28,7 +29,7 @@ use crate::persist::journal::Journal;
 use crate::persist::pages::Pages;
 #[cfg(any(test, feature = "sim"))]
 use crate::persist::sim::CrashImage;
-use crate::persist::{Backend, Media};
+use crate::persist::{Backend, Media, allocate_file};
 use crate::recovery::{self, RecoveryReport, Verdict};
 
 /// How recovery decides which blocks live.
@@ -58,6 +59,11 @@ impl Heap {
     /// sized, [`Error::InvalidConfig`] for an inconsistent configuration.
     pub fn create(config: &HeapConfig) -> Result<Heap> {
         config.validate()?;
+        if config.max_size.is_some_and(|max| max < config.size) {
+            return Err(Error::InvalidConfig {
+                what: "max_size is smaller than the size to create the heap with",
+            });
+        }
         let creation_id = crate::random::random_u64();
         let geometry = Geometry::for_new(config.size, creation_id)?;
         let len = usize::try_from(geometry.heap_size).map_err(|_| Error::BadSize {
@@ -66,43 +72,17 @@ impl Heap {
         })?;
         let (mapping, file) = match &config.location {
             Location::File(path) => {
-                let file = match OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(path)
-                {
-                    Ok(file) => file,
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                        return Err(Error::AlreadyExists { path: path.clone() });
-                    }
-                    Err(e) => return Err(Error::io("create", path, e)),
-                };
-                let made = lock_file(&file, path)
-                    .and_then(|()| {
-                        file.set_len(geometry.heap_size)
-                            .map_err(|e| Error::io("set_len", path, e))
-                    })
-                    .and_then(|()| {
-                        Mapping::file(&file, len, wants_map_sync(config.backend))
-                            .map_err(|e| Error::io("mmap", path, e))
-                    });
-                match made {
-                    Ok(mapping) => (mapping, Some((file, path.clone()))),
-                    Err(err) => {
-                        // We made this file a moment ago and it holds nothing yet.
-                        drop(file);
-                        let _ = std::fs::remove_file(path);
-                        return Err(err);
-                    }
-                }
+                let (mapping, file) = create_file(config, path, &geometry, len)?;
+                (mapping, Some((file, path.clone())))
             }
-            Location::Memory => (
-                Mapping::anonymous(len).map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?,
-                None,
-            ),
+            Location::Memory => {
+                let limit = growth_limit(config, &geometry, geometry.heap_size, None);
+                let mapping = reserve(limit, len, Mapping::anonymous)
+                    .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?;
+                (mapping, None)
+            }
         };
-        let region = Region::new(mapping);
+        let region = Region::with_len(mapping, len);
         let media = if let Some(files) =
             journal_files(config, file.as_ref(), || Pages::zeroed(len), None)
         {
@@ -127,6 +107,11 @@ impl Heap {
             format(&media, &geometry, 0)?;
             media
         };
+        let media = match &file {
+            Some((file, path)) => media.with_file(file, path)?,
+            None => media,
+        };
+        let limit = spans_within(&geometry, media.region().reserved() as u64);
         if let Some(journal) = media.journal() {
             journal.start_logging();
         }
@@ -136,7 +121,7 @@ impl Heap {
         };
         let shared = Shared {
             runtime: Runtime {
-                alloc: Allocator::new(geometry, free),
+                alloc: Allocator::new(geometry, limit, free)?,
                 epochs: Epochs::new(Epoch::FIRST, 1, config.thread_slots, config.epoch_length),
                 media,
                 types: Registry::empty(creation_id),
@@ -241,41 +226,32 @@ impl Heap {
     fn open_source(config: &HeapConfig, source: Source<'_>, policy: Policy<'_>) -> Result<Heap> {
         let (geometry, mapping, file, initial) = match source {
             Source::File(path) => {
-                let mut file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(path)
-                    .map_err(|e| Error::io("open", path, e))?;
-                lock_file(&file, path)?;
-                let file_len = file
-                    .metadata()
-                    .map_err(|e| Error::io("stat", path, e))?
-                    .len();
-                let mut head = Vec::with_capacity(SUPERBLOCK_HEAD_LEN as usize);
-                (&mut file)
-                    .take(SUPERBLOCK_HEAD_LEN)
-                    .read_to_end(&mut head)
-                    .map_err(|e| Error::io("read", path, e))?;
-                let geometry = Geometry::from_superblock(&head, file_len)?;
-                let len = usize::try_from(geometry.heap_size).map_err(|_| Error::BadSize {
-                    size: geometry.heap_size,
-                    why: "larger than the address space",
-                })?;
-                let mapping = Mapping::file(&file, len, wants_map_sync(config.backend))
-                    .map_err(|e| Error::io("mmap", path, e))?;
-                (geometry, mapping, Some((file, path.to_path_buf())), None)
+                let (geometry, mapping, len, file) = open_file(config, path)?;
+                (
+                    geometry,
+                    (mapping, len),
+                    Some((file, path.to_path_buf())),
+                    None,
+                )
             }
             #[cfg(any(test, feature = "sim"))]
             Source::Image(bytes, journal) => {
                 let mut head = vec![0u8; (SUPERBLOCK_HEAD_LEN as usize).min(bytes.len())];
                 bytes.read(0, &mut head);
                 let geometry = Geometry::from_superblock(&head, bytes.len() as u64)?;
-                let mapping = Mapping::anonymous(bytes.len())
+                let limit = growth_limit(config, &geometry, bytes.len() as u64, None);
+                let mapping = reserve(limit, bytes.len(), Mapping::anonymous)
                     .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?;
-                (geometry, mapping, None, Some((bytes, journal)))
+                (
+                    geometry,
+                    (mapping, bytes.len()),
+                    None,
+                    Some((bytes, journal)),
+                )
             }
         };
-        let region = Region::new(mapping);
+        let (mapping, file_len) = mapping;
+        let region = Region::with_len(mapping, file_len);
         let (initial, journal_image) = load_image(&region, initial)?;
         let (media, replayed) = open_media(
             config,
@@ -288,7 +264,16 @@ impl Heap {
         // PERSIST: INV-REC-1: recovery decides on the durable image, so whatever a crashed
         // process left dirty is written back before it is read.
         media.settle_before_recovery(geometry.data_offset)?;
-        let (stored, directory, types) = read_metadata(&media, &geometry)?;
+        let (stored, directory, types, geometry) = read_metadata(&media, &geometry)?;
+        for span in (0..geometry.span_count).filter(|&span| geometry.is_table_span(span)) {
+            // PERSIST: INV-REC-1: a grown heap's group tables, like the first table.
+            media.settle_range(geometry.span_start(span), SPAN_SIZE)?;
+        }
+        let media = match &file {
+            Some((file, path)) => media.with_file(file, path)?,
+            None => media,
+        };
+        let limit = spans_within(&geometry, media.region().reserved() as u64);
         let recovered = recover(config, &media, &geometry, policy, stored, &directory)?;
         let recovery::Recovered {
             free,
@@ -312,7 +297,7 @@ impl Heap {
         }
         let shared = Shared {
             runtime: Runtime {
-                alloc: Allocator::new(geometry, free),
+                alloc: Allocator::new(geometry, limit, free)?,
                 epochs: Epochs::new(
                     stored.word,
                     next_uid,
@@ -363,10 +348,21 @@ fn recover(
 
 /// What the superblock's mutable words, the directory and the type registry of a heap being
 /// opened say, checked before recovery writes anything: a damaged heap is refused unchanged.
+/// Returns the geometry with the spans the span count word names.
 fn read_metadata(
     media: &Media,
     geometry: &Geometry,
-) -> Result<(recovery::Stored, Vec<Option<String>>, Registry)> {
+) -> Result<(recovery::Stored, Vec<Option<String>>, Registry, Geometry)> {
+    let geometry = &if geometry.grows() {
+        let word = media.load(SPAN_COUNT_OFFSET)?;
+        let count = decode_span_count(word, geometry.creation_id).ok_or(Error::Corrupted {
+            offset: SPAN_COUNT_OFFSET,
+            what: "the span count word fails its check",
+        })?;
+        geometry.with_span_count(count, media.region().len() as u64)?
+    } else {
+        *geometry
+    };
     let clean = match media.load(CLEAN_SHUTDOWN_OFFSET)? {
         0 => false,
         1 => true,
@@ -397,7 +393,122 @@ fn read_metadata(
         word_leads: media.journal().is_none(),
         owners,
     };
-    Ok((stored, directory, types))
+    Ok((stored, directory, types, *geometry))
+}
+
+/// Opens, locks and maps the heap file at `path` after checking its superblock; returns its
+/// geometry as the superblock states it, the mapping (reserving what the heap may grow to)
+/// and the file's length.
+fn open_file(config: &HeapConfig, path: &Path) -> Result<(Geometry, Mapping, usize, File)> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io("open", path, e))?;
+    lock_file(&file, path)?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| Error::io("stat", path, e))?
+        .len();
+    let mut head = Vec::with_capacity(SUPERBLOCK_HEAD_LEN as usize);
+    (&mut file)
+        .take(SUPERBLOCK_HEAD_LEN)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::io("read", path, e))?;
+    let geometry = Geometry::from_superblock(&head, file_len)?;
+    let len = usize::try_from(file_len).map_err(|_| Error::BadSize {
+        size: file_len,
+        why: "larger than the address space",
+    })?;
+    let limit = growth_limit(config, &geometry, file_len, Some(&file));
+    let mapping = reserve(limit, len, |reserve| {
+        Mapping::file(&file, reserve, wants_map_sync(config.backend))
+    })
+    .map_err(|e| Error::io("mmap", path, e))?;
+    Ok((geometry, mapping, len, file))
+}
+
+/// Creates the heap file at `path` for a new heap of `geometry` (`len` bytes), allocates its
+/// bytes, locks and maps it; on failure removes it again.
+fn create_file(
+    config: &HeapConfig,
+    path: &Path,
+    geometry: &Geometry,
+    len: usize,
+) -> Result<(Mapping, File)> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::AlreadyExists {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(Error::io("create", path, e)),
+    };
+    // The file's bytes are allocated on the disk, not left a sparse hole: a store through
+    // the mapping into a hole on a full disk would be a SIGBUS, where this is an error.
+    let made = lock_file(&file, path)
+        .and_then(|()| allocate_file(&file, path, 0, geometry.heap_size))
+        .and_then(|()| {
+            let limit = growth_limit(config, geometry, geometry.heap_size, Some(&file));
+            reserve(limit, len, |reserve| {
+                Mapping::file(&file, reserve, wants_map_sync(config.backend))
+            })
+            .map_err(|e| Error::io("mmap", path, e))
+        });
+    match made {
+        Ok(mapping) => Ok((mapping, file)),
+        Err(err) => {
+            // We made this file a moment ago and it holds nothing yet.
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            Err(err)
+        }
+    }
+}
+
+/// How many bytes a heap with `geometry`, `len` bytes long now, may grow to as `config`
+/// allows (see [`HeapConfig::max_size`]); `file` is the heap file.
+fn growth_limit(config: &HeapConfig, geometry: &Geometry, len: u64, file: Option<&File>) -> u64 {
+    if !geometry.grows() {
+        return len;
+    }
+    let limit = match (config.max_size, file) {
+        (Some(max), _) => max,
+        // As far as the file system has room (unknown: no growth).
+        (None, Some(file)) => len.saturating_add(free_space(file).unwrap_or(0)),
+        (None, None) => config.size,
+    };
+    limit.clamp(len, MAX_HEAP_SIZE)
+}
+
+/// Maps `limit` bytes with `map`, or, where the address space will not take that many, the
+/// most it takes down to `len`: the reservation a heap grows into.
+fn reserve(
+    limit: u64,
+    len: usize,
+    map: impl Fn(usize) -> std::io::Result<Mapping>,
+) -> std::io::Result<Mapping> {
+    let mut want = usize::try_from(limit).unwrap_or(usize::MAX).max(len);
+    loop {
+        match map(want) {
+            Ok(mapping) => return Ok(mapping),
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && want > len => {
+                want = (want / 2).max(len);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How many spans fit in the first `bytes` of a heap with `geometry`.
+fn spans_within(geometry: &Geometry, bytes: u64) -> u64 {
+    bytes.saturating_sub(geometry.data_offset) / SPAN_SIZE
 }
 
 /// Loads a saved image into a fresh in-memory mapping (which is zero, so only the pages that
@@ -504,6 +615,10 @@ fn format(media: &Media, geometry: &Geometry, journal_id: u64) -> Result<()> {
     media.store(EPOCH_OFFSET, Epoch::FIRST.get())?;
     media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
     media.store(JOURNAL_ID_OFFSET, journal_id)?;
+    media.store(
+        SPAN_COUNT_OFFSET,
+        span_count_word(geometry.span_count, geometry.creation_id),
+    )?;
     // PERSIST: every superblock field is durable before the magic that makes it a heap.
     media.persist(0, geometry.data_offset)?;
     media.write(MAGIC_OFFSET, &bytes[..8])?;

@@ -86,11 +86,66 @@ impl Backend {
 pub(crate) struct Media {
     region: Region,
     backend: Backend,
+    /// The heap file (a duplicate of the heap's descriptor), which [`extend`](Self::extend)
+    /// lengthens; `None` for a heap in memory.
+    file: Option<(std::fs::File, std::path::PathBuf)>,
 }
 
 impl Media {
     pub(crate) fn new(region: Region, backend: Backend) -> Media {
-        Media { region, backend }
+        Media {
+            region,
+            backend,
+            file: None,
+        }
+    }
+
+    /// This media, lengthening `file` (the heap file at `path`) when the heap grows.
+    pub(crate) fn with_file(self, file: &std::fs::File, path: &std::path::Path) -> Result<Media> {
+        let file = file.try_clone().map_err(|e| Error::io("dup", path, e))?;
+        Ok(Media {
+            file: Some((file, path.to_path_buf())),
+            ..self
+        })
+    }
+
+    /// Makes the first `len` bytes of the heap usable: on a file, allocates them on the disk
+    /// and makes the file's new length durable; then lets the mapping reach them. A heap
+    /// already that long is left as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfSpace`] if the disk is full or the mapping reserves fewer bytes (the
+    /// file may then be longer than before, which nothing reads); [`Error::Io`] if the file
+    /// cannot be lengthened or synced.
+    pub(crate) fn extend(&self, len: u64) -> Result<()> {
+        let now = self.region.len() as u64;
+        if len <= now {
+            return Ok(());
+        }
+        let full = Error::OutOfSpace {
+            requested: len - now,
+            free_spans: 0,
+            free_bytes: 0,
+        };
+        let bytes = usize::try_from(len).map_err(|_| Error::BadSize {
+            size: len,
+            why: "larger than the address space",
+        })?;
+        if bytes > self.region.reserved() {
+            return Err(full);
+        }
+        if let Some((file, path)) = &self.file {
+            allocate_file(file, path, now, len - now)?;
+            // PERSIST: the file's new length is durable before the span count names it.
+            file.sync_data()
+                .map_err(|e| Error::io("fdatasync", path, e))?;
+        }
+        #[cfg(any(test, feature = "sim"))]
+        if let Some(sim) = self.simulator() {
+            sim.extend(len);
+        }
+        self.region.grow(bytes)
     }
 
     pub(crate) fn region(&self) -> &Region {
@@ -346,6 +401,18 @@ impl Media {
         }
     }
 
+    /// Before recovery reads them: makes `[offset, offset + len)` durable, as
+    /// [`settle_before_recovery`](Self::settle_before_recovery) does the metadata area (the
+    /// journal's fence there covered the whole file already). For the span tables of a grown
+    /// heap's groups, which lie past the metadata area.
+    pub(crate) fn settle_range(&self, offset: u64, len: u64) -> Result<()> {
+        match &self.backend {
+            Backend::Journal(_) => Ok(()),
+            // PERSIST: INV-REC-1, for a range recovery is about to trust.
+            _ => self.persist(offset, len),
+        }
+    }
+
     /// During recovery: starts writing back the header line the scan just read, so that
     /// what recovery decides on is durable (INV-REC-1); the scan worker's closing fence
     /// completes it. Only persistent memory needs it (see
@@ -379,6 +446,29 @@ impl Media {
         self.flush(offset, len)?;
         // PERSIST: completes the flush above.
         self.fence()
+    }
+}
+
+/// Allocates bytes `[offset, offset + len)` of the heap file `file` (at `path`) on the disk,
+/// lengthening it if needed (see [`mapping::allocate`](crate::base::mapping::allocate)).
+///
+/// # Errors
+///
+/// [`Error::OutOfSpace`] if the disk is full, [`Error::Io`] for another failure.
+pub(crate) fn allocate_file(
+    file: &std::fs::File,
+    path: &std::path::Path,
+    offset: u64,
+    len: u64,
+) -> Result<()> {
+    match crate::base::mapping::allocate(file, offset, len) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Err(Error::OutOfSpace {
+            requested: len,
+            free_spans: 0,
+            free_bytes: crate::base::mapping::free_space(file).unwrap_or(0),
+        }),
+        Err(e) => Err(Error::io("fallocate", path, e)),
     }
 }
 

@@ -38,6 +38,15 @@ impl Pages {
         image
     }
 
+    /// Lengthens the image to `len` bytes of which the new ones are zero (a shorter `len`
+    /// changes nothing).
+    pub(crate) fn grow(&mut self, len: usize) {
+        if len > self.len {
+            self.len = len;
+            self.pages.resize(len.div_ceil(PAGE), None);
+        }
+    }
+
     /// The image's length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -369,6 +369,15 @@ impl Simulator {
         fold(units, durable);
     }
 
+    /// The heap file grew to `len` bytes, durably (the grower synced the file's new length
+    /// before anything may depend on it): the durable image grows with zeros. A crash
+    /// before this event finds the shorter file.
+    pub(crate) fn extend(&self, len: u64) {
+        let mut state = self.lock();
+        Self::event(&mut state);
+        state.persisted.durable.grow(len as usize);
+    }
+
     /// Counts one event, taking the snapshot first if this is the crash point.
     fn event(state: &mut State) {
         if state.crash_at == Some(state.events) && state.snapshot.is_none() {

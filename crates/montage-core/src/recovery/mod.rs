@@ -508,8 +508,11 @@ fn gather(
             Unit::Large { span, extent } => free.mark_large(span, extent),
         }
     }
+    for span in (0..geometry.span_count).filter(|&span| geometry.is_table_span(span)) {
+        free.mark_table(span);
+    }
     free.free_spans = (0..geometry.span_count)
-        .filter(|&span| !taken[span as usize])
+        .filter(|&span| !taken[span as usize] && !geometry.is_table_span(span))
         .collect();
     Recovered {
         free,

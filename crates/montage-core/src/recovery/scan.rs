@@ -35,6 +35,10 @@ pub(crate) fn read_span_table(media: &Media, geometry: &Geometry) -> Result<Vec<
     let mut units = Vec::new();
     let mut span = 0;
     while span < geometry.span_count {
+        if geometry.is_table_span(span) {
+            span += 1;
+            continue;
+        }
         let offset = geometry.span_entry_offset(span);
         let word = media.load(offset)?;
         let corrupted = |what| Error::Corrupted { offset, what };
@@ -52,6 +56,9 @@ pub(crate) fn read_span_table(media: &Media, geometry: &Geometry) -> Result<Vec<
                 let extent = u64::from(extent);
                 if span + extent > geometry.span_count {
                     return Err(corrupted("large block runs past the end of the heap"));
+                }
+                if (span + 1..span + extent).any(|inner| geometry.is_table_span(inner)) {
+                    return Err(corrupted("large block runs over a span table"));
                 }
                 for inner in span + 1..span + extent {
                     if media.load(geometry.span_entry_offset(inner))? != 0 {
