@@ -341,7 +341,8 @@ impl Allocator {
 
     /// Whether this heap is big enough for a delete reserve.
     fn has_reserve(&self) -> bool {
-        self.geometry.span_count >= RESERVE_MIN_SPANS
+        // ORDERING: grows only; a heap that has just grown big enough may miss one refill.
+        self.spans.load(Ordering::Relaxed) >= RESERVE_MIN_SPANS
     }
 
     /// An anti-block's last resort: a block from the delete reserve, else a free block of
@@ -950,7 +951,12 @@ impl Allocator {
         }
         // ORDERING: read by `geometry`; the spans reach allocations through the pool's lock.
         self.spans.store(target, Ordering::Release);
+        drop(pool);
         *growths += 1;
+        // A heap created too small for a delete reserve gets one once it is big enough.
+        if lock(&self.reserve).is_empty() {
+            self.fill_reserve(media)?;
+        }
         Ok(true)
     }
 
