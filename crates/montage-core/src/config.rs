@@ -151,9 +151,28 @@ pub struct HeapConfig {
     pub(crate) verify_reads: bool,
 }
 
+/// How far recovery has come, for progress bars
+/// ([`HeapConfig::on_recovery_progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecoveryProgress {
+    /// Block headers read so far.
+    pub read: u64,
+    /// Block headers the recovery reads in all (it reads each header twice: once to choose
+    /// what lives, once to keep or drop it).
+    pub total: u64,
+}
+
+impl RecoveryProgress {
+    /// `read` of `total` headers (for tests of what a callback does with them).
+    pub fn new(read: u64, total: u64) -> RecoveryProgress {
+        RecoveryProgress { read, total }
+    }
+}
+
 /// A recovery progress callback (see [`HeapConfig::on_recovery_progress`]).
 #[derive(Clone)]
-pub(crate) struct Progress(pub(crate) Arc<dyn Fn(u64) + Send + Sync>);
+pub(crate) struct Progress(pub(crate) Arc<dyn Fn(RecoveryProgress) + Send + Sync>);
 
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -319,11 +338,14 @@ impl HeapConfig {
         self
     }
 
-    /// A callback that recovery calls from its worker threads now and then with the number of
-    /// block headers read so far (recovery reads each header twice: the count runs to about
-    /// twice the number of block positions in carved spans), for progress bars.
+    /// A callback that recovery calls from its worker threads now and then with how many
+    /// block headers it has read and will read in all (each twice: the total is about twice
+    /// the block positions in carved spans), for progress bars and log lines.
     #[must_use]
-    pub fn on_recovery_progress(mut self, progress: impl Fn(u64) + Send + Sync + 'static) -> Self {
+    pub fn on_recovery_progress(
+        mut self,
+        progress: impl Fn(RecoveryProgress) + Send + Sync + 'static,
+    ) -> Self {
         self.progress = Some(Progress(Arc::new(progress)));
         self
     }

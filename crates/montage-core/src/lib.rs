@@ -78,7 +78,7 @@ pub mod verified;
 pub use alloc::AllocStats;
 pub use alloc::block::{BlockInfo, BlockKind, BlockView, OwnerId, PBlock};
 pub use base::epoch::Epoch;
-pub use config::{BackendKind, EpochLength, HeapConfig, WriteBack};
+pub use config::{BackendKind, EpochLength, HeapConfig, RecoveryProgress, WriteBack};
 
 pub use epoch::op::OpGuard;
 pub use epoch::stamped::{StampedLock, StampedRwLock};

@@ -9,8 +9,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::{Parser, ValueEnum};
+
 use montage_core::{BackendKind, HeapConfig};
 use montage_kv::cache::Cache;
 use montage_kv::protocol::Limits;
@@ -49,6 +51,37 @@ struct Cli {
     max_value: u64,
 }
 
+/// Recovery of a heap with at least this many block headers to read logs its progress.
+const LOG_RECOVERY_FROM: u64 = 1 << 22;
+
+/// A recovery progress callback that logs a line at every tenth of a large heap's recovery.
+fn log_recovery() -> impl Fn(montage_core::RecoveryProgress) + Send + Sync + 'static {
+    let logged = AtomicU64::new(0);
+    move |progress| {
+        if let Some(line) = recovery_line(&logged, progress) {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// The line to log for `progress`, if it is a large heap's recovery and reached a tenth not
+/// logged yet (`logged` holds the last tenth logged).
+fn recovery_line(logged: &AtomicU64, progress: montage_core::RecoveryProgress) -> Option<String> {
+    if progress.total < LOG_RECOVERY_FROM {
+        return None;
+    }
+    let tenths = progress.read.saturating_mul(10) / progress.total;
+    // ORDERING: only which line is printed; the workers report in any order.
+    let before = logged.fetch_max(tenths, Ordering::Relaxed);
+    (tenths > before).then(|| {
+        format!(
+            "montage-kv: recovering: {}% of {} block headers read",
+            tenths * 10,
+            progress.total
+        )
+    })
+}
+
 /// The size a new heap starts at (it grows up to `--size`).
 const INITIAL_SIZE: u64 = 64 << 20;
 
@@ -81,7 +114,8 @@ fn run(cli: &Cli) -> Result<(), String> {
     let config = HeapConfig::new(&cli.heap)
         .size(cli.size.min(INITIAL_SIZE))
         .max_size(cli.size)
-        .backend(backend);
+        .backend(backend)
+        .on_recovery_progress(log_recovery());
     let heap_name = cli.heap.display();
     let opened = Cache::open(&config).map_err(|e| format!("cannot open heap {heap_name}: {e}"))?;
     let cache = Arc::new(opened.cache);
@@ -205,6 +239,36 @@ fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_large_heaps_recovery_is_logged_at_each_tenth_once() {
+        let logged = AtomicU64::new(0);
+        let total = LOG_RECOVERY_FROM * 3;
+        let lines: Vec<String> = [
+            0,
+            total / 20,
+            total / 10,
+            total / 10 + 5,
+            total / 2,
+            total / 3,
+            total,
+        ]
+        .into_iter()
+        .filter_map(|read| {
+            let progress = montage_core::RecoveryProgress::new(read, total);
+            recovery_line(&logged, progress)
+        })
+        .collect();
+        let percents: Vec<&str> = lines
+            .iter()
+            .map(|line| line.split(' ').nth(2).unwrap())
+            .collect();
+        assert_eq!(percents, ["10%", "50%", "100%"]);
+        assert!(lines[0].ends_with(&format!("of {total} block headers read")));
+        // A small heap's recovery says nothing.
+        let small = montage_core::RecoveryProgress::new(5, LOG_RECOVERY_FROM - 1);
+        assert_eq!(recovery_line(&AtomicU64::new(0), small), None);
+    }
 
     #[test]
     fn sizes_parse_with_units() {

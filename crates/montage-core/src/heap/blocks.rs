@@ -186,6 +186,7 @@ impl Heap {
             threads,
             settle: false,
             progress: None,
+            total: 0,
         };
         let counts = scan::scan(
             &self.shared().runtime.media,

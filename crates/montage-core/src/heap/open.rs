@@ -338,6 +338,7 @@ fn recover(
     let options = recovery::Options {
         threads: config.recovery_threads,
         progress: config.progress.as_ref().map(|p| &*p.0),
+        total: 0,
         quarantine: config.quarantine,
     };
     match policy {

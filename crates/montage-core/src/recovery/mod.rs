@@ -33,6 +33,7 @@ use crate::base::epoch::Epoch;
 use crate::base::layout::{
     DIRECTORY, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, META_RETIRED, UID_LIMIT,
 };
+use crate::config::RecoveryProgress;
 use crate::error::{Error, Result};
 use crate::meta::structure_name;
 use crate::persist::Media;
@@ -128,8 +129,10 @@ impl RecoveryReport {
 pub(crate) struct Options<'a> {
     /// Worker threads.
     pub(crate) threads: usize,
-    /// Called now and then with the number of block headers read so far.
-    pub(crate) progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,
+    /// Called now and then with how far the scan has come.
+    pub(crate) progress: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
+    /// How many block headers the whole recovery reads (set by the recovery itself).
+    pub(crate) total: u64,
     /// Leave damaged blocks out instead of failing ([`Quarantined`]).
     pub(crate) quarantine: bool,
 }
@@ -260,6 +263,11 @@ pub(crate) fn recover_epochs(
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;
     let progress = AtomicU64::new(0);
+    // Two passes read every header: the winners, then what to keep.
+    let options = Options {
+        total: 2 * units.iter().map(|unit| unit.blocks()).sum::<u64>(),
+        ..options
+    };
     let winners = winners::choose(media, geometry, &units, options, &progress, stored)?;
     let orphans = winners.owners() & !stored.owners;
     if orphans != 0 {
@@ -357,6 +365,10 @@ pub(crate) fn recover(
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;
     let progress = AtomicU64::new(0);
+    let options = Options {
+        total: units.iter().map(|unit| unit.blocks()).sum(),
+        ..options
+    };
     let mut recovered = recover_units(
         media,
         geometry,
@@ -457,7 +469,8 @@ fn recover_units(
     };
     // PERSIST: each worker fences its own flushes (fences are per thread).
     let fence = || media.fence();
-    let scan_options = scan::ScanOptions::recovery(options.threads, options.progress);
+    let scan_options =
+        scan::ScanOptions::recovery(options.threads, options.progress, options.total);
     let outcomes = scan::scan(
         media,
         geometry,

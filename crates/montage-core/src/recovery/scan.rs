@@ -8,6 +8,7 @@ use crate::alloc::block::BlockView;
 use crate::alloc::read_header;
 use crate::alloc::size_class::{blocks_per_span, class_size};
 use crate::base::layout::{Geometry, SPAN_SIZE, SpanEntry, block_capacity};
+use crate::config::RecoveryProgress;
 use crate::error::{Error, Result};
 use crate::persist::Media;
 
@@ -90,20 +91,25 @@ pub(crate) struct ScanOptions<'a> {
     pub(crate) threads: usize,
     /// Write back every header read (recovery, INV-REC-1).
     pub(crate) settle: bool,
-    /// Called after every chunk of spans with the number of headers read so far.
-    pub(crate) progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,
+    /// Called after every chunk of spans with the number of headers read so far (of
+    /// `total`).
+    pub(crate) progress: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
+    /// The headers the whole recovery reads, for `progress`.
+    pub(crate) total: u64,
 }
 
 impl<'a> ScanOptions<'a> {
     /// The options of a recovery pass: headers are written back as they are read.
     pub(crate) fn recovery(
         threads: usize,
-        progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,
+        progress: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
+        total: u64,
     ) -> Self {
         ScanOptions {
             threads,
             settle: true,
             progress,
+            total,
         }
     }
 }
@@ -140,8 +146,11 @@ pub(crate) fn scan<'m, R: Send>(
                 progress.fetch_add(unit.blocks(), Ordering::Relaxed);
             }
             if let Some(report) = options.progress {
-                // ORDERING: as above.
-                report(progress.load(Ordering::Relaxed));
+                report(RecoveryProgress {
+                    // ORDERING: as above.
+                    read: progress.load(Ordering::Relaxed),
+                    total: options.total,
+                });
             }
         }
         per_worker()?;

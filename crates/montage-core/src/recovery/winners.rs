@@ -164,7 +164,7 @@ pub(super) fn choose(
         damaged_headers(media, stored, &visit.invalid, &mut damaged)?;
         Ok((versions, damaged))
     };
-    let scan_options = scan::ScanOptions::recovery(threads, options.progress);
+    let scan_options = scan::ScanOptions::recovery(threads, options.progress, options.total);
     let per_unit = scan::scan(
         media,
         geometry,
