@@ -190,3 +190,26 @@ fn a_heap_grown_past_its_first_span_table_keeps_each_groups_spans_in_the_groups_
 fn heap_offset_of_span(index: u64) -> u64 {
     SPAN_SIZE + index * SPAN_SIZE
 }
+
+/// A block of more spans than a group holds fits only below the first group table: a heap
+/// too small there refuses it at once instead of growing toward its limit in vain, and one
+/// that fits it grows for it.
+#[test]
+fn a_block_larger_than_a_group_never_grows_the_heap_in_vain() {
+    let heap = Heap::create(&HeapConfig::in_memory(MIN_HEAP_SIZE).max_size(2 << 30)).unwrap();
+    // 600 MiB: more than the 6,144 spans below the first table of a heap this small.
+    let refused = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 1), 600 << 20)
+        .unwrap_err();
+    assert!(matches!(refused, Error::OutOfSpace { .. }), "{refused}");
+    assert_eq!(heap.size(), MIN_HEAP_SIZE);
+    assert_eq!(heap.stats().growths, 0);
+    // 300 MiB fits below it.
+    let block = heap
+        .raw()
+        .alloc(BlockSpec::new(Epoch::new(1), 2), 300 << 20)
+        .unwrap();
+    assert_eq!(heap.info(block).unwrap().spec.uid, 2);
+    assert!(heap.size() > 300 << 20 && heap.size() <= MIN_HEAP_SIZE + 6144 * SPAN_SIZE);
+}

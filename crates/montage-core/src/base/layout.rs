@@ -425,11 +425,21 @@ impl Geometry {
     /// 1 GiB at a time, never past `limit` spans; `None` when no such count fits.
     pub(crate) fn grown_span_count(&self, wanted: u64, limit: u64) -> Option<u64> {
         const STEP_MAX: u64 = (1 << 30) / SPAN_SIZE;
+        // A run of a group's spans or more fits only below the first group table: for one,
+        // grow no further than that, and not at all if it cannot fit there (growing would
+        // never make room, only take the disk).
+        let limit = if wanted >= GROUP_SPANS {
+            let first = self.first_table_capacity();
+            if wanted > first {
+                return None;
+            }
+            limit.min(first)
+        } else {
+            limit
+        };
         let step = self.span_count.clamp(1, STEP_MAX).max(wanted);
         let mut target = self.span_count.checked_add(step)?.min(limit);
-        // Never end on a table span (its group would have no data span), and room for the
-        // wanted run must not be cut by one: a run longer than a group never fits past the
-        // first table.
+        // Never end on a table span (its group would have no data span).
         if target > 0 && self.is_table_span(target.saturating_sub(1)) {
             target = if target < limit {
                 target.checked_add(1)?
@@ -724,6 +734,24 @@ mod tests {
             step + u64::from(big.is_table_span(big.span_count + step - 1))
         );
         assert_eq!(big.grown_span_count(1, 100_010), Some(100_010));
+        // A run of a group or more fits only below the first table: past it, no growth helps.
+        assert_eq!(big.grown_span_count(GROUP_SPANS, u64::MAX), None);
+        assert_eq!(
+            big.grown_span_count(GROUP_SPANS - 1, u64::MAX),
+            Some(100_000 + step)
+        );
+        let small = Geometry {
+            span_count: 100,
+            ..g
+        };
+        assert_eq!(small.grown_span_count(GROUP_SPANS, u64::MAX), None);
+        let created_big = Geometry::for_new(4 << 30, 7).unwrap();
+        let first = (created_big.data_offset - SPAN_TABLE_OFFSET) / 8;
+        assert!(first > 2 * GROUP_SPANS);
+        assert_eq!(
+            created_big.grown_span_count(GROUP_SPANS + 5, u64::MAX),
+            Some(first)
+        );
         for count in 6000..6200 {
             for limit in [count + 1, count + 150, u64::MAX] {
                 let g = Geometry {
