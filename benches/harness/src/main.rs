@@ -110,6 +110,7 @@ fn map_contenders() -> Vec<(Contender, Backend)> {
         (Contender::MontageHashMap, Backend::Pmem),
         (Contender::MontageHashMap, Backend::Journal),
         (Contender::MontageHashMapVerified, Backend::Pmem),
+        (Contender::MontageHashMapGrown, Backend::Pmem),
         (Contender::MontageNbHashMap, Backend::Pmem),
         (Contender::StrictDurableHashMap, Backend::Pmem),
         (Contender::TransientHashMap, Backend::None),

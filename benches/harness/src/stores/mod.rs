@@ -57,6 +57,8 @@ pub(crate) enum Contender {
     MontageHashMap,
     /// `HashMap` on a heap that checks every payload it reads against its checksum.
     MontageHashMapVerified,
+    /// `HashMap` on a heap created at 1 MiB that grows to the size the others are made at.
+    MontageHashMapGrown,
     MontageNbHashMap,
     TransientHashMap,
     DashMap,
@@ -78,6 +80,7 @@ impl Contender {
         match self {
             Contender::MontageHashMap => "montage-hashmap",
             Contender::MontageHashMapVerified => "montage-hashmap-verified",
+            Contender::MontageHashMapGrown => "montage-hashmap-grown",
             Contender::MontageNbHashMap => "montage-nb-hashmap",
             Contender::TransientHashMap => "transient-hashmap",
             Contender::DashMap => "dashmap",
@@ -178,6 +181,7 @@ pub(crate) fn with_map(
     match contender {
         Contender::MontageHashMap
         | Contender::MontageHashMapVerified
+        | Contender::MontageHashMapGrown
         | Contender::MontageNbHashMap
         | Contender::StrictDurableHashMap => montage::with_map(contender, backend, dirs, sizing, f),
         Contender::TransientHashMap => f(&baseline::TransientMap::new()),

@@ -25,8 +25,15 @@ fn with_heap<R>(
             let dir = tempfile::Builder::new()
                 .prefix("montage-bench-")
                 .tempdir_in(parent)?;
+            // The grown contender's heap starts small, and the prefill grows it.
+            let initial = if contender == Contender::MontageHashMapGrown {
+                size.min(1 << 20)
+            } else {
+                size
+            };
             let config = HeapConfig::new(dir.path().join("bench.heap"))
-                .size(size)
+                .size(initial)
+                .max_size(size)
                 .backend(kind);
             (config, Some(dir))
         }
