@@ -94,6 +94,10 @@ fn main() -> std::process::ExitCode {
             "every_acknowledged_write_survives_sigkill_while_the_heap_grows",
             every_acknowledged_write_survives_sigkill_while_the_heap_grows,
         ),
+        (
+            "every_acknowledged_write_survives_a_power_cut_while_the_heap_grows",
+            every_acknowledged_write_survives_a_power_cut_while_the_heap_grows,
+        ),
     ])
 }
 
@@ -116,6 +120,15 @@ fn every_acknowledged_write_survives_sigkill_while_the_heap_grows() {
 }
 
 fn every_acknowledged_write_survives_a_power_cut() {
+    power_cut_rounds(Growth::Fixed);
+}
+
+fn every_acknowledged_write_survives_a_power_cut_while_the_heap_grows() {
+    power_cut_rounds(Growth::Growing);
+}
+
+/// The rounds on the power-cut file system (skipped, saying so, where it cannot be mounted).
+fn power_cut_rounds(growth: Growth) {
     let dir = tempfile::tempdir().unwrap();
     let mounted = match Mounted::mount(dir.path()) {
         Ok(mounted) => mounted,
@@ -125,7 +138,7 @@ fn every_acknowledged_write_survives_a_power_cut() {
         }
     };
     let path = mounted.dir().join("cut.heap");
-    rounds(&path, Cut::Power(mounted), Growth::Fixed);
+    rounds(&path, Cut::Power(mounted), growth);
 }
 
 /// The child process the test starts: opens (or creates) the heap at `path`, then writes
