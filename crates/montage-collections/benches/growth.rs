@@ -27,14 +27,31 @@ fn config(path: &Path, size: u64, max: u64) -> HeapConfig {
         .backend(BackendKind::Pmem)
 }
 
+/// Sums what `measure` times over `iters` fresh heaps created at `size` that may grow to
+/// `max` (named `name`); creating, closing and removing them is not timed.
+fn on_fresh_heaps(
+    iters: u64,
+    name: &str,
+    size: u64,
+    max: u64,
+    mut measure: impl FnMut(&Heap) -> Duration,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let path = fresh_bench_path(name);
+        let heap = Heap::create(&config(&path, size, max)).unwrap();
+        total += measure(&heap);
+        heap.close().unwrap();
+        Heap::remove(&path).unwrap();
+    }
+    total
+}
+
 /// Times the allocation of 4 KiB that grows a full 64 MiB heap, or (without `grow`) the
 /// one before it.
 fn time_growth(iters: u64, grow: bool) -> Duration {
-    let mut total = Duration::ZERO;
     let payload = [7u8; 4096];
-    for _ in 0..iters {
-        let path = fresh_bench_path("growth-step");
-        let heap = Heap::create(&config(&path, 64 << 20, 128 << 20)).unwrap();
+    on_fresh_heaps(iters, "growth-step", 64 << 20, 128 << 20, |heap| {
         let owner = heap.register("fill").unwrap();
         loop {
             let before = heap.stats();
@@ -49,14 +66,10 @@ fn time_growth(iters: u64, grow: bool) -> Duration {
             // The allocation before the growth carved the last free span.
             let last_span = before.free_spans == 1 && !grown;
             if grown || (last_span && !grow) {
-                total += took;
-                break;
+                return took;
             }
         }
-        heap.close().unwrap();
-        Heap::remove(&path).unwrap();
-    }
-    total
+    })
 }
 
 fn growth_step(c: &mut Criterion) {
@@ -76,22 +89,15 @@ const ENTRIES: u64 = 400_000;
 /// Times filling a `HashMap` with `ENTRIES` entries on a heap created at `size` that may grow
 /// to 1 GiB.
 fn time_fill(iters: u64, size: u64) -> Duration {
-    let mut total = Duration::ZERO;
     let value = vec![5u8; 256];
-    for _ in 0..iters {
-        let path = fresh_bench_path("fill");
-        let heap = Heap::create(&config(&path, size, 1 << 30)).unwrap();
-        let map = HashMap::<u64, Vec<u8>>::open(&heap, "fill").unwrap();
+    on_fresh_heaps(iters, "fill", size, 1 << 30, |heap| {
+        let map = HashMap::<u64, Vec<u8>>::open(heap, "fill").unwrap();
         let start = Instant::now();
         for key in 0..ENTRIES {
             map.put_ref(key, &value[..]).unwrap();
         }
-        total += start.elapsed();
-        drop(map);
-        heap.close().unwrap();
-        Heap::remove(&path).unwrap();
-    }
-    total
+        start.elapsed()
+    })
 }
 
 fn fill(c: &mut Criterion) {

@@ -725,7 +725,7 @@ impl Allocator {
             {
                 return Ok(offset);
             }
-            if self.release_free_spans(media, caches)? == 0 && !self.grow(media, 1)? {
+            if !self.make_room(media, caches, 1)? {
                 return Err(full(len));
             }
         }
@@ -771,15 +771,16 @@ impl Allocator {
         }
     }
 
-    /// Zeroes the meta words at `starts` that are not zero yet and makes that durable
-    /// (INV-SPAN-1).
-    fn clear_metas(media: &Media, starts: impl Iterator<Item = u64>) -> Result<()> {
+    /// Zeroes the words at `offsets` that are not zero yet and makes that durable before it
+    /// returns: a new carving's block starts (INV-SPAN-1), released spans' entries
+    /// (INV-SPAN-2), new group tables (INV-GROW-1).
+    fn clear_words(media: &Media, offsets: impl Iterator<Item = u64>) -> Result<()> {
         let mut dirty = false;
-        for offset in starts {
+        for offset in offsets {
             dirty |= clear_meta(media, offset)?;
         }
         if dirty {
-            // PERSIST: completes the meta flushes above before the entry is written.
+            // PERSIST: completes the flushes above before what depends on them is written.
             media.fence()?;
         }
         Ok(())
@@ -794,7 +795,7 @@ impl Allocator {
         let blocks: Vec<u64> = (0..blocks_per_span(class))
             .map(|i| start + i * size)
             .collect();
-        let result = Self::clear_metas(media, blocks.iter().copied()).and_then(|()| {
+        let result = Self::clear_words(media, blocks.iter().copied()).and_then(|()| {
             let entry = self.geometry.span_entry_offset(span);
             media.store(
                 entry,
@@ -835,12 +836,12 @@ impl Allocator {
             if !drained {
                 drained = true;
                 self.drain_everywhere(media, caches)?;
-            } else if self.release_free_spans(media, caches)? == 0 && !self.grow(media, extent)? {
+            } else if !self.make_room(media, caches, extent)? {
                 return Err(full(len));
             }
         };
         let start = self.geometry.span_start(span);
-        let result = Self::clear_metas(media, std::iter::once(start)).and_then(|()| {
+        let result = Self::clear_words(media, std::iter::once(start)).and_then(|()| {
             let entry = self.geometry.span_entry_offset(span);
             let word = SpanEntry::Large(extent as u32).encode(span, self.geometry.creation_id);
             media.store(entry, word)?;
@@ -904,6 +905,12 @@ impl Allocator {
         Ok(())
     }
 
+    /// When no span is free: releases the spans whose blocks are all free, else grows the
+    /// heap for `wanted` contiguous spans; returns whether either made room.
+    fn make_room(&self, media: &Media, caches: &impl Caches, wanted: u64) -> Result<bool> {
+        Ok(self.release_free_spans(media, caches)? > 0 || self.grow(media, wanted)?)
+    }
+
     /// Grows the heap to make room for `wanted` more contiguous spans (see `docs/design.md`,
     /// "Grow"); returns whether it grew: not at the limit, nor when the disk is full.
     fn grow(&self, media: &Media, wanted: u64) -> Result<bool> {
@@ -922,17 +929,14 @@ impl Allocator {
         }
         // The span tables of the new groups are durably zero (all their spans free) before
         // the count names them. The file's new bytes read zero already; this only makes sure.
-        let mut dirty = false;
-        for span in (geometry.span_count..target).filter(|&s| geometry.is_table_span(s)) {
-            let start = geometry.span_start(span);
-            for at in (start..start + SPAN_SIZE).step_by(8) {
-                dirty |= clear_meta(media, at)?;
-            }
-        }
-        if dirty {
-            // PERSIST: completes the flushes above before the count is written.
-            media.fence()?;
-        }
+        let tables = (geometry.span_count..target).filter(|&s| geometry.is_table_span(s));
+        Self::clear_words(
+            media,
+            tables.flat_map(|span| {
+                let start = geometry.span_start(span);
+                (start..start + SPAN_SIZE).step_by(8)
+            }),
+        )?;
         media.store(
             SPAN_COUNT_OFFSET,
             span_count_word(target, self.geometry.creation_id),
@@ -1012,16 +1016,15 @@ impl Allocator {
             return Ok(0);
         }
         spans.sort_unstable();
-        for &span in &spans {
-            let entry = self.geometry.span_entry_offset(span);
-            media.store(entry, 0)?;
-            // PERSIST: INV-SPAN-2: the entry is durably zero (the fence below) before the
-            // span is carved again. Every block start in the span is durably zero already
-            // (INV-ALLOC-1: its blocks were all on free lists).
-            media.flush(entry, 8)?;
-        }
-        // PERSIST: completes the entry flushes above.
-        media.fence()?;
+        // PERSIST: INV-SPAN-2: the entries are durably zero before the spans are carved
+        // again. Every block start in them is durably zero already (INV-ALLOC-1: their blocks
+        // were all on free lists).
+        Self::clear_words(
+            media,
+            spans
+                .iter()
+                .map(|&span| self.geometry.span_entry_offset(span)),
+        )?;
         for &span in &spans {
             self.return_spans(span, 1);
         }

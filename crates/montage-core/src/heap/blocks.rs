@@ -161,7 +161,7 @@ impl Heap {
     ) -> Result<u64> {
         let geometry = self.shared().runtime.alloc.geometry();
         let units = scan::read_span_table(&self.shared().runtime.media, &geometry)?;
-        let progress = std::sync::atomic::AtomicU64::new(0);
+        let progress = scan::Progress::new(&units, 1, None);
         let media = &self.shared().runtime.media;
         let report = &self.shared().report;
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
@@ -185,8 +185,6 @@ impl Heap {
         let options = scan::ScanOptions {
             threads,
             settle: false,
-            progress: None,
-            total: 0,
         };
         let counts = scan::scan(
             &self.shared().runtime.media,

@@ -75,12 +75,7 @@ impl Heap {
                 let (mapping, file) = create_file(config, path, &geometry, len)?;
                 (mapping, Some((file, path.clone())))
             }
-            Location::Memory => {
-                let limit = growth_limit(config, &geometry, geometry.heap_size, None);
-                let mapping = reserve(limit, len, Mapping::anonymous)
-                    .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?;
-                (mapping, None)
-            }
+            Location::Memory => (map_memory(config, &geometry, len)?, None),
         };
         let region = Region::with_len(mapping, len);
         let media = if let Some(files) =
@@ -107,10 +102,7 @@ impl Heap {
             format(&media, &geometry, 0)?;
             media
         };
-        let media = match &file {
-            Some((file, path)) => media.with_file(file, path)?,
-            None => media,
-        };
+        let media = media.with_file(file.as_ref())?;
         let limit = spans_within(&geometry, media.region().reserved() as u64);
         if let Some(journal) = media.journal() {
             journal.start_logging();
@@ -239,9 +231,7 @@ impl Heap {
                 let mut head = vec![0u8; (SUPERBLOCK_HEAD_LEN as usize).min(bytes.len())];
                 bytes.read(0, &mut head);
                 let geometry = Geometry::from_superblock(&head, bytes.len() as u64)?;
-                let limit = growth_limit(config, &geometry, bytes.len() as u64, None);
-                let mapping = reserve(limit, bytes.len(), Mapping::anonymous)
-                    .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))?;
+                let mapping = map_memory(config, &geometry, bytes.len())?;
                 (
                     geometry,
                     (mapping, bytes.len()),
@@ -269,10 +259,7 @@ impl Heap {
             // PERSIST: INV-REC-1: a grown heap's group tables, like the first table.
             media.settle_range(geometry.span_start(span), SPAN_SIZE)?;
         }
-        let media = match &file {
-            Some((file, path)) => media.with_file(file, path)?,
-            None => media,
-        };
+        let media = media.with_file(file.as_ref())?;
         let limit = spans_within(&geometry, media.region().reserved() as u64);
         let recovered = recover(config, &media, &geometry, policy, stored, &directory)?;
         let recovery::Recovered {
@@ -338,7 +325,6 @@ fn recover(
     let options = recovery::Options {
         threads: config.recovery_threads,
         progress: config.progress.as_ref().map(|p| &*p.0),
-        total: 0,
         quarantine: config.quarantine,
     };
     match policy {
@@ -421,11 +407,7 @@ fn open_file(config: &HeapConfig, path: &Path) -> Result<(Geometry, Mapping, usi
         size: file_len,
         why: "larger than the address space",
     })?;
-    let limit = growth_limit(config, &geometry, file_len, Some(&file));
-    let mapping = reserve(limit, len, |reserve| {
-        Mapping::file(&file, reserve, wants_map_sync(config.backend))
-    })
-    .map_err(|e| Error::io("mmap", path, e))?;
+    let mapping = map_file(config, &geometry, &file, path, len)?;
     Ok((geometry, mapping, len, file))
 }
 
@@ -455,13 +437,7 @@ fn create_file(
     // the mapping into a hole on a full disk would be a SIGBUS, where this is an error.
     let made = lock_file(&file, path)
         .and_then(|()| allocate_file(&file, path, 0, geometry.heap_size))
-        .and_then(|()| {
-            let limit = growth_limit(config, geometry, geometry.heap_size, Some(&file));
-            reserve(limit, len, |reserve| {
-                Mapping::file(&file, reserve, wants_map_sync(config.backend))
-            })
-            .map_err(|e| Error::io("mmap", path, e))
-        });
+        .and_then(|()| map_file(config, geometry, &file, path, len));
     match made {
         Ok(mapping) => Ok((mapping, file)),
         Err(err) => {
@@ -471,6 +447,29 @@ fn create_file(
             Err(err)
         }
     }
+}
+
+/// Maps the heap file `file` (at `path`, `len` bytes long now), reserving the address range
+/// a heap with `geometry` may grow into as `config` allows.
+fn map_file(
+    config: &HeapConfig,
+    geometry: &Geometry,
+    file: &File,
+    path: &Path,
+    len: usize,
+) -> Result<Mapping> {
+    let limit = growth_limit(config, geometry, len as u64, Some(file));
+    reserve(limit, len, |reserve| {
+        Mapping::file(file, reserve, wants_map_sync(config.backend))
+    })
+    .map_err(|e| Error::io("mmap", path, e))
+}
+
+/// Anonymous memory for a heap in memory with `geometry`, `len` bytes long now, reserving
+/// the range it may grow into as `config` allows.
+fn map_memory(config: &HeapConfig, geometry: &Geometry, len: usize) -> Result<Mapping> {
+    let limit = growth_limit(config, geometry, len as u64, None);
+    reserve(limit, len, Mapping::anonymous).map_err(|e| Error::io("mmap", Path::new("<memory>"), e))
 }
 
 /// How many bytes a heap with `geometry`, `len` bytes long now, may grow to as `config`

@@ -177,13 +177,12 @@ fn trace<T: Serialize + DeserializeOwned>() -> Result<u64, String> {
     // every pass, until none of them is incomplete; if the registry then names others, start
     // again knowing them too.
     let mut enums = std::collections::BTreeSet::<String>::new();
+    let no_samples = serde_reflection::Samples::new();
     let (root, samples, registry) = loop {
         let mut tracer = Tracer::new(TracerConfig::default().is_human_readable(false));
         let (mut root, mut samples) = (Format::unknown(), Vec::new());
         for _ in 0..TRACE_PASSES {
-            let (format, value) = tracer
-                .trace_type_once::<T>(&serde_reflection::Samples::new())
-                .map_err(failed)?;
+            let (format, value) = tracer.trace_type_once::<T>(&no_samples).map_err(failed)?;
             root = format;
             samples.push(value);
             let mut incomplete = false;

@@ -100,11 +100,18 @@ impl Media {
         }
     }
 
-    /// This media, lengthening `file` (the heap file at `path`) when the heap grows.
-    pub(crate) fn with_file(self, file: &std::fs::File, path: &std::path::Path) -> Result<Media> {
+    /// This media, lengthening the heap file (and its path), if the heap has one, when the
+    /// heap grows.
+    pub(crate) fn with_file(
+        self,
+        file: Option<&(std::fs::File, std::path::PathBuf)>,
+    ) -> Result<Media> {
+        let Some((file, path)) = file else {
+            return Ok(self);
+        };
         let file = file.try_clone().map_err(|e| Error::io("dup", path, e))?;
         Ok(Media {
-            file: Some((file, path.to_path_buf())),
+            file: Some((file, path.clone())),
             ..self
         })
     }
@@ -123,17 +130,16 @@ impl Media {
         if len <= now {
             return Ok(());
         }
-        let full = Error::OutOfSpace {
-            requested: len - now,
-            free_spans: 0,
-            free_bytes: 0,
-        };
         let bytes = usize::try_from(len).map_err(|_| Error::BadSize {
             size: len,
             why: "larger than the address space",
         })?;
         if bytes > self.region.reserved() {
-            return Err(full);
+            return Err(Error::OutOfSpace {
+                requested: len - now,
+                free_spans: 0,
+                free_bytes: 0,
+            });
         }
         if let Some((file, path)) = &self.file {
             allocate_file(file, path, now, len - now)?;

@@ -131,8 +131,6 @@ pub(crate) struct Options<'a> {
     pub(crate) threads: usize,
     /// Called now and then with how far the scan has come.
     pub(crate) progress: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
-    /// How many block headers the whole recovery reads (set by the recovery itself).
-    pub(crate) total: u64,
     /// Leave damaged blocks out instead of failing ([`Quarantined`]).
     pub(crate) quarantine: bool,
 }
@@ -262,12 +260,8 @@ pub(crate) fn recover_epochs(
 ) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;
-    let progress = AtomicU64::new(0);
     // Two passes read every header: the winners, then what to keep.
-    let options = Options {
-        total: 2 * units.iter().map(|unit| unit.blocks()).sum::<u64>(),
-        ..options
-    };
+    let progress = scan::Progress::new(&units, 2, options.progress);
     let winners = winners::choose(media, geometry, &units, options, &progress, stored)?;
     let orphans = winners.owners() & !stored.owners;
     if orphans != 0 {
@@ -364,11 +358,7 @@ pub(crate) fn recover(
 ) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let units = scan::read_span_table(media, geometry)?;
-    let progress = AtomicU64::new(0);
-    let options = Options {
-        total: units.iter().map(|unit| unit.blocks()).sum(),
-        ..options
-    };
+    let progress = scan::Progress::new(&units, 1, options.progress);
     let mut recovered = recover_units(
         media,
         geometry,
@@ -400,7 +390,7 @@ fn recover_units(
     geometry: &Geometry,
     units: &[Unit],
     options: Options<'_>,
-    progress: &AtomicU64,
+    progress: &scan::Progress<'_>,
     decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
     first_pass: FirstPass<'_>,
 ) -> Result<Recovered> {
@@ -469,13 +459,11 @@ fn recover_units(
     };
     // PERSIST: each worker fences its own flushes (fences are per thread).
     let fence = || media.fence();
-    let scan_options =
-        scan::ScanOptions::recovery(options.threads, options.progress, options.total);
     let outcomes = scan::scan(
         media,
         geometry,
         units,
-        scan_options,
+        scan::ScanOptions::recovery(options.threads),
         progress,
         &work,
         &fence,

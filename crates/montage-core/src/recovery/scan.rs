@@ -86,30 +86,59 @@ pub(crate) struct UnitVisit<'a> {
 
 /// How a scan runs.
 #[derive(Clone, Copy)]
-pub(crate) struct ScanOptions<'a> {
+pub(crate) struct ScanOptions {
     /// Worker threads.
     pub(crate) threads: usize,
     /// Write back every header read (recovery, INV-REC-1).
     pub(crate) settle: bool,
-    /// Called after every chunk of spans with the number of headers read so far (of
-    /// `total`).
-    pub(crate) progress: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
-    /// The headers the whole recovery reads, for `progress`.
-    pub(crate) total: u64,
 }
 
-impl<'a> ScanOptions<'a> {
+impl ScanOptions {
     /// The options of a recovery pass: headers are written back as they are read.
-    pub(crate) fn recovery(
-        threads: usize,
-        progress: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
-        total: u64,
-    ) -> Self {
+    pub(crate) fn recovery(threads: usize) -> Self {
         ScanOptions {
             threads,
             settle: true,
-            progress,
-            total,
+        }
+    }
+}
+
+/// How far the scans of one recovery (or one `Heap::scan`) have come: headers read, of
+/// `total` that all its passes read, told to `report` after every chunk of spans.
+pub(crate) struct Progress<'a> {
+    read: AtomicU64,
+    total: u64,
+    report: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
+}
+
+impl<'a> Progress<'a> {
+    /// Progress through `passes` scans of `units`, reported to `report`.
+    pub(crate) fn new(
+        units: &[Unit],
+        passes: u64,
+        report: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
+    ) -> Self {
+        Progress {
+            read: AtomicU64::new(0),
+            total: passes * units.iter().map(|unit| unit.blocks()).sum::<u64>(),
+            report,
+        }
+    }
+
+    /// Counts `headers` more read.
+    fn add(&self, headers: u64) {
+        // ORDERING: a monotonic counter for progress reports only.
+        self.read.fetch_add(headers, Ordering::Relaxed);
+    }
+
+    /// Tells the callback, if there is one, how far the scans have come.
+    fn report(&self) {
+        if let Some(report) = self.report {
+            report(RecoveryProgress {
+                // ORDERING: as in `add`.
+                read: self.read.load(Ordering::Relaxed),
+                total: self.total,
+            });
         }
     }
 }
@@ -121,8 +150,8 @@ pub(crate) fn scan<'m, R: Send>(
     media: &'m Media,
     geometry: &Geometry,
     units: &[Unit],
-    options: ScanOptions<'_>,
-    progress: &AtomicU64,
+    options: ScanOptions,
+    progress: &Progress<'_>,
     work: &(dyn Fn(UnitVisit<'m>) -> Result<R> + Sync),
     per_worker: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<Vec<R>> {
@@ -142,16 +171,9 @@ pub(crate) fn scan<'m, R: Send>(
             for (index, unit) in units.iter().enumerate().skip(start).take(CHUNK) {
                 let visit = visit_unit(media, geometry, creation_id, *unit, options.settle)?;
                 local.push((index, work(visit)?));
-                // ORDERING: a monotonic counter for progress reports only.
-                progress.fetch_add(unit.blocks(), Ordering::Relaxed);
+                progress.add(unit.blocks());
             }
-            if let Some(report) = options.progress {
-                report(RecoveryProgress {
-                    // ORDERING: as above.
-                    read: progress.load(Ordering::Relaxed),
-                    total: options.total,
-                });
-            }
+            progress.report();
         }
         per_worker()?;
         results

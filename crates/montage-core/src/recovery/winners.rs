@@ -120,7 +120,7 @@ pub(super) fn choose(
     geometry: &Geometry,
     units: &[Unit],
     options: Options<'_>,
-    progress: &AtomicU64,
+    progress: &scan::Progress<'_>,
     stored: Stored,
 ) -> Result<Winners> {
     let cut = stored.word.durable_cut();
@@ -164,12 +164,11 @@ pub(super) fn choose(
         damaged_headers(media, stored, &visit.invalid, &mut damaged)?;
         Ok((versions, damaged))
     };
-    let scan_options = scan::ScanOptions::recovery(threads, options.progress, options.total);
     let per_unit = scan::scan(
         media,
         geometry,
         units,
-        scan_options,
+        scan::ScanOptions::recovery(threads),
         progress,
         &work,
         &|| Ok(()),
