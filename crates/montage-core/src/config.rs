@@ -149,6 +149,7 @@ pub struct HeapConfig {
     pub(crate) journal_size: Option<u64>,
     pub(crate) quarantine: bool,
     pub(crate) verify_reads: bool,
+    pub(crate) read_only: bool,
 }
 
 /// How far recovery has come, for progress bars
@@ -205,6 +206,7 @@ impl HeapConfig {
             journal_size: None,
             quarantine: false,
             verify_reads: false,
+            read_only: false,
         }
     }
 
@@ -226,6 +228,7 @@ impl HeapConfig {
             journal_size: None,
             quarantine: false,
             verify_reads: false,
+            read_only: false,
         }
     }
 
@@ -301,6 +304,23 @@ impl HeapConfig {
     #[must_use]
     pub fn verify_reads(mut self, verify: bool) -> Self {
         self.verify_reads = verify;
+        self
+    }
+
+    /// Opens the heap file without ever writing it or its journal (default `false`), for
+    /// tools that inspect a heap and for readers of a heap no process has open.
+    ///
+    /// The file is locked shared, so it opens while other read-only opens have it and fails
+    /// with [`Error::Locked`](crate::Error::Locked) while a writer has it (and a writer
+    /// cannot open it meanwhile). It is mapped copy-on-write: the journal's records are
+    /// replayed and recovery runs as at any open, but what they change stays in this
+    /// process's memory. The heap does not grow, its clock writes nothing, and every call
+    /// that would change a payload, the directory or the type registry fails with
+    /// [`Error::ReadOnly`](crate::Error::ReadOnly). [`Heap::create`](crate::Heap::create)
+    /// refuses the setting.
+    #[must_use]
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
         self
     }
 
@@ -425,6 +445,11 @@ impl HeapConfig {
         if self.journal_size.is_some_and(|size| size < MIN_JOURNAL_LEN) {
             return Err(Error::InvalidConfig {
                 what: "a journal must be at least 68 KiB",
+            });
+        }
+        if self.read_only && self.location == Location::Memory {
+            return Err(Error::InvalidConfig {
+                what: "only a heap file can be opened read-only",
             });
         }
         match (&self.location, self.backend) {

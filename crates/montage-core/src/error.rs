@@ -251,6 +251,10 @@ pub enum Error {
         /// What the codec reported.
         why: String,
     },
+    /// The heap was opened read-only ([`HeapConfig::read_only`](crate::HeapConfig::read_only)),
+    /// and the call would change it. Nothing was changed.
+    #[error("the heap was opened read-only")]
+    ReadOnly,
 }
 
 impl Error {

@@ -212,6 +212,47 @@ fn check_ballast(heap: &Heap, round: u64, before: usize, acked: usize, begun: us
     found.len()
 }
 
+/// The keys and values of the "kv" structure.
+fn state(heap: &Heap) -> BTreeMap<u64, u64> {
+    let owner = heap.lookup("kv").unwrap();
+    kv_state(heap, owner)
+        .into_iter()
+        .map(|(k, (v, _))| (k, v))
+        .collect()
+}
+
+/// Opens the heap as `config` says, after checking that a read-only open recovers the
+/// same state and changes neither file; returns it with its state.
+fn reopen(config: &HeapConfig, round: u64) -> (Heap, BTreeMap<u64, u64>) {
+    let path = config.path().unwrap();
+    let files = files_digest(path);
+    let reader = Heap::open(&config.clone().read_only(true)).unwrap();
+    let seen = state(&reader);
+    reader.close().unwrap();
+    assert_eq!(
+        files_digest(path),
+        files,
+        "round {round}: a read-only open wrote"
+    );
+    let heap = Heap::open(config).unwrap();
+    let got = state(&heap);
+    assert_eq!(
+        seen, got,
+        "round {round}: the read-only open saw another state"
+    );
+    (heap, got)
+}
+
+/// A checksum of the heap file and its journal (0 for a journal that is not there).
+fn files_digest(path: &Path) -> (u32, u32) {
+    let journal = {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".journal");
+        std::fs::read(name).map_or(0, |bytes| crc32c::crc32c(&bytes))
+    };
+    (crc32c::crc32c(&std::fs::read(path).unwrap()), journal)
+}
+
 fn rounds(path: &Path, mut cut: Cut, growth: Growth) {
     let path = path.to_path_buf();
     let mut model: BTreeMap<u64, u64> = BTreeMap::new();
@@ -276,12 +317,14 @@ fn rounds(path: &Path, mut cut: Cut, growth: Growth) {
         }
         total_acks += acked;
 
-        let heap = Heap::open(&growth.config(&path)).unwrap();
-        let owner = heap.lookup("kv").unwrap();
-        let got: BTreeMap<u64, u64> = kv_state(&heap, owner)
-            .into_iter()
-            .map(|(k, (v, _))| (k, v))
-            .collect();
+        // Every third round after a SIGKILL opens the journal heap on another backend, which
+        // recovers it on its journal and then removes the journal (the next round's child
+        // makes a new one).
+        let mut config = growth.config(&path);
+        if matches!(cut, Cut::Kill) && round % 3 == 2 {
+            config = config.backend(BackendKind::Eadr);
+        }
+        let (heap, got) = reopen(&config, round);
         if growth == Growth::Growing {
             ballast = check_ballast(&heap, round, ballast, acked, ops.len());
             sizes.push(heap.size());

@@ -1,6 +1,6 @@
 //! Establishes and tears down the memory mappings a heap lives in: a shared file mapping
-//! (`MAP_SYNC` first where persistent memory is wanted, plain `MAP_SHARED` otherwise) or
-//! anonymous memory. This and `region.rs` are the only producers of pointers into a heap.
+//! (`MAP_SYNC` first where persistent memory is wanted, plain `MAP_SHARED` otherwise), a
+//! private copy-on-write one (a heap opened read-only) or anonymous memory. This and `region.rs` are the only producers of pointers into a heap.
 
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the one place that maps
 
@@ -68,6 +68,20 @@ impl Mapping {
         let raw = memmap2::MmapOptions::new().len(len).map_raw(file)?;
         Ok(Mapping {
             kind: Kind::Raw(raw),
+        })
+    }
+
+    /// Maps `len` bytes of `file` private and copy-on-write: stores reach this process's
+    /// memory only, never the file, which may be open for reading only.
+    pub(crate) fn private(file: &File, len: usize) -> io::Result<Mapping> {
+        // SAFETY: memmap2 marks file mappings unsafe because another process may change
+        // the file under them; the mapping is turned into an `MmapRaw` at once and reached
+        // only through `Region`'s bounds-checked atomic accesses, never as a Rust slice, and
+        // the caller holds the file's shared lock, which every writer's exclusive lock
+        // excludes.
+        let copy = unsafe { memmap2::MmapOptions::new().len(len).map_copy(file)? };
+        Ok(Mapping {
+            kind: Kind::Raw(memmap2::MmapRaw::from(copy)),
         })
     }
 

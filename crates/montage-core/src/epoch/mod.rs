@@ -529,9 +529,25 @@ pub(crate) struct Runtime {
     ///
     /// [`HeapConfig::verify_reads`]: crate::HeapConfig::verify_reads
     pub(crate) verify_reads: bool,
+    /// Whether the heap was opened read-only ([`HeapConfig::read_only`]): every call that
+    /// would change it fails.
+    ///
+    /// [`HeapConfig::read_only`]: crate::HeapConfig::read_only
+    pub(crate) read_only: bool,
 }
 
 impl Runtime {
+    /// Fails with [`Error::ReadOnly`] on a heap opened read-only: for every call that changes
+    /// a payload, the directory or the registry, before it changes anything.
+    #[inline]
+    pub(crate) fn writable(&self) -> Result<()> {
+        if self.read_only {
+            Err(Error::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
     /// With [`verify_reads`](Self::verify_reads) on, checks the payload of the block `info`
     /// describes against its checksum, if the block was written in an epoch no later than
     /// `cut`: the caller's view of the clock minus two, since the checksum of a payload
@@ -566,7 +582,8 @@ impl Runtime {
     /// Checks `type_id` against the heap's type registry under `name`, recording it if the
     /// heap has never stored a type of that name.
     pub(crate) fn check_type(&self, name: &'static str, type_id: u64) -> Result<()> {
-        self.types.check_or_register(&self.media, name, type_id)
+        self.types
+            .check_or_register(&self.media, name, type_id, !self.read_only)
     }
 
     /// [`sync`](Self::sync) for the closer, after [`Epochs::close`].

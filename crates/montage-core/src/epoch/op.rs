@@ -193,9 +193,11 @@ impl<'h> OpGuard<'h> {
     ///
     /// # Errors
     ///
-    /// [`Error::OutOfSpace`] when the heap is full.
+    /// [`Error::OutOfSpace`] when the heap is full; [`Error::ReadOnly`] on a heap opened
+    /// read-only.
     pub fn alloc(&self, owner: OwnerId, type_id: u64, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
+        shared.writable()?;
         let spec = BlockSpec {
             kind: BlockKind::Alloc,
             epoch: self.epoch,
@@ -299,9 +301,10 @@ impl<'h> OpGuard<'h> {
     /// # Errors
     ///
     /// As [`info`](Self::info); [`Error::Retired`] if another operation already superseded
-    /// or deleted it; [`Error::OutOfSpace`].
+    /// or deleted it; [`Error::OutOfSpace`]; [`Error::ReadOnly`] on a heap opened read-only.
     pub fn update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
+        shared.writable()?;
         let len = bytes.len() as u64;
         // Where updates write new versions (blocks of older epochs: a large working set),
         // the old header is a cache miss: ask for its line and fill a new block while it
@@ -363,6 +366,7 @@ impl<'h> OpGuard<'h> {
     /// As [`update`](Self::update); [`Error::Retired`] is how a concurrent replacement of
     /// the same block shows.
     pub fn copy_update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
+        self.runtime.writable()?;
         let info = self.info(block)?;
         self.replace(&info, bytes)
     }
@@ -381,6 +385,7 @@ impl<'h> OpGuard<'h> {
     /// [`write`](Self::write) for a block whose header `info` was read by
     /// [`info`](Self::info) in this operation.
     pub(crate) fn write_checked(&self, info: &BlockInfo, at: u64, bytes: &[u8]) -> Result<PBlock> {
+        self.runtime.writable()?;
         let block = info.block;
         let len = bytes.len() as u64;
         if at
@@ -551,6 +556,7 @@ impl<'h> OpGuard<'h> {
     ///
     /// As [`update`](Self::update).
     pub fn delete(&self, block: PBlock) -> Result<()> {
+        self.runtime.writable()?;
         let info = self.info(block)?;
         if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
             let shared = self.runtime;

@@ -144,24 +144,7 @@ pub(super) fn open(
     let named = superblock_word(&region, JOURNAL_ID_OFFSET)?;
     let jpath = files.journal_path();
     let existing = match files {
-        Files::Real { heap, path } => {
-            match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(journal_path(path))
-            {
-                Ok(journal) => {
-                    let len = journal
-                        .metadata()
-                        .map_err(|e| Error::io("stat", &jpath, e))?
-                        .len();
-                    let data = heap.try_clone().map_err(|e| Error::io("dup", &jpath, e))?;
-                    Some(Device::File { journal, data, len })
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(Error::io("open", &jpath, e)),
-            }
-        }
+        Files::Real { heap, .. } => existing_journal(heap, &jpath, true)?,
         #[cfg(any(test, feature = "sim"))]
         Files::Sim(sim) => (sim.journal_len() > 0).then(|| Device::Sim(sim.clone())),
     };
@@ -204,33 +187,15 @@ pub(super) fn open(
                 replayed: None,
             })
         }
-        (_, None, _) => Err(Error::Journal {
-            path: jpath,
-            what: "the heap names a journal and it is missing",
-        }),
-        (_, Some(_), None) => Err(Error::Journal {
-            path: jpath,
-            what: "its header is damaged",
-        }),
-        (named, Some(device), Some((slot, header))) => {
-            if header.creation_id != creation_id {
-                return Err(Error::Journal {
-                    path: jpath,
-                    what: "it belongs to another heap",
-                });
-            }
-            if header.journal_id != named {
-                return Err(Error::Journal {
-                    path: jpath,
-                    what: "it is not the journal this heap names",
-                });
-            }
-            let journal = Journal::new(device, header, slot).map_err(|_| Error::Journal {
-                path: jpath.clone(),
-                what: "it is too short",
-            })?;
+        (named, existing, header) => {
+            let journal = named_journal(&jpath, named, existing, header, creation_id)?;
             let media = Media::new(region, Backend::Journal(Box::new(journal)));
-            let replayed = replay(&media, &jpath)?;
+            let replayed = replay(&media, media.journal(), &jpath)?;
+            // PERSIST: before the records are folded, the heap file holds them durably.
+            media.fence()?;
+            if let Some(journal) = media.journal() {
+                journal.fold()?;
+            }
             Ok(Opened {
                 media,
                 replayed: Some(replayed),
@@ -239,10 +204,58 @@ pub(super) fn open(
     }
 }
 
-/// Replays the journal into the heap, makes the heap file durable and folds the records.
-fn replay(media: &Media, jpath: &Path) -> Result<Replayed> {
-    let journal = media.journal().ok_or(Error::InvalidConfig {
-        what: "replay needs the journal backend",
+/// The journal file at `jpath` beside the heap file `heap`, opened for writing too if
+/// `write`; `None` if there is none.
+fn existing_journal(heap: &File, jpath: &Path, write: bool) -> Result<Option<Device>> {
+    match OpenOptions::new().read(true).write(write).open(jpath) {
+        Ok(journal) => {
+            let len = journal
+                .metadata()
+                .map_err(|e| Error::io("stat", jpath, e))?
+                .len();
+            let data = heap.try_clone().map_err(|e| Error::io("dup", jpath, e))?;
+            Ok(Some(Device::File { journal, data, len }))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("open", jpath, e)),
+    }
+}
+
+/// The journal a heap names as `named` (not 0), on `device` (`None`: no file) whose newest
+/// header is `header`, checked to be the one the heap with `creation_id` names.
+fn named_journal(
+    jpath: &Path,
+    named: u64,
+    device: Option<Device>,
+    header: Option<(usize, Header)>,
+    creation_id: u64,
+) -> Result<Journal> {
+    let refuse = |what| {
+        Err(Error::Journal {
+            path: jpath.to_path_buf(),
+            what,
+        })
+    };
+    let Some(device) = device else {
+        return refuse("the heap names a journal and it is missing");
+    };
+    let Some((slot, header)) = header else {
+        return refuse("its header is damaged");
+    };
+    if header.creation_id != creation_id {
+        return refuse("it belongs to another heap");
+    }
+    if header.journal_id != named {
+        return refuse("it is not the journal this heap names");
+    }
+    Journal::new(device, header, slot).or_else(|_| refuse("it is too short"))
+}
+
+/// Replays `journal`'s records into the heap `media` maps, and sets the epoch word to the
+/// journal's. The caller makes the result durable (or, read-only, keeps it in memory).
+fn replay(media: &Media, journal: Option<&Journal>, jpath: &Path) -> Result<Replayed> {
+    let journal = journal.ok_or(Error::InvalidConfig {
+        what: "replay needs the journal",
     })?;
     let damaged = |e: Error| match e {
         Error::Corrupted { what, .. } => Error::Journal {
@@ -256,20 +269,40 @@ fn replay(media: &Media, jpath: &Path) -> Result<Replayed> {
         .map_err(damaged)?;
     // The durable epoch is the journal's, whatever the heap file's word reached early.
     media.store(EPOCH_OFFSET, replayed.word)?;
-    // PERSIST: before the records are folded, the heap file holds them durably.
-    media.fence()?;
-    journal.fold()?;
     Ok(replayed)
 }
 
-/// For a heap opened on another backend: if it names a journal, replays it, makes the heap
-/// file durable, un-names it and removes the file. Runs before recovery; hands the region
-/// back for the other backend.
-pub(super) fn detach(heap: &File, path: &Path, region: Region, creation_id: u64) -> Result<Region> {
-    if superblock_word(&region, JOURNAL_ID_OFFSET)? == 0 {
-        return Ok(region);
+/// For a heap opened read-only: if it names a journal, replays it into `media`, a private
+/// mapping of the heap file, writing neither file. Checks the journal as [`open`] does.
+pub(super) fn replay_privately(
+    heap: &File,
+    path: &Path,
+    media: &Media,
+    creation_id: u64,
+) -> Result<Option<Replayed>> {
+    let named = superblock_word(media.region(), JOURNAL_ID_OFFSET)?;
+    if named == 0 {
+        return Ok(None);
     }
-    let media = open(&Files::Real { heap, path }, region, creation_id, 0)?.media;
+    let jpath = journal_path(path);
+    let device = existing_journal(heap, &jpath, false)?;
+    let header = match &device {
+        Some(device) => Journal::read_header(device)?,
+        None => None,
+    };
+    let journal = named_journal(&jpath, named, device, header, creation_id)?;
+    replay(media, Some(&journal), &jpath).map(Some)
+}
+
+/// Whether the heap mapped in `region` names a journal.
+pub(super) fn names_journal(region: &Region) -> Result<bool> {
+    Ok(superblock_word(region, JOURNAL_ID_OFFSET)? != 0)
+}
+
+/// For a heap opened on another backend, once it recovered on the journal it names
+/// ([`open`]): un-names the journal durably and removes its file. Hands the region back for
+/// the other backend.
+pub(super) fn detach(media: Media, path: &Path) -> Result<Region> {
     media.store(JOURNAL_ID_OFFSET, 0)?;
     // PERSIST: the heap no longer names the journal before the file goes.
     media.persist(JOURNAL_ID_OFFSET, 8)?;

@@ -20,7 +20,8 @@ impl Heap {
     /// # Errors
     ///
     /// [`Error::BadName`] for an empty or over-long name (or one containing NUL bytes),
-    /// [`Error::DirectoryFull`] when every slot is taken.
+    /// [`Error::DirectoryFull`] when every slot is taken, [`Error::ReadOnly`] for a new name
+    /// on a heap opened read-only.
     pub fn register(&self, name: &str) -> Result<OwnerId> {
         check_name(name)?;
         self.shared().runtime.epochs.check_open()?;
@@ -28,6 +29,7 @@ impl Heap {
         if let Some(index) = dir.iter().position(|n| n.as_deref() == Some(name)) {
             return Ok(owner_of(index));
         }
+        self.shared().runtime.writable()?;
         let index = dir
             .iter()
             .position(Option::is_none)

@@ -59,6 +59,11 @@ impl Heap {
     /// sized, [`Error::InvalidConfig`] for an inconsistent configuration.
     pub fn create(config: &HeapConfig) -> Result<Heap> {
         config.validate()?;
+        if config.read_only {
+            return Err(Error::InvalidConfig {
+                what: "a heap cannot be created read-only",
+            });
+        }
         if config.max_size.is_some_and(|max| max < config.size) {
             return Err(Error::InvalidConfig {
                 what: "max_size is smaller than the size to create the heap with",
@@ -120,6 +125,7 @@ impl Heap {
                 write_back: config.write_back,
                 directory: Mutex::new(vec![None; DIRECTORY_CAPACITY]),
                 verify_reads: config.verify_reads,
+                read_only: false,
             },
             geometry,
             attached: Mutex::new(0),
@@ -254,14 +260,29 @@ impl Heap {
         // PERSIST: INV-REC-1: recovery decides on the durable image, so whatever a crashed
         // process left dirty is written back before it is read.
         media.settle_before_recovery(geometry.data_offset)?;
-        let (stored, directory, types, geometry) = read_metadata(&media, &geometry)?;
+        // On a heap that had a journal the file's pages may be ahead of the journal's word.
+        let word_leads = replayed.is_none() && media.journal().is_none();
+        let (stored, directory, types, geometry) = read_metadata(&media, &geometry, word_leads)?;
         for span in (0..geometry.span_count).filter(|&span| geometry.is_table_span(span)) {
             // PERSIST: INV-REC-1: a grown heap's group tables, like the first table.
             media.settle_range(geometry.span_start(span), SPAN_SIZE)?;
         }
-        let media = media.with_file(file.as_ref())?;
-        let limit = spans_within(&geometry, media.region().reserved() as u64);
         let recovered = recover(config, &media, &geometry, policy, stored, &directory)?;
+        let media = match (&file, config.backend) {
+            // A journal heap opened on another backend recovered on its journal (so no
+            // block newer than the epoch word is left behind by a crash in recovery); it
+            // goes now.
+            (Some((_, path)), backend)
+                if backend != BackendKind::Journal && !config.read_only && replayed.is_some() =>
+            {
+                let region = attach::detach(media, path)?;
+                Media::new(region, Backend::new(config, Pages::default)?)
+            }
+            _ => media,
+        };
+        // A heap opened read-only never lengthens its file.
+        let media = media.with_file(file.as_ref().filter(|_| !config.read_only))?;
+        let limit = spans_within(&geometry, media.region().reserved() as u64);
         let recovery::Recovered {
             free,
             mut report,
@@ -296,6 +317,7 @@ impl Heap {
                 write_back: config.write_back,
                 directory: Mutex::new(directory),
                 verify_reads: config.verify_reads,
+                read_only: config.read_only,
             },
             geometry,
             attached: Mutex::new(0),
@@ -339,6 +361,7 @@ fn recover(
 fn read_metadata(
     media: &Media,
     geometry: &Geometry,
+    word_leads: bool,
 ) -> Result<(recovery::Stored, Vec<Option<String>>, Registry, Geometry)> {
     let geometry = &if geometry.grows() {
         let word = media.load(SPAN_COUNT_OFFSET)?;
@@ -377,7 +400,7 @@ fn read_metadata(
     let stored = recovery::Stored {
         word,
         clean,
-        word_leads: media.journal().is_none(),
+        word_leads,
         owners,
     };
     Ok((stored, directory, types, *geometry))
@@ -389,10 +412,14 @@ fn read_metadata(
 fn open_file(config: &HeapConfig, path: &Path) -> Result<(Geometry, Mapping, usize, File)> {
     let mut file = OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!config.read_only)
         .open(path)
         .map_err(|e| Error::io("open", path, e))?;
-    lock_file(&file, path)?;
+    if config.read_only {
+        lock_file_shared(&file, path)?;
+    } else {
+        lock_file(&file, path)?;
+    }
     let file_len = file
         .metadata()
         .map_err(|e| Error::io("stat", path, e))?
@@ -458,6 +485,9 @@ fn map_file(
     path: &Path,
     len: usize,
 ) -> Result<Mapping> {
+    if config.read_only {
+        return Mapping::private(file, len).map_err(|e| Error::io("mmap", path, e));
+    }
     let limit = growth_limit(config, geometry, len as u64, Some(file));
     reserve(limit, len, |reserve| {
         Mapping::file(file, reserve, wants_map_sync(config.backend))
@@ -533,8 +563,10 @@ type Image = (Pages, Option<Pages>);
 type Loaded = (Option<Pages>, Option<Pages>);
 
 /// The media of a heap being opened: on the journal backend with its journal replayed and
-/// folded (and what replay found); on another backend, after removing a journal the heap
-/// names (replayed first).
+/// folded (and what replay found). On another backend, a heap that names a journal is
+/// opened on it all the same, replayed and folded, and recovers on it before the caller
+/// detaches it ([`attach::detach`]). Read-only, the journal is replayed into the private
+/// mapping.
 fn open_media(
     config: &HeapConfig,
     file: Option<&(File, std::path::PathBuf)>,
@@ -543,6 +575,13 @@ fn open_media(
     initial: Option<Pages>,
     journal_image: Option<Pages>,
 ) -> Result<(Media, Option<attach::Replayed>)> {
+    if config.read_only
+        && let Some((file, path)) = file
+    {
+        let media = Media::new(region, Backend::Volatile);
+        let replayed = attach::replay_privately(file, path, &media, geometry.creation_id)?;
+        return Ok((media, replayed));
+    }
     let mut initial = initial;
     // The simulator takes the image only on the file model; otherwise the backend below does.
     let files = journal_files(
@@ -555,10 +594,13 @@ fn open_media(
         let opened = attach::open(&files, region, geometry.creation_id, config.journal_len())?;
         return Ok((opened.media, opened.replayed));
     }
-    let region = match file {
-        Some((file, path)) => attach::detach(file, path, region, geometry.creation_id)?,
-        None => region,
-    };
+    if let Some((heap, path)) = file
+        && attach::names_journal(&region)?
+    {
+        let files = Files::Real { heap, path };
+        let opened = attach::open(&files, region, geometry.creation_id, 0)?;
+        return Ok((opened.media, opened.replayed));
+    }
     let backend = Backend::new(config, || initial.unwrap_or_default())?;
     Ok((Media::new(region, backend), None))
 }
@@ -596,8 +638,18 @@ fn wants_map_sync(backend: BackendKind) -> bool {
     matches!(backend, BackendKind::Pmem | BackendKind::Eadr)
 }
 
+/// Takes the heap file's exclusive lock: one writer, and no reader while it writes.
 fn lock_file(file: &File, path: &Path) -> Result<()> {
-    match file.try_lock() {
+    locked(file.try_lock(), path)
+}
+
+/// Takes the heap file's shared lock, for a heap opened read-only.
+fn lock_file_shared(file: &File, path: &Path) -> Result<()> {
+    locked(file.try_lock_shared(), path)
+}
+
+fn locked(result: Result<(), std::fs::TryLockError>, path: &Path) -> Result<()> {
+    match result {
         Ok(()) => Ok(()),
         Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked {
             path: path.to_path_buf(),

@@ -52,6 +52,7 @@ impl RawHeap<'_> {
     pub fn alloc(&self, spec: BlockSpec, len: u64) -> Result<PBlock> {
         let runtime = &self.heap.shared().runtime;
         runtime.epochs.check_open()?;
+        runtime.writable()?;
         runtime.alloc.alloc(
             &runtime.media,
             &runtime.epochs.outside_op_caches(),
@@ -84,6 +85,7 @@ impl RawHeap<'_> {
     pub fn free(&self, block: PBlock) -> Result<()> {
         let runtime = &self.heap.shared().runtime;
         runtime.epochs.check_open()?;
+        runtime.writable()?;
         runtime
             .alloc
             .free(&runtime.media, &runtime.epochs.outside_op_caches(), block)
@@ -96,9 +98,11 @@ impl RawHeap<'_> {
     /// [`Error::OutOfBounds`] if the range leaves the block's capacity;
     /// [`Error::InvalidBlock`] if `block` is not a block of this heap.
     pub fn write(&self, block: PBlock, at: u64, bytes: &[u8]) -> Result<()> {
-        self.heap.shared().runtime.epochs.check_open()?;
+        let runtime = &self.heap.shared().runtime;
+        runtime.epochs.check_open()?;
+        runtime.writable()?;
         let offset = self.payload_range(block, at, bytes.len() as u64)?;
-        self.heap.shared().runtime.media.write(offset, bytes)
+        runtime.media.write(offset, bytes)
     }
 
     /// Reads `buf.len()` bytes of `block`'s payload from byte `at`.

@@ -56,17 +56,20 @@ impl Registry {
         })
     }
 
-    /// Checks `name` against the registry, recording it with `type_id` if it is new.
+    /// Checks `name` against the registry, recording it with `type_id` if it is new and
+    /// `register` allows.
     ///
     /// # Errors
     ///
     /// [`Error::LayoutMismatch`] if `name` was registered with another type id;
-    /// [`Error::RegistryFull`] if it is new and there is no room; a media error.
+    /// [`Error::RegistryFull`] if it is new and there is no room; [`Error::ReadOnly`] if it
+    /// is new and `register` is false; a media error.
     pub(crate) fn check_or_register(
         &self,
         media: &Media,
         name: &'static str,
         type_id: u64,
+        register: bool,
     ) -> Result<()> {
         let name_hash = crate::fingerprint::Fingerprint::new().str(name).finish();
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
@@ -80,6 +83,9 @@ impl Registry {
                     compiled: type_id,
                 })
             };
+        }
+        if !register {
+            return Err(Error::ReadOnly);
         }
         let index =
             entries
