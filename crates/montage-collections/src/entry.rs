@@ -6,7 +6,7 @@
 //! ...   value bytes (Codec encoding of the value), to the end of the payload
 //! ```
 
-use montage_core::payload::{EncodeAs, Encoded, Fingerprint};
+use montage_core::payload::{EncodeAs, Encoded};
 use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Result};
 
 /// The type id of an entry with keys `K` and values `V` under the structure kind `kind`.
@@ -15,12 +15,10 @@ use montage_core::{BlockView, Codec, Error, Heap, OpGuard, OwnerId, PBlock, Resu
 ///
 /// What the codecs' [`Codec::codec_id`] returns.
 pub(crate) fn type_id<K: Codec, V: Codec>(kind: &str) -> Result<u64> {
-    Ok(Fingerprint::new()
-        .str("montage-collections")
-        .str(kind)
-        .u64(K::codec_id()?)
-        .u64(V::codec_id()?)
-        .finish())
+    Ok(crate::structure::type_id_of(
+        kind,
+        &[K::codec_id()?, V::codec_id()?],
+    ))
 }
 
 /// The entry's bytes.

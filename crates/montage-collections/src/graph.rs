@@ -21,7 +21,6 @@ use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::PoisonError;
 
-use montage_core::payload::Fingerprint;
 use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result, StampedRwLock};
 
 use crate::structure::{self, lock};
@@ -99,13 +98,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// [`Error::Corrupted`] if a payload does not decode, a vertex appears twice or an edge
     /// lacks an endpoint; [`Error::DirectoryFull`] or [`Error::BadName`] when creating it.
     pub fn open(heap: &Heap, name: &str) -> Result<Graph<V, E>> {
-        let id = |kind: &str, codec: u64| {
-            Fingerprint::new()
-                .str("montage-collections")
-                .str(kind)
-                .u64(codec)
-                .finish()
-        };
+        let id = |kind: &str, codec: u64| crate::structure::type_id_of(kind, &[codec]);
         let (vertex_type, edge_type) = (
             id("graph-vertex", V::codec_id()?),
             id("graph-edge", E::codec_id()?),

@@ -20,6 +20,7 @@ mod count;
 mod entry;
 pub mod graph;
 pub mod hash_map;
+pub mod inspect;
 pub mod nb_hash_map;
 pub mod nb_queue;
 pub mod queue;

@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
-use montage_core::payload::{Encoded, Fingerprint};
+use montage_core::payload::Encoded;
 use montage_core::{Attached, BlockView, Codec, Error, Heap, OpGuard, PBlock, Result, StampedLock};
 
 use crate::structure::{self, lock};
@@ -102,11 +102,7 @@ pub(crate) fn read_value<T: Codec>(view: &BlockView<'_>) -> Result<T> {
 
 /// The type id of a queue's element payloads.
 pub(crate) fn type_id<T: Codec>() -> Result<u64> {
-    Ok(Fingerprint::new()
-        .str("montage-collections")
-        .str("queue")
-        .u64(T::codec_id()?)
-        .finish())
+    Ok(structure::type_id_of("queue", &[T::codec_id()?]))
 }
 
 /// Finds or creates the queue `name` (of either kind; `type_name` names it in errors) and

@@ -5,6 +5,21 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use montage_core::{BlockKind, Error, Heap, OwnerId, PBlock, Result, ScanFilter};
 
+/// The type id of a payload of the structure kind `kind` whose parts are encoded by the
+/// codecs with ids `codecs`: what every structure's payloads carry, and what
+/// [`inspect`](crate::inspect) recognises.
+pub(crate) fn type_id_of(kind: &str, codecs: &[u64]) -> u64 {
+    codecs
+        .iter()
+        .fold(
+            montage_core::payload::Fingerprint::new()
+                .str("montage-collections")
+                .str(kind),
+            |print, &codec| print.u64(codec),
+        )
+        .finish()
+}
+
 /// Locks `mutex`. A poisoned lock only means a thread panicked while holding it; the
 /// structures keep their DRAM state consistent at every step (payload work first, index
 /// updates last), so the state is used as is.

@@ -84,7 +84,7 @@ pub use epoch::op::OpGuard;
 pub use epoch::stamped::{StampedLock, StampedRwLock};
 pub use error::{Error, Result};
 pub use heap::raw;
-pub use heap::{Attached, Heap, ScanFilter};
+pub use heap::{Attached, ClassUsage, Heap, LargeUsage, ScanFilter, StructureUsage, Usage};
 #[cfg(feature = "serde")]
 pub use payload::Serde;
 pub use payload::{Codec, POff, PRef, Payload};

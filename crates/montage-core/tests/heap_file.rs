@@ -465,9 +465,7 @@ fn every_backend_creates_and_reopens_a_file_heap() {
 }
 
 fn journal_of(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".journal");
-    PathBuf::from(name)
+    Heap::journal_path(path)
 }
 
 #[test]
@@ -564,4 +562,54 @@ fn remove_deletes_the_heap_and_its_journal_but_not_while_open() {
     Heap::create(&config(&path)).unwrap().close().unwrap();
     Heap::remove(&path).unwrap();
     Heap::remove(&path).unwrap();
+}
+
+#[test]
+fn usage_counts_every_structures_and_every_classs_live_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    let manual = config(&path)
+        .max_size(SIZE)
+        .epoch_length(montage_core::EpochLength::Manual);
+    let heap = Heap::create(&manual).unwrap();
+    let small = heap.register("small").unwrap();
+    let large = heap.register("large").unwrap();
+    let mut doomed = Vec::new();
+    for i in 0..12u8 {
+        let block = heap.run_op(|op| op.alloc(small, 1, &[i; 100])).unwrap();
+        if i >= 10 {
+            doomed.push(block);
+        }
+    }
+    for i in 0..3u8 {
+        heap.run_op(|op| op.alloc(large, 2, &vec![i; 40_000]))
+            .unwrap();
+    }
+    heap.raw()
+        .alloc_bytes(BlockSpec::new(Epoch::new(1), 1 << 40), &[7; 10])
+        .unwrap();
+    // Deleted in the epoch they were made in: invalid at once, no anti-block.
+    heap.run_op(|op| doomed.iter().try_for_each(|&b| op.delete(b)))
+        .unwrap();
+    let usage = heap.usage(|_| {}).unwrap();
+    let by_name = |name: &str| {
+        usage
+            .structures
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| (s.blocks, s.bytes))
+    };
+    assert_eq!(by_name("small"), Some((10, 1000)));
+    assert_eq!(by_name("large"), Some((3, 120_000)));
+    assert_eq!((usage.unowned.blocks, usage.unowned.bytes), (1, 10));
+    assert_eq!(
+        (usage.large.live_blocks, usage.large.live_bytes),
+        (3, 120_000)
+    );
+    let live: u64 = usage.classes.iter().map(|c| c.live_blocks).sum();
+    assert_eq!(live, 11);
+    let carved: u64 = usage.classes.iter().map(|c| c.spans).sum();
+    assert_eq!(carved + usage.large.spans + usage.free_spans, usage.spans);
+    assert!(usage.classes.iter().all(|c| c.live_blocks <= c.blocks));
+    heap.close().unwrap();
 }

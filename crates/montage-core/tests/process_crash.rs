@@ -245,11 +245,7 @@ fn reopen(config: &HeapConfig, round: u64) -> (Heap, BTreeMap<u64, u64>) {
 
 /// A checksum of the heap file and its journal (0 for a journal that is not there).
 fn files_digest(path: &Path) -> (u32, u32) {
-    let journal = {
-        let mut name = path.as_os_str().to_owned();
-        name.push(".journal");
-        std::fs::read(name).map_or(0, |bytes| crc32c::crc32c(&bytes))
-    };
+    let journal = std::fs::read(Heap::journal_path(path)).map_or(0, |bytes| crc32c::crc32c(&bytes));
     (crc32c::crc32c(&std::fs::read(path).unwrap()), journal)
 }
 

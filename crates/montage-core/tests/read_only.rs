@@ -19,9 +19,7 @@ fn config(path: &Path) -> HeapConfig {
 }
 
 fn journal_of(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".journal");
-    PathBuf::from(name)
+    Heap::journal_path(path)
 }
 
 /// The bytes of the heap file and of its journal (empty if it has none).

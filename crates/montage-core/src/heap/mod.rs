@@ -8,6 +8,7 @@ mod blocks;
 mod directory;
 mod open;
 pub mod raw;
+mod usage;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,7 @@ use crate::recovery::RecoveryReport;
 
 pub use blocks::ScanFilter;
 pub use directory::Attached;
+pub use usage::{ClassUsage, LargeUsage, StructureUsage, Usage};
 
 /// A persistent heap: a mapped file (or, for tests, memory) holding payload blocks.
 ///
@@ -106,6 +108,18 @@ impl Heap {
     /// [`HeapConfig::max_size`](crate::HeapConfig::max_size)).
     pub fn size(&self) -> u64 {
         self.shared().runtime.alloc.geometry().len()
+    }
+
+    /// The version of the on-media format the heap file has (see `docs/design.md`).
+    pub fn format_version(&self) -> u32 {
+        self.shared().geometry.version
+    }
+
+    /// Every payload type registered in the heap (by [`Heap::register_type`] and the typed
+    /// allocations): its name as stored (at most 40 bytes of it) and its type id, the
+    /// fingerprint of its layout, in registration order.
+    pub fn registered_types(&self) -> Vec<(String, u64)> {
+        self.shared().runtime.types.types()
     }
 
     /// The random id chosen when the heap was created.

@@ -157,6 +157,12 @@ impl Heap {
         Self::open_file(config, Policy::Epochs)
     }
 
+    /// The journal file of the heap file at `path`: `<path>.journal`, beside it. A heap on
+    /// the journal backend is these two files; copy, move or back them up together.
+    pub fn journal_path(path: impl AsRef<Path>) -> std::path::PathBuf {
+        attach::journal_path(path.as_ref())
+    }
+
     /// Deletes the heap file at `path` and the journal beside it (`<path>.journal`), if
     /// they exist. Use it rather than deleting the heap file alone: a journal left behind
     /// is in the way of the next heap created at `path` ([`Error::Journal`]).
@@ -221,6 +227,8 @@ impl Heap {
         Self::open_source(config, Source::Image(bytes, journal), policy)
     }
 
+    // Without the simulator `Source` holds only a path, which is not consumed.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(clippy::needless_pass_by_value))]
     fn open_source(config: &HeapConfig, source: Source<'_>, policy: Policy<'_>) -> Result<Heap> {
         let (geometry, mapping, file, initial) = match source {
             Source::File(path) => {
@@ -608,7 +616,10 @@ fn open_media(
 /// Where the journal of a heap opened with `config` lives, if it has one: beside the heap
 /// file, or in the simulator's file model (`initial` and `journal` are the images it starts
 /// from).
-#[cfg_attr(not(any(test, feature = "sim")), allow(unused_variables))]
+#[cfg_attr(
+    not(any(test, feature = "sim")),
+    allow(unused_variables, clippy::needless_pass_by_value)
+)]
 fn journal_files<'a>(
     config: &HeapConfig,
     file: Option<&'a (File, std::path::PathBuf)>,

@@ -17,10 +17,12 @@ use crate::meta::table;
 use crate::persist::Media;
 
 /// One registered type, as the DRAM copy keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     name_hash: u64,
     type_id: u64,
+    /// The name as stored (at most [`REG_NAME_LEN`] bytes of it).
+    name: String,
 }
 
 /// The DRAM copy of the registry area.
@@ -45,9 +47,12 @@ impl Registry {
     /// be durable); a damaged entry is [`Error::Corrupted`](crate::Error::Corrupted).
     pub(crate) fn load(media: &Media, creation_id: u64) -> Result<Registry> {
         let entries = table::read_entries(media, REGISTRY, creation_id, |_, raw| {
+            let name = &raw[REG_NAME_OFFSET as usize..];
+            let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
             Some(Entry {
                 name_hash: word(raw, 0),
                 type_id: word(raw, REG_TYPE_ID_OFFSET as usize),
+                name: String::from_utf8_lossy(&name[..len]).into_owned(),
             })
         })?;
         Ok(Registry {
@@ -105,8 +110,23 @@ impl Registry {
         // after this returns), so recovery never meets a payload whose layout it cannot
         // check.
         table::write_entry(media, REGISTRY, self.creation_id, index as u64, &raw)?;
-        entries[index] = Some(Entry { name_hash, type_id });
+        entries[index] = Some(Entry {
+            name_hash,
+            type_id,
+            name: shown.to_owned(),
+        });
         Ok(())
+    }
+
+    /// Every registered type's name (as stored: at most 40 bytes of it) and type id, in
+    /// registration order.
+    pub(crate) fn types(&self) -> Vec<(String, u64)> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.type_id))
+            .collect()
     }
 }
 

@@ -1,0 +1,85 @@
+//! Opening a heap the tool's way: read-only, damaged blocks quarantined rather than fatal,
+//! the clock stopped, and a progress bar while recovery scans a large heap.
+
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use montage_core::{EpochLength, Error, Heap, HeapConfig};
+
+/// A progress bar on stderr for `what`, hidden with `quiet` or when stderr is no terminal.
+pub(crate) fn progress_bar(quiet: bool, what: &'static str) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template("{msg:>10} [{bar:40}] {percent:>3}% {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what);
+    bar
+}
+
+/// Opens the heap at `path` read-only, as every subcommand does.
+///
+/// # Errors
+///
+/// What [`Heap::open`] returns: the heap cannot be read or its metadata is damaged.
+pub(crate) fn open(path: &Path, quiet: bool) -> Result<Heap, Error> {
+    if !path.exists() {
+        // Said plainly, rather than as the error of an `open` call.
+        return Err(Error::Io {
+            op: "open",
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        });
+    }
+    let bar = progress_bar(quiet, "recovery");
+    let shown = bar.clone();
+    let config = HeapConfig::new(path)
+        .read_only(true)
+        .quarantine_damaged(true)
+        .epoch_length(EpochLength::Manual)
+        .on_recovery_progress(move |progress| {
+            shown.set_length(progress.total);
+            shown.set_position(progress.read);
+        });
+    let heap = Heap::open(&config);
+    bar.finish_and_clear();
+    heap
+}
+
+/// Opens the heap at `path` as [`open`] does; when it is damaged, says so on stderr and
+/// returns `None`.
+///
+/// # Errors
+///
+/// The heap cannot be read at all.
+pub(crate) fn open_or_say(path: &Path, quiet: bool) -> Result<Option<Heap>, Error> {
+    match open(path, quiet) {
+        Ok(heap) => Ok(Some(heap)),
+        Err(err) if is_damage(&err) => {
+            eprintln!(
+                "montage: {}: {err}; `montage check` says more",
+                path.display()
+            );
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Whether `err`, from opening a heap, says the heap is damaged (rather than that it could
+/// not be read at all: a missing file, a lock, an I/O error).
+pub(crate) fn is_damage(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::BadMagic
+            | Error::FormatVersion { .. }
+            | Error::Truncated { .. }
+            | Error::Corrupted { .. }
+            | Error::Journal { .. }
+            | Error::DamagedHeader { .. }
+            | Error::DamagedPayload { .. }
+    )
+}

@@ -1,0 +1,309 @@
+//! The `montage` binary on real heap files, good and damaged: what each subcommand prints,
+//! its exit status, and that it never changes the heap file or its journal.
+
+#![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use montage_collections::{Graph, HashMap, Queue, SortedMap};
+use montage_core::{Heap, HeapConfig, PBlock, ScanFilter};
+
+/// Runs `montage` with `args`.
+fn montage(args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_montage"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            stdout(output),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+fn config(path: &Path) -> HeapConfig {
+    HeapConfig::new(path).size(4 << 20).max_size(4 << 20)
+}
+
+fn journal_of(path: &Path) -> PathBuf {
+    Heap::journal_path(path)
+}
+
+/// The heap file's and its journal's bytes.
+fn files(path: &Path) -> (Vec<u8>, Vec<u8>) {
+    (
+        std::fs::read(path).unwrap(),
+        std::fs::read(journal_of(path)).unwrap_or_default(),
+    )
+}
+
+/// A closed heap holding one structure of each kind; returns the block of `hits`' key "b".
+fn make_heap(path: &Path) -> PBlock {
+    let heap = Heap::create(&config(path)).unwrap();
+    let hits = HashMap::<String, u64>::open(&heap, "hits").unwrap();
+    for (key, value) in [("c", 3), ("a", 1), ("b", 2)] {
+        hits.insert(key.to_owned(), value).unwrap();
+    }
+    let blobs = SortedMap::<u64, Vec<u8>>::open(&heap, "blobs").unwrap();
+    blobs.insert(7, b"seven".to_vec()).unwrap();
+    blobs.insert(1, vec![0xff, 0x00]).unwrap();
+    let jobs = Queue::<String>::open(&heap, "jobs").unwrap();
+    for job in ["first", "second", "third"] {
+        jobs.push_back(job.to_owned()).unwrap();
+    }
+    jobs.pop_front().unwrap();
+    let graph = Graph::<i32, bool>::open(&heap, "graph").unwrap();
+    graph.add_vertex(1, &-1).unwrap();
+    graph.add_vertex(2, &-2).unwrap();
+    graph.add_edge(1, 2, &true).unwrap();
+    let owner = heap.lookup("hits").unwrap();
+    let b = heap
+        .collect(ScanFilter::all().owner(owner).live())
+        .unwrap()
+        .into_iter()
+        .find(|info| {
+            heap.read_payload(info.block)
+                .unwrap()
+                .ends_with(&2u64.to_le_bytes())
+        })
+        .unwrap()
+        .block;
+    drop((hits, blobs, jobs, graph));
+    heap.close().unwrap();
+    b
+}
+
+#[test]
+fn info_describes_the_heap_and_each_structure() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("info.heap");
+    make_heap(&path);
+    let before = files(&path);
+    let out = montage(&["info", "--json", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let info = json(&out);
+    assert_eq!(info["format_version"], 4);
+    assert_eq!(info["size"], 4 << 20);
+    assert_eq!(info["clean_shutdown"], true);
+    assert_eq!(info["recovery"]["quarantined"], 0);
+    assert!(info["journal"]["file"].is_string());
+    let structure = |name: &str| {
+        info["structures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(structure("hits")["blocks"], 3);
+    assert_eq!(
+        structure("hits")["payload_types"],
+        serde_json::json!(["hash-map<String, u64>"])
+    );
+    assert_eq!(structure("blobs")["blocks"], 2);
+    assert_eq!(
+        structure("blobs")["payload_types"],
+        serde_json::json!(["sorted-map<u64, Vec<u8>>"])
+    );
+    assert_eq!(structure("jobs")["blocks"], 2);
+    assert_eq!(structure("graph")["blocks"], 3);
+    let used: u64 = info["space"]["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["used_blocks"].as_u64().unwrap())
+        .sum();
+    assert_eq!(used, 10);
+
+    let text = montage(&["info", path.to_str().unwrap()]);
+    assert!(text.status.success());
+    let text = stdout(&text);
+    assert!(text.contains("format          version 4"), "{text}");
+    assert!(text.contains("sorted-map<u64, Vec<u8>>"), "{text}");
+    assert!(files(&path) == before, "info wrote to the heap");
+}
+
+#[test]
+fn dump_prints_each_structures_entries_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dump.heap");
+    make_heap(&path);
+    let before = files(&path);
+    let heap = path.to_str().unwrap();
+    let lines = |args: &[&str]| {
+        let out = montage(args);
+        assert!(out.status.success(), "{out:?}");
+        stdout(&out)
+    };
+    assert_eq!(
+        lines(&["dump", heap, "hits"]),
+        "{\"key\":\"a\",\"value\":1}\n{\"key\":\"b\",\"value\":2}\n{\"key\":\"c\",\"value\":3}\n"
+    );
+    assert_eq!(
+        lines(&["dump", heap, "blobs"]),
+        "{\"key\":1,\"value\":{\"hex\":\"ff00\"}}\n{\"key\":7,\"value\":\"seven\"}\n"
+    );
+    assert_eq!(
+        lines(&["dump", "--hex", heap, "blobs"]),
+        "{\"key\":1,\"value\":{\"hex\":\"ff00\"}}\n{\"key\":7,\"value\":{\"hex\":\"736576656e\"}}\n"
+    );
+    // The queue in its order, by sequence number; the popped element is gone.
+    let jobs = lines(&["dump", heap, "jobs"]);
+    let values: Vec<serde_json::Value> = jobs
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["value"].clone())
+        .collect();
+    assert_eq!(values, ["second", "third"]);
+    assert_eq!(
+        lines(&["dump", heap, "graph"]),
+        "{\"from\":1,\"to\":2,\"value\":true}\n{\"id\":1,\"value\":-1}\n{\"id\":2,\"value\":-2}\n"
+    );
+    let mut unsorted: Vec<String> = lines(&["dump", "--unsorted", heap, "hits"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    unsorted.sort();
+    assert_eq!(unsorted.len(), 3);
+
+    let missing = montage(&["dump", heap, "nothing"]);
+    assert_eq!(missing.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.contains("no structure named `nothing`") && err.contains("hits"),
+        "{err}"
+    );
+    assert!(files(&path) == before, "dump wrote to the heap");
+}
+
+#[test]
+fn check_passes_a_sound_heap_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sound.heap");
+    make_heap(&path);
+    let before = files(&path);
+    let out = montage(&["check", "--json", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let report = json(&out);
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["problems"], serde_json::json!([]));
+    assert_eq!(report["payloads_decoded"], 10);
+    let text = montage(&["check", path.to_str().unwrap()]);
+    assert!(stdout(&text).contains(": ok"), "{}", stdout(&text));
+    assert!(files(&path) == before, "check wrote to the heap");
+}
+
+/// Damages a copy of a sound heap with `damage`, then checks it: exit status 1, a report
+/// that is not ok, whose problems' text contains `expect`, and the files as they were.
+fn check_finds(name: &str, damage: impl FnOnce(&Path, PBlock), expect: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    let b = make_heap(&path);
+    damage(&path, b);
+    let before = files(&path);
+    let out = montage(&["check", "--json", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{name}: {out:?}");
+    let report = json(&out);
+    assert_eq!(report["ok"], false, "{name}");
+    let problems = report["problems"].to_string();
+    assert!(problems.contains(expect), "{name}: {problems}");
+    assert!(files(&path) == before, "{name}: check wrote to the heap");
+    let text = montage(&["check", path.to_str().unwrap()]);
+    assert_eq!(text.status.code(), Some(1));
+    assert!(stdout(&text).contains("problem"), "{}", stdout(&text));
+    report
+}
+
+fn flip(path: &Path, offset: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[offset as usize] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn check_finds_a_damaged_block_header() {
+    let report = check_finds(
+        "header.heap",
+        |path, b| flip(path, b.offset() + 0x18),
+        "its header fails its checksum",
+    );
+    assert_eq!(report["problems"][0]["structure"], "hits");
+}
+
+#[test]
+fn check_finds_a_damaged_payload() {
+    // The value's last byte, after the key's length word and the key.
+    check_finds(
+        "payload.heap",
+        |path, b| flip(path, b.payload_offset() + 4 + 1 + 7),
+        "its payload fails its checksum",
+    );
+}
+
+#[test]
+fn check_finds_a_damaged_superblock() {
+    check_finds("superblock.heap", |path, _| flip(path, 0x30), "superblock");
+}
+
+#[test]
+fn check_finds_a_damaged_directory_entry() {
+    check_finds(
+        "directory.heap",
+        |path, _| {
+            let bytes = std::fs::read(path).unwrap();
+            let at = bytes[..0x4000]
+                .windows(5)
+                .position(|w| w == b"blobs")
+                .unwrap();
+            flip(path, at as u64 + 1);
+        },
+        "cannot be recovered",
+    );
+}
+
+#[test]
+fn check_finds_a_truncated_heap() {
+    check_finds(
+        "truncated.heap",
+        |path, _| {
+            let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            file.set_len(3 << 20).unwrap();
+        },
+        "truncated",
+    );
+}
+
+#[test]
+fn check_finds_a_missing_journal() {
+    check_finds(
+        "journal.heap",
+        |path, _| std::fs::remove_file(journal_of(path)).unwrap(),
+        "journal",
+    );
+}
+
+#[test]
+fn a_heap_open_in_a_process_is_refused_with_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("open.heap");
+    make_heap(&path);
+    let heap = Heap::open(&config(&path)).unwrap();
+    for command in ["info", "check"] {
+        let out = montage(&[command, path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{command}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("locked"));
+    }
+    heap.close().unwrap();
+    let out = montage(&["check", dir.path().join("none.heap").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+}
