@@ -432,3 +432,52 @@ fn payloads_larger_than_a_size_class_work_like_small_ones() {
             .all(|(i, b)| *b == (i % 251) as u8)
     );
 }
+
+#[test]
+fn repair_restores_a_registry_entry_and_info_lists_the_registered_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("registry.heap");
+    let config = HeapConfig::new(&path).size(1 << 20).max_size(1 << 20);
+    let heap = Heap::create(&config).unwrap();
+    let owner = heap.register("accounts").unwrap();
+    heap.run_op(|op| op.alloc_payload(owner, &account(1)))
+        .unwrap();
+    heap.run_op(|op| op.alloc_payload(owner, &Point { x: 1, y: 2 }))
+        .unwrap();
+    let types = heap.registered_types();
+    heap.close().unwrap();
+    let names: Vec<&str> = types.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(names.iter().any(|n| n.ends_with("Account")), "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with("Point")), "{names:?}");
+    assert_eq!(types[0].1, Account::TYPE_ID);
+
+    // The registry is at 0x2000, 64 bytes an entry: damage the first one's type id.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0x2000 + 0x09] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(matches!(Heap::open(&config), Err(Error::Corrupted { .. })));
+    let heap = Heap::open(&config.clone().repair(true)).unwrap();
+    let repairs = &heap.recovery_report().repairs;
+    assert!(
+        repairs.len() == 1 && repairs[0].what.contains("type registry entry 0"),
+        "{repairs:?}"
+    );
+    assert_eq!(heap.registered_types(), types);
+    heap.close().unwrap();
+
+    // Beyond correction: the entry is cleared, the payloads stay, and the type registers
+    // again when it is next stored.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0x2000 + 0x09] ^= 0x01;
+    bytes[0x2000 + 0x12] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    let heap = Heap::open(&config.clone().repair(true)).unwrap();
+    assert!(heap.recovery_report().repairs[0].what.contains("cleared"));
+    assert_eq!(heap.registered_types().len(), 1);
+    let found = heap.payloads::<Account>(owner, 1).unwrap();
+    assert_eq!(found.len(), 1);
+    heap.run_op(|op| op.alloc_payload(owner, &account(2)))
+        .unwrap();
+    assert_eq!(heap.registered_types().len(), 2);
+    heap.close().unwrap();
+}

@@ -26,7 +26,29 @@ pub(crate) fn run(
     as_json: bool,
     quiet: bool,
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
-    let report = match open(path, quiet) {
+    let report = report(path, quiet)?;
+    if as_json {
+        print_json(&report)?;
+    } else {
+        print_text(&report);
+    }
+    Ok(if report["ok"] == true {
+        Outcome::Clean
+    } else {
+        Outcome::Damaged
+    })
+}
+
+/// The check of the heap at `path`, as JSON (`"ok"` says whether it passed).
+///
+/// # Errors
+///
+/// The heap could not be read at all.
+pub(crate) fn report(
+    path: &Path,
+    quiet: bool,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    Ok(match open(path, quiet) {
         Ok(heap) => {
             let report = check_open(&heap, path)?;
             heap.close()?;
@@ -39,16 +61,6 @@ pub(crate) fn run(
             "problems": [{ "what": "the heap cannot be recovered", "error": err.to_string() }],
         }),
         Err(err) => return Err(err.into()),
-    };
-    if as_json {
-        print_json(&report)?;
-    } else {
-        print_text(&report);
-    }
-    Ok(if report["ok"] == true {
-        Outcome::Clean
-    } else {
-        Outcome::Damaged
     })
 }
 
@@ -133,7 +145,7 @@ fn check_open(heap: &Heap, path: &Path) -> Result<serde_json::Value, Box<dyn std
 }
 
 #[allow(clippy::print_stdout)] // the command's output
-fn print_text(r: &serde_json::Value) {
+pub(crate) fn print_text(r: &serde_json::Value) {
     let heap = r["heap"].as_str().unwrap_or("");
     if r["opened"] == true {
         let rec = &r["recovery"];

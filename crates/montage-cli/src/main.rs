@@ -1,8 +1,8 @@
 //! `montage`: the command-line tool for montage heap files. It inspects (`info`), verifies
-//! (`check`) and prints (`dump`) a heap without ever writing it: every subcommand opens the
+//! (`check`) and prints (`dump`) a heap without ever writing it: those subcommands open the
 //! heap read-only (`HeapConfig::read_only`), so the heap file and its journal are left
 //! byte for byte as they were, and a heap that a process has open is refused rather than
-//! read while it changes.
+//! read while it changes. `repair` writes a repaired copy (or, asked to, the heap itself).
 //!
 //! Exit status: 0 when the command did what it was asked and found nothing wrong; 1 when
 //! `check` (or `info` and `dump`, which run the same recovery) found the heap damaged; 2
@@ -18,6 +18,7 @@ mod dump;
 mod info;
 mod open;
 mod output;
+mod repair;
 
 /// Inspect, check and dump montage heap files. Never writes the heap.
 #[derive(Debug, Parser)]
@@ -66,6 +67,23 @@ enum Command {
         #[arg(long)]
         unsorted: bool,
     },
+    /// Repair a damaged heap: keep what its checksums prove intact, drop the rest, and
+    /// report both; then check the result. Works on a copy (`HEAP.repaired`, or --output)
+    /// unless --in-place. Exits with 1 if the heap cannot be repaired or the repaired heap
+    /// does not pass `check`.
+    Repair {
+        /// The heap file.
+        heap: PathBuf,
+        /// Where the repaired copy goes (default: the heap's path with `.repaired` added).
+        #[arg(long, short, conflicts_with = "in_place")]
+        output: Option<PathBuf>,
+        /// Repair the heap itself rather than a copy.
+        #[arg(long)]
+        in_place: bool,
+        /// Print the report as one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// How a command ended.
@@ -88,6 +106,12 @@ fn main() -> ExitCode {
             hex,
             unsorted,
         } => dump::run(&heap, &name, hex, unsorted, quiet),
+        Command::Repair {
+            heap,
+            output,
+            in_place,
+            json,
+        } => repair::run(&heap, output, in_place, json, quiet),
     };
     match result {
         Ok(Outcome::Clean) => ExitCode::SUCCESS,

@@ -69,6 +69,31 @@ pub(crate) fn open_or_say(path: &Path, quiet: bool) -> Result<Option<Heap>, Erro
     }
 }
 
+/// Takes the shared lock of the heap file at `path`, as a heap opened read-only holds it:
+/// no writer has the heap while the returned file lives.
+///
+/// # Errors
+///
+/// The file cannot be opened, or a process has the heap open for writing.
+pub(crate) fn lock_shared(path: &Path) -> Result<std::fs::File, Error> {
+    let file = std::fs::File::open(path).map_err(|e| Error::Io {
+        op: "open",
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    match file.try_lock_shared() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked {
+            path: path.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::Io {
+            op: "flock",
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
 /// Whether `err`, from opening a heap, says the heap is damaged (rather than that it could
 /// not be read at all: a missing file, a lock, an I/O error).
 pub(crate) fn is_damage(err: &Error) -> bool {

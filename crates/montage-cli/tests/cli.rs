@@ -307,3 +307,144 @@ fn a_heap_open_in_a_process_is_refused_with_status_2() {
     let out = montage(&["check", dir.path().join("none.heap").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Repairs a damaged copy of a sound heap with `montage repair` (on a copy of it), and
+/// checks the report, the repaired heap, and that the damaged heap was left as it was.
+fn repairs(
+    name: &str,
+    damage: impl FnOnce(&Path, PBlock),
+    expect: &str,
+    hits: &str,
+) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    let b = make_heap(&path);
+    damage(&path, b);
+    let before = files(&path);
+    let out = montage(&["repair", "--json", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{name}: {out:?}");
+    let report = json(&out);
+    assert_eq!(report["ok"], true, "{name}: {report}");
+    let said = format!("{}{}", report["repairs"], report["dropped"]);
+    assert!(said.contains(expect), "{name}: {said}");
+    assert!(
+        files(&path) == before,
+        "{name}: repair wrote to the damaged heap"
+    );
+    let repaired = format!("{}.repaired", path.display());
+    assert_eq!(montage(&["check", &repaired]).status.code(), Some(0));
+    let dump = montage(&["dump", &repaired, "hits"]);
+    assert_eq!(stdout(&dump), hits, "{name}");
+    report
+}
+
+const ALL_HITS: &str =
+    "{\"key\":\"a\",\"value\":1}\n{\"key\":\"b\",\"value\":2}\n{\"key\":\"c\",\"value\":3}\n";
+
+#[test]
+fn repair_drops_a_block_whose_header_is_damaged_and_keeps_the_rest() {
+    let report = repairs(
+        "header.heap",
+        |path, b| flip(path, b.offset() + 0x18),
+        "its header failed its checksum",
+        "{\"key\":\"a\",\"value\":1}\n{\"key\":\"c\",\"value\":3}\n",
+    );
+    assert_eq!(report["dropped"][0]["structure"], "hits");
+}
+
+#[test]
+fn repair_drops_a_damaged_payload_and_keeps_the_rest() {
+    repairs(
+        "payload.heap",
+        |path, b| flip(path, b.payload_offset() + 4 + 1 + 7),
+        "its payload failed its checksum",
+        "{\"key\":\"a\",\"value\":1}\n{\"key\":\"c\",\"value\":3}\n",
+    );
+}
+
+#[test]
+fn repair_restores_a_superblock_and_a_directory_entry() {
+    repairs(
+        "superblock.heap",
+        |path, _| flip(path, 0x30),
+        "superblock",
+        ALL_HITS,
+    );
+    repairs(
+        "directory.heap",
+        |path, _| {
+            let bytes = std::fs::read(path).unwrap();
+            let at = bytes[..0x4000]
+                .windows(4)
+                .position(|w| w == b"hits")
+                .unwrap();
+            flip(path, at as u64 + 1);
+        },
+        "directory entry 0",
+        ALL_HITS,
+    );
+}
+
+#[test]
+fn repair_extends_a_truncated_heap_and_takes_the_heap_file_without_its_journal() {
+    repairs(
+        "truncated.heap",
+        |path, _| {
+            let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            file.set_len(3 << 20).unwrap();
+        },
+        "extended with zeros",
+        ALL_HITS,
+    );
+    repairs(
+        "journal.heap",
+        |path, _| std::fs::remove_file(journal_of(path)).unwrap(),
+        "missing",
+        ALL_HITS,
+    );
+}
+
+#[test]
+fn repair_in_place_changes_the_heap_and_a_sound_heap_needs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("inplace.heap");
+    let b = make_heap(&path);
+    flip(&path, b.offset() + 0x18);
+    let heap = path.to_str().unwrap();
+    assert_eq!(montage(&["check", heap]).status.code(), Some(1));
+    let out = montage(&["repair", "--in-place", heap]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        stdout(&out).contains("dropped: the block at offset"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(montage(&["check", heap]).status.code(), Some(0));
+    let again = montage(&["repair", "--in-place", heap]);
+    assert!(
+        stdout(&again).contains("nothing needed repair"),
+        "{}",
+        stdout(&again)
+    );
+    // The default copy exists already: a second repair to it is refused.
+    let copy = montage(&["repair", heap]);
+    assert_eq!(copy.status.code(), Some(0));
+    let refused = montage(&["repair", heap]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--output"));
+}
+
+#[test]
+fn a_heap_beyond_repair_is_said_so_and_its_copy_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lost.heap");
+    make_heap(&path);
+    flip(&path, 0x10);
+    flip(&path, 0x20);
+    let before = files(&path);
+    let out = montage(&["repair", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be repaired"));
+    assert!(!dir.path().join("lost.heap.repaired").exists());
+    assert!(files(&path) == before);
+}

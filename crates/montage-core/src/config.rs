@@ -134,6 +134,8 @@ pub(crate) enum Location {
 /// assert_eq!(config.heap_size(), 64 << 20);
 /// ```
 #[derive(Debug, Clone)]
+// Independent switches of a builder, each with its own setter.
+#[allow(clippy::struct_excessive_bools)]
 pub struct HeapConfig {
     pub(crate) location: Location,
     pub(crate) size: u64,
@@ -150,6 +152,7 @@ pub struct HeapConfig {
     pub(crate) quarantine: bool,
     pub(crate) verify_reads: bool,
     pub(crate) read_only: bool,
+    pub(crate) repair: bool,
 }
 
 /// How far recovery has come, for progress bars
@@ -207,6 +210,7 @@ impl HeapConfig {
             quarantine: false,
             verify_reads: false,
             read_only: false,
+            repair: false,
         }
     }
 
@@ -229,6 +233,7 @@ impl HeapConfig {
             quarantine: false,
             verify_reads: false,
             read_only: false,
+            repair: false,
         }
     }
 
@@ -321,6 +326,36 @@ impl HeapConfig {
     #[must_use]
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
+        self
+    }
+
+    /// Repairs a damaged heap as it opens (default `false`): keeps what its checksums prove
+    /// intact and drops the rest, reporting each step in
+    /// [`RecoveryReport::repairs`](crate::RecoveryReport::repairs) and each dropped block in
+    /// [`RecoveryReport::dropped_damaged`](crate::RecoveryReport::dropped_damaged).
+    ///
+    /// * A superblock, directory or registry entry damaged in one byte is restored from its
+    ///   checksum (the one single-byte change that makes the checksum hold). A directory
+    ///   entry beyond that names its structure `recovered-<owner id>`; a registry entry
+    ///   beyond that is cleared (its payloads stay; the type is registered again by the
+    ///   next program that stores it); a superblock beyond that cannot be repaired.
+    /// * A span table entry that fails its check is rebuilt from the headers of the blocks
+    ///   in the span, and a span count word from the file's length.
+    /// * A file shorter than its heap is extended with zeros (what the lost bytes held is
+    ///   lost); an invalid clean-shutdown flag is cleared.
+    /// * A journal that cannot be used (missing, damaged, another heap's) is set aside as
+    ///   `<journal>.damaged` and the heap no longer names it: the heap file is taken as it
+    ///   is, and what the journal held after its last checkpoint is lost.
+    /// * Blocks whose header or durable payload fails its checksum, and the other versions
+    ///   of their payloads, are dropped as recovery drops a torn block.
+    ///
+    /// A damaged epoch word, or a superblock damaged in more than one byte, cannot be
+    /// repaired: the open fails as without the setting, having changed only what it had
+    /// repaired before. Repair writes the heap: make a copy first (the `montage repair`
+    /// tool works on a copy unless told otherwise). Not with [`read_only`](Self::read_only).
+    #[must_use]
+    pub fn repair(mut self, repair: bool) -> Self {
+        self.repair = repair;
         self
     }
 
@@ -445,6 +480,11 @@ impl HeapConfig {
         if self.journal_size.is_some_and(|size| size < MIN_JOURNAL_LEN) {
             return Err(Error::InvalidConfig {
                 what: "a journal must be at least 68 KiB",
+            });
+        }
+        if self.read_only && self.repair {
+            return Err(Error::InvalidConfig {
+                what: "a heap opened read-only cannot be repaired",
             });
         }
         if self.read_only && self.location == Location::Memory {

@@ -88,7 +88,7 @@ pub use heap::{Attached, ClassUsage, Heap, LargeUsage, ScanFilter, StructureUsag
 #[cfg(feature = "serde")]
 pub use payload::Serde;
 pub use payload::{Codec, POff, PRef, Payload};
-pub use recovery::{QuarantineReason, Quarantined, RecoveryReport};
+pub use recovery::{QuarantineReason, Quarantined, RecoveryReport, Repair};
 
 /// The guards of [`StampedLock`] and [`StampedRwLock`].
 pub mod stamped {

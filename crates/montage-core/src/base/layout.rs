@@ -655,6 +655,11 @@ impl EntryTable {
         self.base.saturating_add(index.saturating_mul(ENTRY_LEN))
     }
 
+    /// The index of the entry at `offset` (an offset inside the table).
+    pub(crate) fn index_of(self, offset: u64) -> usize {
+        (offset.saturating_sub(self.base) / ENTRY_LEN) as usize
+    }
+
     /// The valid word of entry `index` whose body is `body`.
     pub(crate) fn valid_word(self, index: u64, creation_id: u64, body: &[u8]) -> u64 {
         (self.tag << 32) | u64::from(checksum(&[index, creation_id], body))

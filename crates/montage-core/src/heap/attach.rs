@@ -221,6 +221,26 @@ fn existing_journal(heap: &File, jpath: &Path, write: bool) -> Result<Option<Dev
     }
 }
 
+/// Checks that the journal the heap file `heap` (at `path`, with `creation_id`) names as
+/// `named` can be replayed: it is there, its header is intact, it is that heap's, and its
+/// records are whole up to the last valid one. Reads only.
+pub(super) fn check_journal(heap: &File, path: &Path, named: u64, creation_id: u64) -> Result<()> {
+    let jpath = journal_path(path);
+    let journal = read_journal(heap, &jpath, named, creation_id)?;
+    replay_ranges(&journal, &jpath, |_, _| Ok(())).map(drop)
+}
+
+/// The journal at `jpath` that the heap file `heap` (with `creation_id`) names as `named`,
+/// opened for reading only and checked as [`named_journal`] does.
+fn read_journal(heap: &File, jpath: &Path, named: u64, creation_id: u64) -> Result<Journal> {
+    let device = existing_journal(heap, jpath, false)?;
+    let header = match &device {
+        Some(device) => Journal::read_header(device)?,
+        None => None,
+    };
+    named_journal(jpath, named, device, header, creation_id)
+}
+
 /// The journal a heap names as `named` (not 0), on `device` (`None`: no file) whose newest
 /// header is `header`, checked to be the one the heap with `creation_id` names.
 fn named_journal(
@@ -257,19 +277,26 @@ fn replay(media: &Media, journal: Option<&Journal>, jpath: &Path) -> Result<Repl
     let journal = journal.ok_or(Error::InvalidConfig {
         what: "replay needs the journal",
     })?;
-    let damaged = |e: Error| match e {
+    let replayed = replay_ranges(journal, jpath, |offset, bytes| media.write(offset, bytes))?;
+    // The durable epoch is the journal's, whatever the heap file's word reached early.
+    media.store(EPOCH_OFFSET, replayed.word)?;
+    Ok(replayed)
+}
+
+/// Hands every range of `journal`'s valid records to `apply`, in order; damage in the
+/// records is [`Error::Journal`].
+fn replay_ranges(
+    journal: &Journal,
+    jpath: &Path,
+    apply: impl FnMut(u64, &[u8]) -> Result<()>,
+) -> Result<Replayed> {
+    journal.replay(apply).map_err(|e| match e {
         Error::Corrupted { what, .. } => Error::Journal {
             path: jpath.to_path_buf(),
             what,
         },
         other => other,
-    };
-    let replayed = journal
-        .replay(|offset, bytes| media.write(offset, bytes))
-        .map_err(damaged)?;
-    // The durable epoch is the journal's, whatever the heap file's word reached early.
-    media.store(EPOCH_OFFSET, replayed.word)?;
-    Ok(replayed)
+    })
 }
 
 /// For a heap opened read-only: if it names a journal, replays it into `media`, a private
@@ -285,12 +312,7 @@ pub(super) fn replay_privately(
         return Ok(None);
     }
     let jpath = journal_path(path);
-    let device = existing_journal(heap, &jpath, false)?;
-    let header = match &device {
-        Some(device) => Journal::read_header(device)?,
-        None => None,
-    };
-    let journal = named_journal(&jpath, named, device, header, creation_id)?;
+    let journal = read_journal(heap, &jpath, named, creation_id)?;
     replay(media, Some(&journal), &jpath).map(Some)
 }
 

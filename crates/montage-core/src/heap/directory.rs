@@ -191,15 +191,19 @@ fn check_name(name: &str) -> Result<()> {
 /// was never handed out); a damaged entry, or one whose owner id is not its slot's, is
 /// [`Error::Corrupted`].
 pub(super) fn read_directory(media: &Media, geometry: &Geometry) -> Result<Vec<Option<String>>> {
-    table::read_entries(media, DIRECTORY, geometry.creation_id, |index, entry| {
-        let name_bytes = &entry[..NAME_MAX];
-        let end = name_bytes.iter().position(|&b| b == 0).unwrap_or(NAME_MAX);
-        let owner = u64::from_le_bytes(
-            entry[DIR_OWNER_OFFSET as usize..DIR_OWNER_OFFSET as usize + 8]
-                .try_into()
-                .unwrap_or([0; 8]),
-        );
-        let name = std::str::from_utf8(&name_bytes[..end]).ok()?;
-        (owner == index + 1 && !name.is_empty()).then(|| name.to_owned())
-    })
+    table::read_entries(media, DIRECTORY, geometry.creation_id, parse_entry)
+}
+
+/// The name directory entry `index` holds, if its body is one the directory writes: a
+/// UTF-8 name and the slot's own owner id.
+pub(super) fn parse_entry(index: u64, entry: &table::Body) -> Option<String> {
+    let name_bytes = &entry[..NAME_MAX];
+    let end = name_bytes.iter().position(|&b| b == 0).unwrap_or(NAME_MAX);
+    let owner = u64::from_le_bytes(
+        entry[DIR_OWNER_OFFSET as usize..DIR_OWNER_OFFSET as usize + 8]
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
+    let name = std::str::from_utf8(&name_bytes[..end]).ok()?;
+    (owner == index + 1 && !name.is_empty()).then(|| name.to_owned())
 }

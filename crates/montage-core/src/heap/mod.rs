@@ -8,6 +8,7 @@ mod blocks;
 mod directory;
 mod open;
 pub mod raw;
+mod repair;
 mod usage;
 
 use std::fs::File;

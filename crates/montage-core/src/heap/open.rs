@@ -10,14 +10,15 @@ use zerocopy::IntoBytes;
 
 use super::attach::{self, Files};
 use super::directory::read_directory;
+use super::repair;
 use super::{Heap, Shared};
 use crate::alloc::block::BlockView;
 use crate::alloc::{Allocator, FreeState};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{
-    CLEAN_SHUTDOWN_OFFSET, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, JOURNAL_ID_OFFSET,
-    MAGIC_OFFSET, MAX_HEAP_SIZE, SPAN_COUNT_OFFSET, SPAN_SIZE, SUPERBLOCK_HEAD_LEN,
-    decode_span_count, span_count_word,
+    CLEAN_SHUTDOWN_OFFSET, DIRECTORY, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry,
+    JOURNAL_ID_OFFSET, MAGIC_OFFSET, MAX_HEAP_SIZE, SPAN_COUNT_OFFSET, SPAN_SIZE,
+    SUPERBLOCK_HEAD_LEN, decode_span_count, span_count_word,
 };
 use crate::base::mapping::{Mapping, free_space};
 use crate::base::region::Region;
@@ -230,30 +231,8 @@ impl Heap {
     // Without the simulator `Source` holds only a path, which is not consumed.
     #[cfg_attr(not(any(test, feature = "sim")), allow(clippy::needless_pass_by_value))]
     fn open_source(config: &HeapConfig, source: Source<'_>, policy: Policy<'_>) -> Result<Heap> {
-        let (geometry, mapping, file, initial) = match source {
-            Source::File(path) => {
-                let (geometry, mapping, len, file) = open_file(config, path)?;
-                (
-                    geometry,
-                    (mapping, len),
-                    Some((file, path.to_path_buf())),
-                    None,
-                )
-            }
-            #[cfg(any(test, feature = "sim"))]
-            Source::Image(bytes, journal) => {
-                let mut head = vec![0u8; (SUPERBLOCK_HEAD_LEN as usize).min(bytes.len())];
-                bytes.read(0, &mut head);
-                let geometry = Geometry::from_superblock(&head, bytes.len() as u64)?;
-                let mapping = map_memory(config, &geometry, bytes.len())?;
-                (
-                    geometry,
-                    (mapping, bytes.len()),
-                    None,
-                    Some((bytes, journal)),
-                )
-            }
-        };
+        let mut repairs = Vec::new();
+        let (geometry, mapping, file, initial) = map_source(config, source, &mut repairs)?;
         let (mapping, file_len) = mapping;
         let region = Region::with_len(mapping, file_len);
         let (initial, journal_image) = load_image(&region, initial)?;
@@ -270,12 +249,23 @@ impl Heap {
         media.settle_before_recovery(geometry.data_offset)?;
         // On a heap that had a journal the file's pages may be ahead of the journal's word.
         let word_leads = replayed.is_none() && media.journal().is_none();
-        let (stored, directory, types, geometry) = read_metadata(&media, &geometry, word_leads)?;
+        let geometry = with_span_count(&media, &geometry)?;
         for span in (0..geometry.span_count).filter(|&span| geometry.is_table_span(span)) {
             // PERSIST: INV-REC-1: a grown heap's group tables, like the first table.
             media.settle_range(geometry.span_start(span), SPAN_SIZE)?;
         }
-        let recovered = recover(config, &media, &geometry, policy, stored, &directory)?;
+        if config.repair {
+            repair::fix_tables(&media, &geometry, &mut repairs)?;
+        }
+        let (stored, mut directory, types) = read_metadata(&media, &geometry, word_leads)?;
+        let recovered = recover_adopting(
+            config,
+            &media,
+            &geometry,
+            policy,
+            (stored, &mut directory),
+            &mut repairs,
+        )?;
         let media = match (&file, config.backend) {
             // A journal heap opened on another backend recovered on its journal (so no
             // block newer than the epoch word is left behind by a crash in recovery); it
@@ -301,6 +291,7 @@ impl Heap {
         // `check_header` bounds every uid, so this cannot overflow.
         let next_uid = max_uid.saturating_add(1);
         report.clean_shutdown = stored.clean;
+        report.repairs = repairs;
         media.store(CLEAN_SHUTDOWN_OFFSET, 0)?;
         // PERSIST: the heap is marked open (not cleanly shut down) before it is used.
         media.persist(CLEAN_SHUTDOWN_OFFSET, 8)?;
@@ -343,6 +334,73 @@ impl Heap {
     }
 }
 
+/// What [`map_source`] returns.
+type Mapped = (
+    Geometry,
+    (Mapping, usize),
+    Option<(File, std::path::PathBuf)>,
+    Option<Image>,
+);
+
+/// The opened heap's geometry as its superblock states it, its mapping and length, its file
+/// (for a file heap) and the image it starts from (for an image).
+#[cfg_attr(not(any(test, feature = "sim")), allow(clippy::needless_pass_by_value))]
+fn map_source(
+    config: &HeapConfig,
+    source: Source<'_>,
+    repairs: &mut Vec<recovery::Repair>,
+) -> Result<Mapped> {
+    Ok(match source {
+        Source::File(path) => {
+            let (geometry, mapping, len, file) = open_file(config, path, repairs)?;
+            (
+                geometry,
+                (mapping, len),
+                Some((file, path.to_path_buf())),
+                None,
+            )
+        }
+        #[cfg(any(test, feature = "sim"))]
+        Source::Image(bytes, journal) => {
+            let mut head = vec![0u8; (SUPERBLOCK_HEAD_LEN as usize).min(bytes.len())];
+            bytes.read(0, &mut head);
+            let geometry = Geometry::from_superblock(&head, bytes.len() as u64)?;
+            let mapping = map_memory(config, &geometry, bytes.len())?;
+            (
+                geometry,
+                (mapping, bytes.len()),
+                None,
+                Some((bytes, journal)),
+            )
+        }
+    })
+}
+
+/// Runs [`recover`]; when repairing, gives the payloads of an owner the directory does not
+/// list a name first (updating `directory`), as often as recovery finds such an owner.
+fn recover_adopting(
+    config: &HeapConfig,
+    media: &Media,
+    geometry: &Geometry,
+    policy: Policy<'_>,
+    (mut stored, directory): (recovery::Stored, &mut [Option<String>]),
+    repairs: &mut Vec<recovery::Repair>,
+) -> Result<recovery::Recovered> {
+    loop {
+        match recover(config, media, geometry, policy, stored, directory) {
+            Err(Error::Corrupted { offset, what })
+                if config.repair && what == recovery::ORPHANS =>
+            {
+                let index = DIRECTORY.index_of(offset);
+                let taken: Vec<String> = directory.iter().flatten().cloned().collect();
+                directory[index] = Some(repair::adopt(media, geometry, index, &taken, repairs)?);
+                stored.owners |= 1 << (index + 1);
+            }
+            result => return result,
+        }
+    }
+}
+
 /// Runs recovery on an opened heap's media, with `policy` and the options `config` sets.
 fn recover(
     config: &HeapConfig,
@@ -356,6 +414,7 @@ fn recover(
         threads: config.recovery_threads,
         progress: config.progress.as_ref().map(|p| &*p.0),
         quarantine: config.quarantine,
+        repair: config.repair,
     };
     match policy {
         Policy::Epochs => recovery::recover_epochs(media, geometry, options, stored, directory),
@@ -363,24 +422,26 @@ fn recover(
     }
 }
 
+/// The geometry of a heap being opened with the spans its span count word names.
+fn with_span_count(media: &Media, geometry: &Geometry) -> Result<Geometry> {
+    if !geometry.grows() {
+        return Ok(*geometry);
+    }
+    let word = media.load(SPAN_COUNT_OFFSET)?;
+    let count = decode_span_count(word, geometry.creation_id).ok_or(Error::Corrupted {
+        offset: SPAN_COUNT_OFFSET,
+        what: "the span count word fails its check",
+    })?;
+    geometry.with_span_count(count, media.region().len() as u64)
+}
+
 /// What the superblock's mutable words, the directory and the type registry of a heap being
 /// opened say, checked before recovery writes anything: a damaged heap is refused unchanged.
-/// Returns the geometry with the spans the span count word names.
 fn read_metadata(
     media: &Media,
     geometry: &Geometry,
     word_leads: bool,
-) -> Result<(recovery::Stored, Vec<Option<String>>, Registry, Geometry)> {
-    let geometry = &if geometry.grows() {
-        let word = media.load(SPAN_COUNT_OFFSET)?;
-        let count = decode_span_count(word, geometry.creation_id).ok_or(Error::Corrupted {
-            offset: SPAN_COUNT_OFFSET,
-            what: "the span count word fails its check",
-        })?;
-        geometry.with_span_count(count, media.region().len() as u64)?
-    } else {
-        *geometry
-    };
+) -> Result<(recovery::Stored, Vec<Option<String>>, Registry)> {
     let clean = match media.load(CLEAN_SHUTDOWN_OFFSET)? {
         0 => false,
         1 => true,
@@ -411,13 +472,17 @@ fn read_metadata(
         word_leads,
         owners,
     };
-    Ok((stored, directory, types, *geometry))
+    Ok((stored, directory, types))
 }
 
 /// Opens, locks and maps the heap file at `path` after checking its superblock; returns its
 /// geometry as the superblock states it, the mapping (reserving what the heap may grow to)
 /// and the file's length.
-fn open_file(config: &HeapConfig, path: &Path) -> Result<(Geometry, Mapping, usize, File)> {
+fn open_file(
+    config: &HeapConfig,
+    path: &Path,
+    repairs: &mut Vec<recovery::Repair>,
+) -> Result<(Geometry, Mapping, usize, File)> {
     let mut file = OpenOptions::new()
         .read(true)
         .write(!config.read_only)
@@ -427,6 +492,9 @@ fn open_file(config: &HeapConfig, path: &Path) -> Result<(Geometry, Mapping, usi
         lock_file_shared(&file, path)?;
     } else {
         lock_file(&file, path)?;
+    }
+    if config.repair {
+        repair::fix_file(&file, path, repairs)?;
     }
     let file_len = file
         .metadata()

@@ -75,6 +75,16 @@ pub enum QuarantineReason {
     SameUid,
 }
 
+/// One thing a repair ([`HeapConfig::repair`](crate::HeapConfig::repair)) found damaged and
+/// did about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repair {
+    /// Where in the heap file (for a journal: 0).
+    pub offset: u64,
+    /// What was wrong and what was done, in a sentence.
+    pub what: String,
+}
+
 /// What one recovery found and did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RecoveryReport {
@@ -101,6 +111,13 @@ pub struct RecoveryReport {
     /// [`HeapConfig::quarantine_damaged`](crate::HeapConfig::quarantine_damaged); without
     /// it a damaged block fails the open).
     pub quarantined: Vec<Quarantined>,
+    /// With [`HeapConfig::repair`](crate::HeapConfig::repair): what was repaired before
+    /// the scan, in order.
+    pub repairs: Vec<Repair>,
+    /// With [`HeapConfig::repair`](crate::HeapConfig::repair): the blocks that
+    /// [`quarantined`](Self::quarantined) would list, dropped instead (durably invalidated
+    /// and freed): what the repair lost, by structure.
+    pub dropped_damaged: Vec<Quarantined>,
 }
 
 impl RecoveryReport {
@@ -133,6 +150,8 @@ pub(crate) struct Options<'a> {
     pub(crate) progress: Option<&'a (dyn Fn(RecoveryProgress) + Send + Sync)>,
     /// Leave damaged blocks out instead of failing ([`Quarantined`]).
     pub(crate) quarantine: bool,
+    /// Drop the blocks quarantine would leave: invalidate them durably and free them.
+    pub(crate) repair: bool,
 }
 
 /// What a recovery hands to the heap it opens.
@@ -241,6 +260,10 @@ struct UnitOutcome {
     released: bool,
 }
 
+/// What recovery's error says when blocks name an owner the directory does not list (the
+/// offset is that owner's directory entry).
+pub(crate) const ORPHANS: &str = "payloads belong to a structure the directory does not list";
+
 /// Recovers with the epoch rule: with `word` the stored epoch, the newest version of each
 /// uid among the blocks of epochs `<= word - 2` wins; the rest is dropped. Winning
 /// anti-blocks are kept through the scan (so the versions they shadow are durably
@@ -268,7 +291,7 @@ pub(crate) fn recover_epochs(
         let owner = u64::from(orphans.trailing_zeros());
         return Err(Error::Corrupted {
             offset: DIRECTORY.offset(owner - 1),
-            what: "payloads belong to a structure the directory does not list",
+            what: ORPHANS,
         });
     }
     // A durable payload that fails its checksum is never handed out as data (INV-SUM-1),
@@ -276,7 +299,10 @@ pub(crate) fn recover_epochs(
     let mut damaged: Vec<_> = winners.damaged().collect();
     damaged.sort_unstable_by_key(|d| d.offset);
     let name = |owner: u32| structure_name(names, owner);
-    if let Some(first) = damaged.first().filter(|_| !options.quarantine) {
+    if let Some(first) = damaged
+        .first()
+        .filter(|_| !options.quarantine && !options.repair)
+    {
         let structure = name(first.owner).unwrap_or_else(|| "-".to_owned());
         let offset = first.offset;
         return Err(match first.why {
@@ -345,6 +371,9 @@ pub(crate) fn recover_epochs(
         }
     }
     report.quarantined.sort_unstable_by_key(|q| q.offset);
+    if options.repair {
+        report.dropped_damaged = std::mem::take(&mut report.quarantined);
+    }
     recovered.report.duration = started.elapsed();
     Ok(recovered)
 }
@@ -410,6 +439,12 @@ fn recover_units(
             {
                 let owner = view.as_ref().map_or(0, |v| v.info().spec.owner.get());
                 outcome.left.push((offset, owner));
+                if options.repair {
+                    // Dropped as a torn block is (INV-REC-2): durably zero, then free.
+                    // PERSIST: the worker's closing fence completes it.
+                    clear_meta(media, offset)?;
+                    outcome.free_blocks.push(offset);
+                }
                 continue;
             }
             if let Some(v) = view
@@ -443,7 +478,7 @@ fn recover_units(
                 }
             }
         }
-        if outcome.kept == 0 && outcome.left.is_empty() {
+        if outcome.kept == 0 && (options.repair || outcome.left.is_empty()) {
             let span = match visit.unit {
                 Unit::Class { span, .. } | Unit::Large { span, .. } => span,
             };
