@@ -13,11 +13,11 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use montage_collections::inspect::format_of;
-use montage_core::{BlockKind, Heap, QuarantineReason, ScanFilter};
+use montage_core::{Heap, QuarantineReason, ScanFilter};
 use serde_json::json;
 
 use crate::Outcome;
-use crate::open::{is_damage, open};
+use crate::open::{each_payload, is_damage, open};
 use crate::output::print_json;
 
 /// Runs `montage check`.
@@ -93,16 +93,10 @@ fn check_open(heap: &Heap, path: &Path) -> Result<serde_json::Value, Box<dyn std
     let undecodable = Mutex::new(Vec::new());
     let decoded = std::sync::atomic::AtomicU64::new(0);
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    heap.scan(ScanFilter::all().live(), threads, |view| {
-        let info = view.info();
-        if info.spec.kind == BlockKind::Delete {
-            return Ok(());
-        }
+    each_payload(heap, ScanFilter::all(), threads, |info, bytes| {
         let Some(format) = format_of(info.spec.type_id) else {
             return Ok(());
         };
-        let mut bytes = vec![0; info.len as usize];
-        view.read(0, &mut bytes)?;
         if format.decode(&bytes).is_none() {
             undecodable
                 .lock()

@@ -5,10 +5,10 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use montage_collections::inspect::{Value, format_of};
-use montage_core::{BlockKind, Heap, ScanFilter};
+use montage_core::{Heap, ScanFilter};
 
 use crate::Outcome;
-use crate::open::open_or_say;
+use crate::open::{each_payload, open_or_say};
 use crate::output::fields_json;
 
 /// Runs `montage dump`.
@@ -63,11 +63,7 @@ fn dump(
     } else {
         std::thread::available_parallelism().map_or(1, usize::from)
     };
-    heap.scan(ScanFilter::all().owner(owner).live(), threads, |view| {
-        let info = view.info();
-        if info.spec.kind == BlockKind::Delete {
-            return Ok(());
-        }
+    each_payload(heap, ScanFilter::all().owner(owner), threads, |info, bytes| {
         let offset = info.block.offset();
         let Some(format) = format_of(info.spec.type_id) else {
             return Err(montage_core::Error::Corrupted {
@@ -75,8 +71,6 @@ fn dump(
                 what: "dump knows only the collections of plain keys and values, and this payload is of another type",
             });
         };
-        let mut bytes = vec![0; info.len as usize];
-        view.read(0, &mut bytes)?;
         match format.decode(&bytes) {
             Some(fields) if unsorted => lock(&out).line(&fields, hex),
             Some(fields) => lock(&records).push(fields),

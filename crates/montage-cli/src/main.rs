@@ -2,7 +2,8 @@
 //! (`check`) and prints (`dump`) a heap without ever writing it: those subcommands open the
 //! heap read-only (`HeapConfig::read_only`), so the heap file and its journal are left
 //! byte for byte as they were, and a heap that a process has open is refused rather than
-//! read while it changes. `repair` writes a repaired copy (or, asked to, the heap itself).
+//! read while it changes. `copy` writes a new, compacted heap; `repair` a repaired copy (or,
+//! asked to, the heap itself).
 //!
 //! Exit status: 0 when the command did what it was asked and found nothing wrong; 1 when
 //! `check` (or `info` and `dump`, which run the same recovery) found the heap damaged; 2
@@ -14,6 +15,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod check;
+mod copy;
 mod dump;
 mod info;
 mod open;
@@ -67,6 +69,18 @@ enum Command {
         #[arg(long)]
         unsorted: bool,
     },
+    /// Copy a heap to a new one holding only what recovery keeps, packed (which also
+    /// shrinks it), and verify the copy holds the same payloads. For heaps of the
+    /// collections; a heap with #[derive(Payload)] types or raw blocks is refused.
+    Copy {
+        /// The heap file.
+        heap: PathBuf,
+        /// The new heap file (it must not exist).
+        new: PathBuf,
+        /// Print the report as one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Repair a damaged heap: keep what its checksums prove intact, drop the rest, and
     /// report both; then check the result. Works on a copy (`HEAP.repaired`, or --output)
     /// unless --in-place. Exits with 1 if the heap cannot be repaired or the repaired heap
@@ -106,6 +120,7 @@ fn main() -> ExitCode {
             hex,
             unsorted,
         } => dump::run(&heap, &name, hex, unsorted, quiet),
+        Command::Copy { heap, new, json } => copy::run(&heap, &new, json, quiet),
         Command::Repair {
             heap,
             output,

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use montage_core::{EpochLength, Error, Heap, HeapConfig};
+use montage_core::{BlockInfo, BlockKind, EpochLength, Error, Heap, HeapConfig, ScanFilter};
 
 /// A progress bar on stderr for `what`, hidden with `quiet` or when stderr is no terminal.
 pub(crate) fn progress_bar(quiet: bool, what: &'static str) -> ProgressBar {
@@ -92,6 +92,29 @@ pub(crate) fn lock_shared(path: &Path) -> Result<std::fs::File, Error> {
             source: e,
         }),
     }
+}
+
+/// Calls `visit` with the header and the bytes of every live payload `filter` selects (not
+/// the anti-blocks of deletions), on `threads` threads (one: in heap order).
+///
+/// # Errors
+///
+/// What the scan or `visit` returns.
+pub(crate) fn each_payload(
+    heap: &Heap,
+    filter: ScanFilter,
+    threads: usize,
+    visit: impl Fn(&BlockInfo, Vec<u8>) -> Result<(), Error> + Sync,
+) -> Result<u64, Error> {
+    heap.scan(filter.live(), threads, |view| {
+        let info = view.info();
+        if info.spec.kind == BlockKind::Delete {
+            return Ok(());
+        }
+        let mut bytes = vec![0; info.len as usize];
+        view.read(0, &mut bytes)?;
+        visit(info, bytes)
+    })
 }
 
 /// Whether `err`, from opening a heap, says the heap is damaged (rather than that it could

@@ -448,3 +448,79 @@ fn a_heap_beyond_repair_is_said_so_and_its_copy_removed() {
     assert!(!dir.path().join("lost.heap.repaired").exists());
     assert!(files(&path) == before);
 }
+
+#[test]
+fn copy_packs_a_heap_that_grew_and_was_mostly_emptied() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("grown.heap");
+    make_heap(&path);
+    let config = HeapConfig::new(&path).max_size(64 << 20);
+    let heap = Heap::open(&config).unwrap();
+    let blobs = SortedMap::<u64, Vec<u8>>::open(&heap, "blobs").unwrap();
+    for key in 100..20_100u64 {
+        blobs.insert(key, vec![key as u8; 1000]).unwrap();
+    }
+    for key in 100..19_900u64 {
+        blobs.remove(&key).unwrap();
+    }
+    drop(blobs);
+    heap.close().unwrap();
+    let before = files(&path);
+    let copy = dir.path().join("copy.heap");
+    let out = montage(&[
+        "copy",
+        "--json",
+        path.to_str().unwrap(),
+        copy.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let report = json(&out);
+    assert_eq!(report["verified"], true);
+    let (size, packed) = (
+        report["size"].as_u64().unwrap(),
+        report["copy_size"].as_u64().unwrap(),
+    );
+    assert!(
+        size >= 16 << 20 && packed * 16 <= size,
+        "{size} -> {packed}"
+    );
+    assert!(files(&path) == before, "copy wrote to the heap");
+    // The copy holds the same entries, in the same order for the queue, and checks clean.
+    for name in ["hits", "blobs", "jobs", "graph"] {
+        let of = |heap: &Path| stdout(&montage(&["dump", heap.to_str().unwrap(), name]));
+        assert_eq!(of(&copy), of(&path), "{name}");
+    }
+    assert_eq!(
+        montage(&["check", copy.to_str().unwrap()]).status.code(),
+        Some(0)
+    );
+    // A second copy to the same place is refused.
+    let again = montage(&["copy", path.to_str().unwrap(), copy.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(2));
+}
+
+#[test]
+fn copy_refuses_raw_blocks_and_damaged_heaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raw.heap");
+    let b = make_heap(&path);
+    let heap = Heap::open(&config(&path)).unwrap();
+    let spec = montage_core::raw::BlockSpec::new(montage_core::Epoch::new(1), 1 << 40);
+    let block = heap.raw().alloc_bytes(spec, b"raw").unwrap();
+    heap.raw().persist_block(block).unwrap();
+    heap.close().unwrap();
+    let copy = dir.path().join("copy.heap");
+    let out = montage(&["copy", path.to_str().unwrap(), copy.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("raw blocks"));
+    assert!(!copy.exists());
+
+    let path = dir.path().join("damaged.heap");
+    let b2 = make_heap(&path);
+    assert_eq!(b.offset(), b2.offset());
+    flip(&path, b2.offset() + 0x18);
+    let out = montage(&["copy", path.to_str().unwrap(), copy.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("repair"));
+    assert!(!copy.exists());
+}
