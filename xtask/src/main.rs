@@ -138,10 +138,15 @@ fn ci() -> Result {
     // The test command README.md gives.
     cargo(&["test", "--workspace"], &deny)?;
     // The crash-simulator tests again, optimised, with more seeds than the debug run: 300
-    // seeds per mode of the heap tests (7,200 simulated power failures), and 5,000 seeds of
-    // the epoch model test, each run in a persistent-memory model and the file model with
-    // three crashes each (30,000 simulated power failures, about 30 s).
-    for (test, seeds) in [("crash_sim", "300"), ("epoch_model", "5000")] {
+    // seeds per mode of the heap tests (7,200 simulated power failures), 300 per model of a
+    // crash during repair, and 5,000 seeds of the epoch model test, each run in a
+    // persistent-memory model and the file model with three crashes each (30,000 simulated
+    // power failures, about 30 s).
+    for (test, seeds) in [
+        ("crash_sim", "300"),
+        ("repair", "300"),
+        ("epoch_model", "5000"),
+    ] {
         cargo(
             &release_core_test(test, &[]),
             &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
