@@ -44,9 +44,14 @@ pub(crate) fn run(
     let usage = source.usage(|_| {})?;
     refuse_what_cannot_move(&source, &usage)?;
     let size = packed_size(&usage);
-    let config = HeapConfig::new(to)
+    let mut config = HeapConfig::new(to)
         .size(size)
         .max_size(size.max(source.size()).saturating_mul(2));
+    // The copy's journal is as large as the heap's: whoever sized that sized it for the
+    // heap's writes (the default would be half the copy's size).
+    if let Ok(journal) = std::fs::metadata(Heap::journal_path(from)) {
+        config = config.journal_size(journal.len());
+    }
     let target = Heap::create(&config)?;
     let copied = copy_payloads(&source, &target, &usage, quiet);
     let finished = copied.and_then(|copied| {
