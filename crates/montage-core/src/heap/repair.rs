@@ -307,10 +307,7 @@ pub(super) fn fix_tables(
     for index in 0..REGISTRY.capacity as u64 {
         let intact = |entry: &[u8]| checks(REGISTRY, index, id, entry);
         if let Fixed::Lost = fix_entry(media, REGISTRY, index, id, intact, repairs)? {
-            let at = REGISTRY.offset(index) + ENTRY_VALID_OFFSET;
-            media.store(at, 0)?;
-            // PERSIST: the cleared entry is durable before recovery reads the registry.
-            media.persist(at, 8)?;
+            clear_entry(media, REGISTRY, index)?;
             repaired(
                 repairs,
                 REGISTRY.offset(index),
@@ -351,7 +348,9 @@ enum Fixed {
 }
 
 /// Checks entry `index` of `table`; if it is filled but not `intact`, restores it by a
-/// one-byte correction where exactly one makes it intact.
+/// one-byte correction where exactly one makes it intact or empty, and clears it where its
+/// body is all zero (no registration writes such a body: the slot was empty and its valid
+/// word is what was damaged).
 fn fix_entry(
     media: &Media,
     table: EntryTable,
@@ -363,28 +362,45 @@ fn fix_entry(
     let at = table.offset(index);
     let mut entry = vec![0u8; ENTRY_VALID_OFFSET as usize + 8];
     media.read(at, &mut entry)?;
-    let empty = entry[ENTRY_VALID_OFFSET as usize..].iter().all(|&b| b == 0);
-    if empty || intact(&entry) {
+    let empty = |entry: &[u8]| entry[ENTRY_VALID_OFFSET as usize..].iter().all(|&b| b == 0);
+    if empty(&entry) || intact(&entry) {
         return Ok(Fixed::Intact(entry));
     }
-    let Some((byte, value)) = correct_one_byte(&entry, &intact) else {
-        return Ok(Fixed::Lost);
-    };
-    entry[byte] = value;
-    table::write_entry(media, table, creation_id, index, body(&entry))?;
     let which = if table.offset(0) == DIRECTORY.offset(0) {
         "directory"
     } else {
         "type registry"
     };
-    repaired(
-        repairs,
-        at,
-        format!(
-            "{which} entry {index} was damaged in its byte {byte:#x}: its checksum restored it"
-        ),
-    );
+    let corrected = correct_one_byte(&entry, |e| empty(e) || intact(e));
+    let unnamed = body(&entry).iter().all(|&b| b == 0);
+    let what = match corrected {
+        Some((byte, value)) if !unnamed || value == 0 => {
+            entry[byte] = value;
+            if empty(&entry) {
+                clear_entry(media, table, index)?;
+            } else {
+                table::write_entry(media, table, creation_id, index, body(&entry))?;
+            }
+            format!(
+                "{which} entry {index} was damaged in its byte {byte:#x}: its checksum restored it"
+            )
+        }
+        _ if unnamed => {
+            clear_entry(media, table, index)?;
+            format!("{which} entry {index} was empty and its valid word damaged: cleared")
+        }
+        _ => return Ok(Fixed::Lost),
+    };
+    repaired(repairs, at, what);
     Ok(Fixed::Corrected)
+}
+
+/// Zeroes entry `index`'s valid word durably: the slot is empty.
+fn clear_entry(media: &Media, table: EntryTable, index: u64) -> Result<()> {
+    let at = table.offset(index) + ENTRY_VALID_OFFSET;
+    media.store(at, 0)?;
+    // PERSIST: the cleared entry is durable before recovery reads the table.
+    media.persist(at, 8)
 }
 
 /// Names the structure of directory slot `index` (whose entry was lost) `recovered-<owner>`,
