@@ -160,6 +160,7 @@ fn ci() -> Result {
         ("montage", "payload_crash"),
         ("montage-collections", "map_crash"),
         ("montage-collections", "queue_crash"),
+        ("montage-collections", "logged"),
         ("montage-collections", "graph"),
     ] {
         cargo(

@@ -13,6 +13,8 @@
 //! * [`Queue`]: a FIFO queue whose elements carry sequence numbers.
 //! * [`NbQueue`]: the same queue without locks (Michael-Scott, verified swaps).
 //! * [`Graph`]: a directed graph with values on vertices and edges.
+//! * [`Logged`]: any structure kept in DRAM as it is, made persistent by logging the
+//!   operations that change it ([`Replay`]) and replaying them when it is opened.
 
 #![forbid(unsafe_code)]
 
@@ -21,6 +23,7 @@ mod entry;
 pub mod graph;
 pub mod hash_map;
 pub mod inspect;
+pub mod logged;
 pub mod nb_hash_map;
 pub mod nb_queue;
 pub mod queue;
@@ -29,6 +32,7 @@ mod structure;
 
 pub use graph::Graph;
 pub use hash_map::{Change, HashMap};
+pub use logged::{Logged, Replay};
 pub use nb_hash_map::NbHashMap;
 pub use nb_queue::NbQueue;
 pub use queue::Queue;

@@ -251,6 +251,15 @@ pub enum Error {
         /// What the codec reported.
         why: String,
     },
+    /// A method of the named structure panicked while it changed the structure's state in
+    /// memory (the replay of a `Logged` structure's operation, for example), so that state
+    /// can no longer be trusted: every later call on that handle fails with this error.
+    /// What is on the heap is intact; opening the structure again rebuilds it.
+    #[error("a method of `{structure}` panicked; open the structure again to rebuild it")]
+    Panicked {
+        /// The structure's name.
+        structure: String,
+    },
     /// The heap was opened read-only ([`HeapConfig::read_only`](crate::HeapConfig::read_only)),
     /// and the call would change it. Nothing was changed.
     #[error("the heap was opened read-only")]

@@ -281,6 +281,39 @@ macro_rules! integer_codecs {
 }
 integer_codecs!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
 
+/// A pair whose first part is an integer: its fixed little-endian bytes, then the second
+/// part's encoding (so a key or an operation can be `(u64, String)`, `(i32, Vec<u8>)`, ...).
+macro_rules! pair_codecs {
+    ($($a:ty),*) => {$(
+        impl<B: Codec> Codec for ($a, B) {
+            const CODEC_ID: u64 = crate::fingerprint::Fingerprint::new()
+                .str("pair")
+                .u64(<$a as Codec>::CODEC_ID)
+                .u64(B::CODEC_ID)
+                .finish();
+
+            fn codec_id() -> crate::error::Result<u64> {
+                Ok(crate::fingerprint::Fingerprint::new()
+                    .str("pair")
+                    .u64(<$a as Codec>::codec_id()?)
+                    .u64(B::codec_id()?)
+                    .finish())
+            }
+
+            fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
+                self.0.encode(out)?;
+                self.1.encode(out)
+            }
+
+            fn decode(bytes: &[u8]) -> Option<Self> {
+                let (a, b) = bytes.split_at_checked(size_of::<$a>())?;
+                Some((<$a>::decode(a)?, B::decode(b)?))
+            }
+        }
+    )*};
+}
+pair_codecs!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
+
 impl Codec for bool {
     const CODEC_ID: u64 = id("bool");
     fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
@@ -418,5 +451,25 @@ mod tests {
         assert_eq!(String::decode(&[0xff]), None);
         assert_ne!(<u64 as Codec>::CODEC_ID, <i64 as Codec>::CODEC_ID);
         assert_eq!(<Vec<u8> as Codec>::CODEC_ID, <Box<[u8]> as Codec>::CODEC_ID);
+    }
+
+    #[test]
+    fn pairs_encode_their_integer_then_the_rest() {
+        round_trip((7u64, "seven".to_owned()));
+        round_trip((-1i32, (2u8, b"nested".to_vec())));
+        round_trip((0u16, ()));
+        let mut bytes = Vec::new();
+        (1u32, 2u64).encode(&mut bytes).unwrap();
+        assert_eq!(bytes, [1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(<(u32, u64)>::decode(&bytes[..11]), None);
+        assert_eq!(<(u32, ())>::decode(&[1, 0, 0]), None);
+        assert_ne!(
+            <(u64, i64) as Codec>::codec_id().unwrap(),
+            <(i64, u64) as Codec>::codec_id().unwrap()
+        );
+        assert_eq!(
+            <(u64, i64) as Codec>::codec_id().unwrap(),
+            <(u64, i64) as Codec>::CODEC_ID
+        );
     }
 }
