@@ -31,9 +31,22 @@
 //! those of the first calls: sequence numbers `0..n` with no gap. A gap is damage, and
 //! `open` reports it as [`Error::Corrupted`].
 //!
-//! This first form keeps every record: the log grows with the calls, and opening replays
-//! them all. Snapshots, which bound both, are the next step.
+//! # Snapshots
+//!
+//! A structure whose [`Replay::save`] and [`Replay::load`] write and read its value (with the
+//! `serde` feature, `save_serde` and `load_serde` do it for any serde type) can be
+//! compacted: [`Logged::compact`] serializes `T` under its lock (writers wait for that one
+//! serialization), writes the bytes as chunk payloads in short operations (a long one would
+//! hold the clock back), then a commit payload naming the sequence number the snapshot
+//! covers up to, and only then deletes the records and the snapshot it replaces. Opening
+//! loads the newest committed snapshot and replays the records after it. The commit is in an
+//! epoch no older than its chunks' and the records it covers, and the deletions in epochs
+//! no older than the commit's, so whatever prefix of epochs a crash keeps holds a complete
+//! snapshot (or none) and the records after it; what a crash left of a half-made snapshot,
+//! or of a half-done deletion, is deleted at the next open. Without `save`, the log grows
+//! with the calls and opening replays them all.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -70,6 +83,79 @@ pub trait Replay {
 
     /// Applies `op`. Deterministic: see the module docs.
     fn apply(&mut self, op: &Self::Op) -> Self::Output;
+
+    /// Writes a snapshot of this value into `out` (appending), or returns `None`, as the
+    /// default does, for a structure that takes none (its log then only grows). With the
+    /// `serde` feature, `Some(save_serde(self, out))`.
+    ///
+    /// # Errors
+    ///
+    /// The value cannot be written ([`Error::Encode`]).
+    fn save(&self, out: &mut Vec<u8>) -> Option<Result<()>> {
+        let _ = out;
+        None
+    }
+
+    /// The value a snapshot written by [`save`](Self::save) holds; `None` if `bytes` are no
+    /// such snapshot (or, as the default, the structure takes none).
+    fn load(bytes: &[u8]) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        let _ = bytes;
+        None
+    }
+
+    /// An id of the format [`save`](Self::save) writes, stored with each snapshot: opening a
+    /// snapshot of another format is [`Error::LayoutMismatch`] rather than a misread. The
+    /// default, 0, is for structures that take no snapshots; with the `serde` feature,
+    /// `serde_format::<Self>()` (the type's serde data model).
+    ///
+    /// # Errors
+    ///
+    /// The format's id cannot be computed (as `serde_format` says).
+    fn snapshot_format() -> Result<u64> {
+        Ok(0)
+    }
+}
+
+/// Writes `value` with postcard into `out`, for [`Replay::save`]. Needs the `serde` feature.
+///
+/// # Errors
+///
+/// [`Error::Encode`] if the value has no postcard encoding.
+#[cfg(feature = "serde")]
+pub fn save_serde<T: serde::Serialize>(value: &T, out: &mut Vec<u8>) -> Result<()> {
+    let bytes = postcard::to_allocvec(value).map_err(|err| Error::Encode {
+        type_name: std::any::type_name::<T>(),
+        why: err.to_string(),
+    })?;
+    out.extend_from_slice(&bytes);
+    Ok(())
+}
+
+/// Reads what [`save_serde`] wrote, for [`Replay::load`]; `None` if the bytes are not
+/// exactly one postcard encoding of a `T`. Needs the `serde` feature.
+#[cfg(feature = "serde")]
+pub fn load_serde<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((value, [])) => Some(value),
+        _ => None,
+    }
+}
+
+/// The id of `T`'s serde data model, for [`Replay::snapshot_format`]: the one
+/// [`Serde<T>`](montage_core::payload::Serde) uses. Needs the `serde` feature.
+///
+/// # Errors
+///
+/// [`Error::Encode`] if the type cannot be traced or postcard cannot read it back.
+#[cfg(feature = "serde")]
+pub fn serde_format<T>() -> Result<u64>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    <montage_core::payload::Serde<T> as Codec>::codec_id()
 }
 
 /// The DRAM side.
@@ -77,15 +163,45 @@ struct State<T> {
     value: T,
     /// The sequence number the next record gets.
     next_seq: u64,
+    /// The records after the snapshot, by sequence number.
+    records: VecDeque<(u64, PBlock)>,
+    /// The sequence number the current snapshot covers up to (0: none).
+    snapshot_upto: u64,
+    /// The current snapshot's chunks and commit.
+    snapshot: Vec<PBlock>,
 }
+
+/// The type ids of a `T`'s payloads.
+#[derive(Clone, Copy)]
+struct Kinds {
+    record: u64,
+    chunk: u64,
+    commit: u64,
+}
+
+impl Kinds {
+    fn of<T: Replay>() -> Result<Kinds> {
+        let op = T::Op::codec_id()?;
+        Ok(Kinds {
+            record: structure::type_id_of("logged-record", &[op]),
+            chunk: structure::type_id_of("logged-chunk", &[op]),
+            commit: structure::type_id_of("logged-commit", &[op]),
+        })
+    }
+}
+
+/// Bytes of a snapshot per chunk payload, each written in an operation of its own.
+const CHUNK: usize = 64 << 10;
 
 /// A structure `T` in DRAM whose changes are logged to the heap and replayed when it is
 /// opened again (module docs).
 pub struct Logged<T: Replay> {
     attached: Attached,
     name: String,
-    type_id: u64,
+    kinds: Kinds,
     state: StampedLock<State<T>>,
+    /// Held by a compaction from its serialization to its deletions: one at a time.
+    compacting: Mutex<()>,
     /// Set when `apply` panicked: `T` may be half changed, and only reopening rebuilds it.
     poisoned: AtomicBool,
 }
@@ -131,39 +247,28 @@ impl<T: Replay> Logged<T> {
     /// during the replay; [`Error::StructureOpen`], [`Error::DirectoryFull`] or
     /// [`Error::BadName`].
     pub fn open_with(heap: &Heap, name: &str, initial: impl FnOnce() -> T) -> Result<Logged<T>> {
-        let type_id = record_type_id::<T>()?;
+        let kinds = Kinds::of::<T>()?;
         let attached = heap.attach(name)?;
-        let mut records = Vec::new();
-        if attached.existed() {
-            let found = Mutex::new(Vec::new());
-            structure::scan_payloads(
-                heap,
-                attached.owner(),
-                &[type_id],
-                "montage_collections::Logged record",
-                |_, block, bytes| {
-                    let seq = bytes
-                        .get(..8)
-                        .and_then(|b| b.try_into().ok())
-                        .map(u64::from_le_bytes)
-                        .filter(|&seq| seq <= SEQ_LIMIT)
-                        .ok_or_else(|| {
-                            corrupted(block.offset(), "a log record has no sequence number")
-                        })?;
-                    lock(&found).push((seq, block, bytes[8..].to_vec()));
-                    Ok(())
-                },
-            )?;
-            records = found.into_inner().unwrap_or_else(PoisonError::into_inner);
-        }
-        let (value, next_seq) = replay(initial(), records, name)?;
-        Ok(Logged {
+        let found = if attached.existed() {
+            Found::scan(heap, &attached, kinds)?
+        } else {
+            Found::default()
+        };
+        let (state, leftovers) = found.rebuild(initial, name)?;
+        let logged = Logged {
             attached,
             name: name.to_owned(),
-            type_id,
-            state: StampedLock::new(State { value, next_seq }),
+            kinds,
+            state: StampedLock::new(state),
+            compacting: Mutex::new(()),
             poisoned: AtomicBool::new(false),
-        })
+        };
+        // What a crash left of a snapshot half made or of a deletion half done; on a heap
+        // opened read-only it stays (and is ignored at every open).
+        match logged.delete(&leftovers) {
+            Ok(()) | Err(Error::ReadOnly) => Ok(logged),
+            Err(err) => Err(err),
+        }
     }
 
     /// Logs `op` and applies it to the structure, in one heap operation; returns what
@@ -193,13 +298,14 @@ impl<T: Replay> Logged<T> {
                 let seq = state.next_seq;
                 bytes[..8].copy_from_slice(&seq.to_le_bytes());
                 // The last step that can fail: after it, the call happens.
-                guard.alloc(self.attached.owner(), self.type_id, bytes)?;
+                let block = guard.alloc(self.attached.owner(), self.kinds.record, bytes)?;
                 let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     state.value.apply(&op)
                 }));
                 match applied {
                     Ok(output) => {
                         state.next_seq = seq + 1;
+                        state.records.push_back((seq, block));
                         Ok(output)
                     }
                     Err(payload) => {
@@ -233,9 +339,118 @@ impl<T: Replay> Logged<T> {
         Ok(f(&self.state.lock_outside_op().value))
     }
 
-    /// How many records the log holds: the calls since the structure was created.
+    /// How many records the log holds: the calls since the last snapshot.
     pub fn log_len(&self) -> u64 {
+        self.state.lock_outside_op().records.len() as u64
+    }
+
+    /// How many calls the structure has had since it was created (the next record's
+    /// sequence number).
+    pub fn calls(&self) -> u64 {
         self.state.lock_outside_op().next_seq
+    }
+
+    /// Takes a snapshot of the structure and deletes the records (and the snapshot) it
+    /// replaces (module docs, "Snapshots"); returns `false` if there was nothing to compact
+    /// (no call since the last snapshot). Writers wait only while `T` is serialized.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] if `T` takes no snapshots ([`Replay::save`] returns `None`);
+    /// what `save` returns; [`Error::OutOfSpace`] if the heap cannot hold the snapshot, which
+    /// is then abandoned (its chunks deleted) while the log stays as it was;
+    /// [`Error::Panicked`] if an earlier `apply` panicked.
+    pub fn compact(&self) -> Result<bool> {
+        self.check_poisoned()?;
+        let _one = lock(&self.compacting);
+        let (bytes, upto) = {
+            let state = self.state.lock_outside_op();
+            if state.next_seq == state.snapshot_upto {
+                return Ok(false);
+            }
+            let mut bytes = Vec::new();
+            match state.value.save(&mut bytes) {
+                None => {
+                    return Err(Error::Unsupported {
+                        what: "snapshots of a structure whose Replay::save returns None",
+                    });
+                }
+                Some(saved) => saved?,
+            }
+            (bytes, state.next_seq)
+        };
+        let snapshot = match self.write_snapshot(&bytes, upto) {
+            Ok(snapshot) => snapshot,
+            Err((written, err)) => {
+                // Abandoned: its chunks go, the log stays.
+                self.delete(&written)?;
+                return Err(err);
+            }
+        };
+        let replaced = {
+            let mut state = self.state.lock_outside_op();
+            let mut replaced = std::mem::replace(&mut state.snapshot, snapshot);
+            while let Some(&(seq, block)) = state.records.front() {
+                if seq >= upto {
+                    break;
+                }
+                replaced.push(block);
+                state.records.pop_front();
+            }
+            state.snapshot_upto = upto;
+            replaced
+        };
+        // In operations after the commit's, so in epochs no older than its.
+        self.delete(&replaced)?;
+        Ok(true)
+    }
+
+    /// Writes the snapshot `bytes`, which covers the records before `upto`: its chunks, each
+    /// in an operation of its own, then its commit. Returns its blocks, or what it wrote
+    /// before the error.
+    fn write_snapshot(&self, bytes: &[u8], upto: u64) -> Result<Vec<PBlock>, (Vec<PBlock>, Error)> {
+        let heap = self.attached.heap();
+        let owner = self.attached.owner();
+        let mut written = Vec::new();
+        let mut payload = Vec::with_capacity(CHUNK + 16);
+        let chunks: Vec<&[u8]> = bytes.chunks(CHUNK).collect();
+        for (index, chunk) in chunks.iter().enumerate() {
+            payload.clear();
+            payload.extend_from_slice(&upto.to_le_bytes());
+            payload.extend_from_slice(&(index as u64).to_le_bytes());
+            payload.extend_from_slice(chunk);
+            match heap.run_op(|op| op.alloc(owner, self.kinds.chunk, &payload)) {
+                Ok(block) => written.push(block),
+                Err(err) => return Err((written, err)),
+            }
+        }
+        let commit = Commit {
+            upto,
+            chunks: chunks.len() as u64,
+            len: bytes.len() as u64,
+            format: match T::snapshot_format() {
+                Ok(format) => format,
+                Err(err) => return Err((written, err)),
+            },
+        };
+        match heap.run_op(|op| op.alloc(owner, self.kinds.commit, &commit.encode())) {
+            Ok(block) => written.push(block),
+            Err(err) => return Err((written, err)),
+        }
+        Ok(written)
+    }
+
+    /// Deletes `blocks`, a batch per operation.
+    fn delete(&self, blocks: &[PBlock]) -> Result<()> {
+        for batch in blocks.chunks(256) {
+            self.attached.heap().run_op(|op| {
+                for &block in batch {
+                    op.delete(block)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
     }
 
     /// The records this structure lost to damage when the heap was opened with
@@ -256,37 +471,189 @@ impl<T: Replay> Logged<T> {
     }
 }
 
-/// The type id of the records of a `T`: the operations' codec.
-fn record_type_id<T: Replay>() -> Result<u64> {
-    Ok(structure::type_id_of(
-        "logged-record",
-        &[T::Op::codec_id()?],
-    ))
+/// A snapshot's commit: the sequence number it covers up to, its chunks and bytes, and the
+/// format it was saved in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Commit {
+    upto: u64,
+    chunks: u64,
+    len: u64,
+    format: u64,
 }
 
-/// Applies the recovered `records` (sequence number, block, operation bytes) to `value` in
-/// sequence order; returns it and the next sequence number.
-fn replay<T: Replay>(
-    mut value: T,
-    mut records: Vec<(u64, PBlock, Vec<u8>)>,
-    name: &str,
-) -> Result<(T, u64)> {
-    records.sort_unstable_by_key(|&(seq, _, _)| seq);
-    for (expected, (seq, block, _)) in (0u64..).zip(&records) {
-        if *seq != expected {
-            return Err(corrupted(
-                block.offset(),
-                if *seq < expected {
-                    "two log records have the same sequence number"
-                } else {
-                    "the log has a gap: a record it needs was lost"
-                },
-            ));
+impl Commit {
+    fn encode(&self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        for (at, word) in [self.upto, self.chunks, self.len, self.format]
+            .into_iter()
+            .enumerate()
+        {
+            out[at * 8..at * 8 + 8].copy_from_slice(&word.to_le_bytes());
         }
+        out
     }
-    let next_seq = records.len() as u64;
+
+    fn decode(bytes: &[u8]) -> Option<Commit> {
+        if bytes.len() != 32 {
+            return None;
+        }
+        let word =
+            |at: usize| u64::from_le_bytes(bytes[at * 8..at * 8 + 8].try_into().unwrap_or([0; 8]));
+        let commit = Commit {
+            upto: word(0),
+            chunks: word(1),
+            len: word(2),
+            format: word(3),
+        };
+        (commit.upto <= SEQ_LIMIT).then_some(commit)
+    }
+}
+
+/// What a structure's payloads are, as open found them.
+#[derive(Default)]
+struct Found {
+    /// (sequence number, block, operation bytes)
+    records: Vec<(u64, PBlock, Vec<u8>)>,
+    /// (snapshot's `upto`, index, block, bytes)
+    chunks: Vec<(u64, u64, PBlock, Vec<u8>)>,
+    commits: Vec<(Commit, PBlock)>,
+}
+
+/// The first word of a payload, if it has one and it is a sequence number.
+fn seq_of(bytes: &[u8]) -> Option<u64> {
+    bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .filter(|&seq| seq <= SEQ_LIMIT)
+}
+
+impl Found {
+    /// Every live payload of the structure `attached` names, sorted by kind.
+    fn scan(heap: &Heap, attached: &Attached, kinds: Kinds) -> Result<Found> {
+        let found = Mutex::new(Found::default());
+        structure::scan_payloads(
+            heap,
+            attached.owner(),
+            &[kinds.record, kinds.chunk, kinds.commit],
+            "montage_collections::Logged record",
+            |type_id, block, bytes| {
+                let bad = |what| corrupted(block.offset(), what);
+                let seq =
+                    seq_of(bytes).ok_or_else(|| bad("a log payload has no sequence number"))?;
+                let mut found = lock(&found);
+                if type_id == kinds.record {
+                    found.records.push((seq, block, bytes[8..].to_vec()));
+                } else if type_id == kinds.chunk {
+                    let index = bytes
+                        .get(8..16)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_le_bytes)
+                        .ok_or_else(|| bad("a snapshot chunk has no index"))?;
+                    found.chunks.push((seq, index, block, bytes[16..].to_vec()));
+                } else {
+                    let commit = Commit::decode(bytes)
+                        .ok_or_else(|| bad("a snapshot commit does not decode"))?;
+                    found.commits.push((commit, block));
+                }
+                Ok(())
+            },
+        )?;
+        Ok(found.into_inner().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The structure these payloads hold: the newest snapshot (or `initial`) with the
+    /// records after it replayed; and the blocks no longer needed (older records, other
+    /// snapshots), for deletion.
+    fn rebuild<T: Replay>(
+        self,
+        initial: impl FnOnce() -> T,
+        name: &str,
+    ) -> Result<(State<T>, Vec<PBlock>)> {
+        let Found {
+            mut records,
+            mut chunks,
+            mut commits,
+        } = self;
+        commits.sort_unstable_by_key(|(commit, _)| commit.upto);
+        let newest = commits.last().copied();
+        let mut unneeded: Vec<PBlock> = Vec::new();
+        let (value, upto, snapshot) = match newest {
+            None => (None, 0, Vec::new()),
+            Some((commit, block)) => {
+                if commit.format != T::snapshot_format()? {
+                    return Err(Error::LayoutMismatch {
+                        type_name: "montage_collections::Logged snapshot",
+                        stored: commit.format,
+                        compiled: T::snapshot_format()?,
+                    });
+                }
+                let mut mine: Vec<(u64, PBlock, Vec<u8>)> = Vec::new();
+                for (upto, index, chunk_block, bytes) in chunks.drain(..) {
+                    if upto == commit.upto {
+                        mine.push((index, chunk_block, bytes));
+                    } else {
+                        unneeded.push(chunk_block);
+                    }
+                }
+                mine.sort_unstable_by_key(|&(index, _, _)| index);
+                let complete = mine.len() as u64 == commit.chunks
+                    && mine
+                        .iter()
+                        .zip(0u64..)
+                        .all(|(&(index, _, _), want)| index == want);
+                let bytes: Vec<u8> = mine
+                    .iter()
+                    .flat_map(|(_, _, b)| b.iter().copied())
+                    .collect();
+                if !complete || bytes.len() as u64 != commit.len {
+                    return Err(corrupted(
+                        block.offset(),
+                        "a committed snapshot has lost a chunk",
+                    ));
+                }
+                let value = T::load(&bytes)
+                    .ok_or_else(|| corrupted(block.offset(), "a snapshot does not load"))?;
+                let mut snapshot: Vec<PBlock> = mine.into_iter().map(|(_, b, _)| b).collect();
+                snapshot.push(block);
+                unneeded.extend(commits[..commits.len() - 1].iter().map(|&(_, b)| b));
+                (Some(value), commit.upto, snapshot)
+            }
+        };
+        unneeded.extend(chunks.into_iter().map(|(_, _, b, _)| b));
+        records.sort_unstable_by_key(|&(seq, _, _)| seq);
+        let first = records.partition_point(|&(seq, _, _)| seq < upto);
+        unneeded.extend(records.drain(..first).map(|(_, b, _)| b));
+        for (expected, (seq, block, _)) in (upto..).zip(&records) {
+            if *seq != expected {
+                return Err(corrupted(
+                    block.offset(),
+                    if *seq < expected {
+                        "two log records have the same sequence number"
+                    } else {
+                        "the log has a gap: a record it needs was lost"
+                    },
+                ));
+            }
+        }
+        let next_seq = upto + records.len() as u64;
+        let start = value.unwrap_or_else(initial);
+        let value = replay(start, &records, name)?;
+        let state = State {
+            value,
+            next_seq,
+            records: records.into_iter().map(|(seq, b, _)| (seq, b)).collect(),
+            snapshot_upto: upto,
+            snapshot,
+        };
+        Ok((state, unneeded))
+    }
+}
+
+/// Applies `records` (sequence number, block, operation bytes), in order, to `value`.
+fn replay<T: Replay>(mut value: T, records: &[(u64, PBlock, Vec<u8>)], name: &str) -> Result<T> {
     let replayed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<T> {
-        for (_, block, bytes) in &records {
+        for (_, block, bytes) in records {
             let op = T::Op::decode(bytes).ok_or_else(|| {
                 corrupted(
                     block.offset(),
@@ -297,10 +664,9 @@ fn replay<T: Replay>(
         }
         Ok(value)
     }));
-    match replayed {
-        Ok(value) => Ok((value?, next_seq)),
-        Err(_) => Err(Error::Panicked {
+    replayed.unwrap_or_else(|_| {
+        Err(Error::Panicked {
             structure: name.to_owned(),
-        }),
-    }
+        })
+    })
 }
