@@ -15,7 +15,8 @@
 //! must give the same `T`, so that replay after a crash rebuilds what ran before it. Log the
 //! decision, not the dice: a time, a random choice or anything read from outside `T` is
 //! passed in as part of the operation. `apply` must not use the heap (it runs inside the
-//! heap operation that writes its record).
+//! heap operation that writes its record). [`Logged::verify_replay`] checks it: it rebuilds
+//! `T` from the heap and compares it with the live value (the project's tests call it).
 //!
 //! After a crash, `T` is as a prefix of the calls left it (every call of the epochs the
 //! recovered clock covers), and every call that completed before a
@@ -68,7 +69,7 @@ use crate::structure::{self, lock};
 ///     type Op = (u64, i64);
 ///     type Output = i64;
 ///
-///     fn apply(&mut self, &(account, amount): &(u64, i64)) -> i64 {
+///     fn apply(&mut self, (account, amount): (u64, i64)) -> i64 {
 ///         let balance = self.0.entry(account).or_insert(0);
 ///         *balance += amount;
 ///         *balance
@@ -82,7 +83,7 @@ pub trait Replay {
     type Output;
 
     /// Applies `op`. Deterministic: see the module docs.
-    fn apply(&mut self, op: &Self::Op) -> Self::Output;
+    fn apply(&mut self, op: Self::Op) -> Self::Output;
 
     /// Writes a snapshot of this value into `out` (appending), or returns `None`, as the
     /// default does, for a structure that takes none (its log then only grows). With the
@@ -285,22 +286,29 @@ impl<T: Replay> Logged<T> {
     /// If [`Replay::apply`] panics: the panic goes on to the caller, the call is rolled back
     /// (its record is not kept), and this handle fails every later call with
     /// [`Error::Panicked`]; opening the structure again rebuilds it from its log.
-    #[allow(clippy::needless_pass_by_value)] // the operation is the caller's to give up
     pub fn apply(&self, op: T::Op) -> Result<T::Output> {
         self.check_poisoned()?;
         let mut panic = None;
+        let mut op = Some(op);
         let result = structure::with_encode_buffer(|bytes| {
             bytes.clear();
             bytes.extend_from_slice(&[0; 8]);
-            op.encode(bytes)?;
+            if let Some(op) = &op {
+                op.encode(bytes)?;
+            }
             self.attached.heap().run_op(|guard| {
                 let mut state = self.state.lock(guard)?;
                 let seq = state.next_seq;
                 bytes[..8].copy_from_slice(&seq.to_le_bytes());
                 // The last step that can fail: after it, the call happens.
                 let block = guard.alloc(self.attached.owner(), self.kinds.record, bytes)?;
+                // Taken once: from here the closure returns what ends `run_op` (a success or
+                // the panic's error), never an error that runs it again.
+                let Some(op) = op.take() else {
+                    unreachable!("run_op ran a logged call again after it applied it")
+                };
                 let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    state.value.apply(&op)
+                    state.value.apply(op)
                 }));
                 match applied {
                     Ok(output) => {
@@ -337,6 +345,39 @@ impl<T: Replay> Logged<T> {
     pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> Result<R> {
         self.check_poisoned()?;
         Ok(f(&self.state.lock_outside_op().value))
+    }
+
+    /// Rebuilds the structure from what the heap holds (the snapshot and the records after
+    /// it, as [`open`](Self::open) would) and compares it with the live one: whether replay
+    /// gives what the calls gave, the determinism [`Replay::apply`] promises. For tests and
+    /// debugging: calls wait while it reads the whole log.
+    ///
+    /// # Errors
+    ///
+    /// What [`open`](Self::open) returns for the payloads it reads.
+    pub fn verify_replay(&self) -> Result<bool>
+    where
+        T: Default + PartialEq,
+    {
+        self.verify_replay_with(T::default)
+    }
+
+    /// [`verify_replay`](Self::verify_replay) for a structure opened with
+    /// [`open_with`](Self::open_with) and this `initial` value.
+    ///
+    /// # Errors
+    ///
+    /// As [`verify_replay`](Self::verify_replay).
+    pub fn verify_replay_with(&self, initial: impl FnOnce() -> T) -> Result<bool>
+    where
+        T: PartialEq,
+    {
+        self.check_poisoned()?;
+        let _no_compaction = lock(&self.compacting);
+        let live = self.state.lock_outside_op();
+        let found = Found::scan(self.attached.heap(), &self.attached, self.kinds)?;
+        let (rebuilt, _) = found.rebuild(initial, &self.name)?;
+        Ok(rebuilt.next_seq == live.next_seq && rebuilt.value == live.value)
     }
 
     /// How many records the log holds: the calls since the last snapshot.
@@ -660,7 +701,7 @@ fn replay<T: Replay>(mut value: T, records: &[(u64, PBlock, Vec<u8>)], name: &st
                     "a log record does not decode as an operation",
                 )
             })?;
-            value.apply(&op);
+            value.apply(op);
         }
         Ok(value)
     }));

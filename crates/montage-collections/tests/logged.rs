@@ -25,7 +25,7 @@ impl Replay for Ledger {
     type Op = (u64, i64);
     type Output = i64;
 
-    fn apply(&mut self, &(account, amount): &(u64, i64)) -> i64 {
+    fn apply(&mut self, (account, amount): (u64, i64)) -> i64 {
         assert!(amount != i64::MIN, "the amount no ledger takes");
         let balance = self.0.entry(account).or_insert(0);
         *balance += amount;
@@ -41,7 +41,7 @@ impl Replay for History {
     type Op = u64;
     type Output = usize;
 
-    fn apply(&mut self, &id: &u64) -> usize {
+    fn apply(&mut self, id: u64) -> usize {
         self.0.push(id);
         self.0.len()
     }
@@ -180,6 +180,10 @@ fn run_seed(seed: u64) {
         })
         .unwrap_or_else(|broken| panic!("generation {generation}: {broken}"));
         let live = history.read(|h| h.0.clone()).unwrap();
+        assert!(
+            history.verify_replay().unwrap(),
+            "replay differs from the live history"
+        );
         drop(history);
         drop(heap);
         heap = Heap::open_image(crashed.image, &config).unwrap();
@@ -242,6 +246,7 @@ fn a_snapshot_replaces_the_records_before_it_and_opening_loads_it() {
         history.apply(id).unwrap();
     }
     let live = history.read(|h| h.0.clone()).unwrap();
+    assert!(history.verify_replay().unwrap());
     drop(history);
     let owner = heap.lookup("history").unwrap();
     // The structure's payloads, not the anti-blocks of the deletions.
@@ -298,4 +303,32 @@ fn a_structure_without_snapshots_says_so() {
     ledger.apply((1, 1)).unwrap();
     assert!(matches!(ledger.compact(), Err(Error::Unsupported { .. })));
     assert_eq!(ledger.log_len(), 1);
+}
+
+/// A structure whose `apply` is not deterministic: it counts the calls of the process.
+#[derive(Default, PartialEq, Debug)]
+struct Careless(u64);
+
+static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Replay for Careless {
+    type Op = ();
+    type Output = ();
+
+    fn apply(&mut self, (): ()) {
+        // ORDERING: a counter of this test's own.
+        self.0 = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn verify_replay_finds_an_apply_that_is_not_deterministic() {
+    let heap = Heap::create(&HeapConfig::in_memory(4 << 20)).unwrap();
+    let ledger = Logged::<Ledger>::open(&heap, "ledger").unwrap();
+    ledger.apply((3, 4)).unwrap();
+    assert!(ledger.verify_replay().unwrap());
+    let careless = Logged::<Careless>::open(&heap, "careless").unwrap();
+    careless.apply(()).unwrap();
+    careless.apply(()).unwrap();
+    assert!(!careless.verify_replay().unwrap());
 }

@@ -1,0 +1,184 @@
+//! What logging costs a structure kept in DRAM: `Logged<Book>::apply` against the same
+//! call on a `Mutex<Book>`, on a pmem-backend heap file in `MONTAGE_BENCH_DIR` (default
+//! `/dev/shm`), one thread. `Book` is a small order book: a call places an order at a price
+//! level of a `BTreeMap` and matches it against the opposite side, the kind of method the
+//! semantic log is for. A second pair measures a call that does almost nothing (a counter),
+//! where the log's own cost shows whole. The logged structures take a snapshot every
+//! 100,000 calls (in the measured loop, so its cost is counted), which keeps their logs
+//! short.
+
+#![forbid(unsafe_code)]
+#![allow(missing_docs)] // criterion_group! generates undocumented public functions
+#![allow(clippy::unwrap_used)] // a benchmark stops loudly
+
+use std::collections::{BTreeMap, VecDeque};
+use std::hint::black_box;
+use std::sync::Mutex;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use montage_collections::{Logged, Replay, logged};
+use montage_core::{BackendKind, Heap, HeapConfig};
+use montage_testkit::fresh_bench_path;
+
+/// Resting orders by price: (id, quantity) in arrival order; bids and asks.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Book {
+    bids: BTreeMap<u64, VecDeque<(u64, u64)>>,
+    asks: BTreeMap<u64, VecDeque<(u64, u64)>>,
+    next_id: u64,
+}
+
+impl Book {
+    /// Places an order (`price`, `quantity`, bid if `price` is even, else ask), matching it
+    /// against the best opposite prices first; returns the quantity filled.
+    fn place(&mut self, price: u64, quantity: u64) -> u64 {
+        let bid = price.is_multiple_of(2);
+        let mut left = quantity;
+        let opposite = if bid { &mut self.asks } else { &mut self.bids };
+        while left > 0 {
+            let best = if bid {
+                opposite.first_entry()
+            } else {
+                opposite.last_entry()
+            };
+            let Some(mut level) = best else { break };
+            let crosses = if bid { *level.key() <= price } else { *level.key() >= price };
+            if !crosses {
+                break;
+            }
+            let orders = level.get_mut();
+            while left > 0 {
+                let Some(front) = orders.front_mut() else { break };
+                let take = front.1.min(left);
+                front.1 -= take;
+                left -= take;
+                if front.1 == 0 {
+                    orders.pop_front();
+                }
+            }
+            if orders.is_empty() {
+                level.remove();
+            }
+        }
+        if left > 0 {
+            self.next_id += 1;
+            let side = if bid { &mut self.bids } else { &mut self.asks };
+            let level = side.entry(price).or_default();
+            level.push_back((self.next_id, left));
+            // Orders expire: a level keeps its newest 16, so the book stays small.
+            if level.len() > 16 {
+                level.pop_front();
+            }
+        }
+        quantity - left
+    }
+}
+
+impl Replay for Book {
+    type Op = (u64, u64);
+    type Output = u64;
+
+    fn apply(&mut self, (price, quantity): (u64, u64)) -> u64 {
+        self.place(price, quantity)
+    }
+
+    fn save(&self, out: &mut Vec<u8>) -> Option<montage_core::Result<()>> {
+        Some(logged::save_serde(self, out))
+    }
+
+    fn load(bytes: &[u8]) -> Option<Self> {
+        logged::load_serde(bytes)
+    }
+
+    fn snapshot_format() -> montage_core::Result<u64> {
+        logged::serde_format::<Self>()
+    }
+}
+
+/// A counter: a call that does almost nothing.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Counter(u64);
+
+impl Replay for Counter {
+    type Op = u64;
+    type Output = u64;
+
+    fn apply(&mut self, by: u64) -> u64 {
+        self.0 += by;
+        self.0
+    }
+
+    fn save(&self, out: &mut Vec<u8>) -> Option<montage_core::Result<()>> {
+        Some(logged::save_serde(self, out))
+    }
+
+    fn load(bytes: &[u8]) -> Option<Self> {
+        logged::load_serde(bytes)
+    }
+
+    fn snapshot_format() -> montage_core::Result<u64> {
+        logged::serde_format::<Self>()
+    }
+}
+
+/// Calls between snapshots: the log a structure keeps stays this short, and the snapshots'
+/// cost is part of what is measured.
+const COMPACT_EVERY: u64 = 100_000;
+
+/// Prices around 1,000 (so that orders cross and rest), quantities 1 to 16.
+fn order(i: u64) -> (u64, u64) {
+    let mixed = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (990 + (mixed >> 59), 1 + ((mixed >> 40) & 15))
+}
+
+fn logging(c: &mut Criterion) {
+    let path = fresh_bench_path("logged");
+    let config = HeapConfig::new(&path)
+        .size(1 << 30)
+        .max_size(1 << 30)
+        .backend(BackendKind::Pmem);
+    let heap = Heap::create(&config).unwrap();
+    let mut group = c.benchmark_group("logged");
+    let book = Logged::<Book>::open(&heap, "book").unwrap();
+    let mut i = 0u64;
+    group.bench_function("order_book_place_logged", |b| {
+        b.iter(|| {
+            i += 1;
+            if i.is_multiple_of(COMPACT_EVERY) {
+                book.compact().unwrap();
+            }
+            black_box(book.apply(order(i)).unwrap())
+        });
+    });
+    let plain = Mutex::new(Book::default());
+    let mut i = 0u64;
+    group.bench_function("order_book_place_dram", |b| {
+        b.iter(|| {
+            i += 1;
+            let (price, quantity) = order(i);
+            black_box(plain.lock().unwrap().place(price, quantity))
+        });
+    });
+    let counter = Logged::<Counter>::open(&heap, "counter").unwrap();
+    let mut i = 0u64;
+    group.bench_function("counter_add_logged", |b| {
+        b.iter(|| {
+            i += 1;
+            if i.is_multiple_of(COMPACT_EVERY) {
+                counter.compact().unwrap();
+            }
+            black_box(counter.apply(1).unwrap())
+        });
+    });
+    let plain = Mutex::new(Counter::default());
+    group.bench_function("counter_add_dram", |b| {
+        b.iter(|| black_box(plain.lock().unwrap().apply(1)));
+    });
+    group.finish();
+    drop((book, counter));
+    heap.close().unwrap();
+    Heap::remove(&path).unwrap();
+}
+
+criterion_group!(benches, logging);
+criterion_main!(benches);
