@@ -42,13 +42,19 @@ impl Book {
                 opposite.last_entry()
             };
             let Some(mut level) = best else { break };
-            let crosses = if bid { *level.key() <= price } else { *level.key() >= price };
+            let crosses = if bid {
+                *level.key() <= price
+            } else {
+                *level.key() >= price
+            };
             if !crosses {
                 break;
             }
             let orders = level.get_mut();
             while left > 0 {
-                let Some(front) = orders.front_mut() else { break };
+                let Some(front) = orders.front_mut() else {
+                    break;
+                };
                 let take = front.1.min(left);
                 front.1 -= take;
                 left -= take;
