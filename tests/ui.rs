@@ -1,4 +1,4 @@
-//! Compile-time behaviour of `#[derive(Payload)]`: every rejected definition fails with the
+//! Compile-time behaviour of `#[derive(Payload)]` and `#[montage::logged]`: every rejected definition fails with the
 //! error text checked in beside it (`tests/ui/fail/*.stderr`), and the accepted ones
 //! compile and run. Regenerate the expected text with `cargo xtask ui --bless`.
 

@@ -159,6 +159,38 @@ where
     <montage_core::payload::Serde<T> as Codec>::codec_id()
 }
 
+/// What `#[montage::logged]` expands to. Not part of the API: no semver promise.
+#[doc(hidden)]
+pub mod __private {
+    use montage_core::{Codec, Error, Result};
+
+    /// Appends `value`'s encoding behind its length (`u32`, little-endian).
+    ///
+    /// # Errors
+    ///
+    /// What the codec returns; [`Error::Encode`] for an encoding of 4 GiB or more.
+    pub fn encode_field<T: Codec>(value: &T, out: &mut Vec<u8>) -> Result<()> {
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        value.encode(out)?;
+        let len = u32::try_from(out.len() - at - 4).map_err(|_| Error::Encode {
+            type_name: std::any::type_name::<T>(),
+            why: "an argument of 4 GiB or more".to_owned(),
+        })?;
+        out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        Ok(())
+    }
+
+    /// Takes one field [`encode_field`] wrote off the front of `rest`.
+    pub fn decode_field<T: Codec>(rest: &mut &[u8]) -> Option<T> {
+        let (len, tail) = rest.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        let (field, tail) = tail.split_at_checked(len)?;
+        *rest = tail;
+        T::decode(field)
+    }
+}
+
 /// The DRAM side.
 struct State<T> {
     value: T,

@@ -33,10 +33,25 @@ mod crate_path;
 mod ctxt;
 mod expand;
 mod fallback;
+mod logged;
 mod repr;
 mod valid;
 
 use proc_macro::TokenStream;
+
+/// `#[montage::logged]` on an `impl` block: makes the structure's `pub fn (&mut self, ..)`
+/// methods the logged operations of a `montage::collections::Logged` of it. Generates the
+/// operation enum `<T>Op` (its encoding: each argument's `Codec`), the output enum
+/// `<T>Output`, the `Replay` impl, and the trait `<T>Logged` whose methods, on a
+/// `Logged<T>`, log and make each call and return `montage::Result` of what the method
+/// returns. `#[montage::logged(snapshot)]` also implements snapshots with serde (`T` must
+/// derive `Serialize` and `Deserialize`; the `serde` feature). Rejects, with an error on it,
+/// what cannot be replayed: generic methods or structures, `impl Trait`, references and
+/// closures as arguments, `async fn`, `self` by value.
+#[proc_macro_attribute]
+pub fn logged(args: TokenStream, item: TokenStream) -> TokenStream {
+    logged::expand(args.into(), &item.into()).into()
+}
 
 /// Derives `montage::Payload` (see the crate docs).
 #[proc_macro_derive(Payload, attributes(payload))]
