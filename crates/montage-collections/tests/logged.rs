@@ -332,3 +332,65 @@ fn verify_replay_finds_an_apply_that_is_not_deterministic() {
     careless.apply(()).unwrap();
     assert!(!careless.verify_replay().unwrap());
 }
+
+/// A structure whose state outgrows its log: an operation appends that many numbers.
+#[derive(Default, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Bulk(Vec<u64>);
+
+impl Replay for Bulk {
+    type Op = u32;
+    type Output = ();
+
+    fn apply(&mut self, count: u32) {
+        let start = self.0.len() as u64;
+        self.0
+            .extend((start..).take(count as usize).map(|n| n << 20));
+    }
+
+    fn save(&self, out: &mut Vec<u8>) -> Option<montage_core::Result<()>> {
+        Some(logged::save_serde(self, out))
+    }
+
+    fn load(bytes: &[u8]) -> Option<Self> {
+        logged::load_serde(bytes)
+    }
+
+    fn snapshot_format() -> montage_core::Result<u64> {
+        logged::serde_format::<Self>()
+    }
+}
+
+#[test]
+fn a_snapshot_the_heap_cannot_hold_is_abandoned_and_the_log_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HeapConfig::new(dir.path().join("full.heap"))
+        .size(4 << 20)
+        .max_size(4 << 20);
+    let heap = Heap::create(&config).unwrap();
+    let bulk = Logged::<Bulk>::open(&heap, "bulk").unwrap();
+    // A million numbers of about four bytes each: a snapshot larger than the heap.
+    for _ in 0..5 {
+        bulk.apply(200_000).unwrap();
+    }
+    assert!(matches!(bulk.compact(), Err(Error::OutOfSpace { .. })));
+    assert_eq!((bulk.log_len(), bulk.calls()), (5, 5));
+    assert!(bulk.verify_replay().unwrap());
+    // The abandoned snapshot's chunks are gone: the heap has room again.
+    bulk.apply(1).unwrap();
+    let owner = heap.lookup("bulk").unwrap();
+    let payloads = heap
+        .collect(ScanFilter::all().owner(owner).live())
+        .unwrap()
+        .iter()
+        .filter(|info| info.spec.kind != BlockKind::Delete)
+        .count();
+    assert_eq!(payloads, 6);
+    drop(bulk);
+    heap.close().unwrap();
+    let heap = Heap::open(&config).unwrap();
+    let bulk = Logged::<Bulk>::open(&heap, "bulk").unwrap();
+    assert_eq!(bulk.read(|b| b.0.len()).unwrap(), 1_000_001);
+    assert_eq!(bulk.log_len(), 6);
+    drop(bulk);
+    heap.close().unwrap();
+}
