@@ -70,15 +70,19 @@ pub(crate) fn run(
     };
     // Read the copy back: the same payloads under the same names.
     let check = open(to, quiet)?;
-    let verified = digests(&check)? == digests(&source)?;
+    let expected: BTreeMap<String, Digest> = copied
+        .iter()
+        .map(|(name, copied)| (name.clone(), copied.digest))
+        .collect();
+    let verified = digests(&check)? == expected;
     check.close()?;
     let report = json!({
         "heap": from.display().to_string(),
         "copy": to.display().to_string(),
         "size": source.size(),
         "copy_size": new_size,
-        "structures": copied.iter().map(|(name, (blocks, bytes))| json!({
-            "name": name, "payloads": blocks, "bytes": bytes,
+        "structures": copied.iter().map(|(name, copied)| json!({
+            "name": name, "payloads": copied.digest.payloads, "bytes": copied.bytes,
         })).collect::<Vec<_>>(),
         "verified": verified,
     });
@@ -145,14 +149,14 @@ fn copy_payloads(
     target: &Heap,
     usage: &Usage,
     quiet: bool,
-) -> montage_core::Result<BTreeMap<String, (u64, u64)>> {
+) -> montage_core::Result<BTreeMap<String, Copied>> {
     let bar = progress_bar(quiet, "copy");
     bar.set_length(usage.structures.iter().map(|s| s.blocks).sum());
     let mut copied = BTreeMap::new();
     for (name, owner) in source.structures() {
         let owner_there = target.register(&name)?;
         let batch: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::with_capacity(BATCH));
-        let totals = Mutex::new((0u64, 0u64));
+        let totals = Mutex::new(Copied::default());
         let flush = |batch: &mut Vec<(u64, Vec<u8>)>| -> montage_core::Result<()> {
             target.run_op(|op| {
                 for (type_id, bytes) in batch.iter() {
@@ -166,8 +170,8 @@ fn copy_payloads(
         };
         each_payload(source, ScanFilter::all().owner(owner), 1, |info, bytes| {
             let mut totals = lock(&totals);
-            totals.0 += 1;
-            totals.1 += bytes.len() as u64;
+            totals.bytes += bytes.len() as u64;
+            totals.digest.add(info.spec.type_id, &bytes);
             let mut batch = lock(&batch);
             batch.push((info.spec.type_id, bytes));
             if batch.len() >= BATCH {
@@ -188,25 +192,41 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Per structure name, the count and an order-independent digest of its live payloads (type
-/// id and bytes).
-fn digests(heap: &Heap) -> montage_core::Result<BTreeMap<String, (u64, u64)>> {
+/// What was copied of one structure: its payload bytes, and the digest of its payloads the
+/// copy is checked against.
+#[derive(Debug, Clone, Copy, Default)]
+struct Copied {
+    bytes: u64,
+    digest: Digest,
+}
+
+/// The count and an order-independent digest (a sum of hashes) of a structure's payloads,
+/// each its type id and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Digest {
+    payloads: u64,
+    sum: u64,
+}
+
+impl Digest {
+    fn add(&mut self, type_id: u64, bytes: &[u8]) {
+        let mut hasher = std::hash::DefaultHasher::new();
+        (type_id, bytes).hash(&mut hasher);
+        self.payloads += 1;
+        self.sum = self.sum.wrapping_add(hasher.finish());
+    }
+}
+
+/// Per structure name, the digest of its live payloads.
+fn digests(heap: &Heap) -> montage_core::Result<BTreeMap<String, Digest>> {
     let mut out = BTreeMap::new();
     for (name, owner) in heap.structures() {
-        let sum = Mutex::new((0u64, 0u64));
+        let digest = Mutex::new(Digest::default());
         each_payload(heap, ScanFilter::all().owner(owner), 1, |info, bytes| {
-            let mut hasher = std::hash::DefaultHasher::new();
-            (info.spec.type_id, bytes).hash(&mut hasher);
-            let mut sum = lock(&sum);
-            sum.0 += 1;
-            sum.1 = sum.1.wrapping_add(hasher.finish());
+            lock(&digest).add(info.spec.type_id, &bytes);
             Ok(())
         })?;
-        out.insert(
-            name,
-            sum.into_inner()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        out.insert(name, *lock(&digest));
     }
     Ok(out)
 }

@@ -1,14 +1,12 @@
 //! `montage info`: what a heap is and holds.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::Mutex;
 
-use montage_core::{Heap, ScanFilter, Usage};
+use montage_core::{Heap, Usage};
 use serde_json::json;
 
 use crate::Outcome;
-use crate::open::{open_or_say, progress_bar};
+use crate::open::{follow, open_or_say, progress_bar};
 use crate::output::{human, print_json, type_name};
 
 /// Runs `montage info`.
@@ -21,14 +19,9 @@ pub(crate) fn run(
         return Ok(Outcome::Damaged);
     };
     let bar = progress_bar(quiet, "scan");
-    let shown = bar.clone();
-    let usage = heap.usage(move |progress| {
-        shown.set_length(progress.total);
-        shown.set_position(progress.read);
-    })?;
-    let types = type_ids_by_owner(&heap)?;
+    let usage = heap.usage(follow(&bar))?;
     bar.finish_and_clear();
-    let report = describe(&heap, path, &usage, &types);
+    let report = describe(&heap, path, &usage);
     if as_json {
         print_json(&report)?;
     } else {
@@ -46,33 +39,8 @@ fn heap_is_clean(report: &serde_json::Value) -> bool {
     report["recovery"]["quarantined"] == 0
 }
 
-/// The payload type ids each owner's live blocks carry.
-fn type_ids_by_owner(heap: &Heap) -> montage_core::Result<BTreeMap<u32, BTreeSet<u64>>> {
-    let seen = Mutex::new(BTreeMap::<u32, BTreeSet<u64>>::new());
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    heap.scan(ScanFilter::all().live(), threads, |view| {
-        let spec = view.info().spec;
-        if spec.kind != montage_core::BlockKind::Delete {
-            seen.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .entry(spec.owner.get())
-                .or_default()
-                .insert(spec.type_id);
-        }
-        Ok(())
-    })?;
-    Ok(seen
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner))
-}
-
 /// Everything `info` reports, as JSON (the text form is printed from it).
-fn describe(
-    heap: &Heap,
-    path: &Path,
-    usage: &Usage,
-    types: &BTreeMap<u32, BTreeSet<u64>>,
-) -> serde_json::Value {
+fn describe(heap: &Heap, path: &Path, usage: &Usage) -> serde_json::Value {
     let report = heap.recovery_report();
     let epoch = heap.epoch().get();
     let journal = Heap::journal_path(path);
@@ -80,12 +48,7 @@ fn describe(
         .structures
         .iter()
         .map(|s| {
-            let kinds: Vec<String> = types
-                .get(&s.owner.get())
-                .into_iter()
-                .flatten()
-                .map(|&id| type_name(id))
-                .collect();
+            let kinds: Vec<String> = s.type_ids.iter().map(|&id| type_name(id)).collect();
             json!({
                 "name": s.name,
                 "owner": s.owner.get(),

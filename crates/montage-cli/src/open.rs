@@ -4,7 +4,9 @@
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use montage_core::{BlockInfo, BlockKind, EpochLength, Error, Heap, HeapConfig, ScanFilter};
+use montage_core::{
+    BlockInfo, BlockKind, EpochLength, Error, Heap, HeapConfig, RecoveryProgress, ScanFilter,
+};
 
 /// A progress bar on stderr for `what`, hidden with `quiet` or when stderr is no terminal.
 pub(crate) fn progress_bar(quiet: bool, what: &'static str) -> ProgressBar {
@@ -34,19 +36,39 @@ pub(crate) fn open(path: &Path, quiet: bool) -> Result<Heap, Error> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         });
     }
-    let bar = progress_bar(quiet, "recovery");
-    let shown = bar.clone();
     let config = HeapConfig::new(path)
         .read_only(true)
-        .quarantine_damaged(true)
+        .quarantine_damaged(true);
+    open_showing(config, quiet, "recovery")
+}
+
+/// Opens the heap `config` describes, its clock stopped, with a progress bar for `what`
+/// while recovery scans it.
+///
+/// # Errors
+///
+/// What [`Heap::open`] returns.
+pub(crate) fn open_showing(
+    config: HeapConfig,
+    quiet: bool,
+    what: &'static str,
+) -> Result<Heap, Error> {
+    let bar = progress_bar(quiet, what);
+    let config = config
         .epoch_length(EpochLength::Manual)
-        .on_recovery_progress(move |progress| {
-            shown.set_length(progress.total);
-            shown.set_position(progress.read);
-        });
+        .on_recovery_progress(follow(&bar));
     let heap = Heap::open(&config);
     bar.finish_and_clear();
     heap
+}
+
+/// A progress callback that moves `bar`.
+pub(crate) fn follow(bar: &ProgressBar) -> impl Fn(RecoveryProgress) + Send + Sync + 'static {
+    let bar = bar.clone();
+    move |progress| {
+        bar.set_length(progress.total);
+        bar.set_position(progress.read);
+    }
 }
 
 /// Opens the heap at `path` as [`open`] does; when it is damaged, says so on stderr and

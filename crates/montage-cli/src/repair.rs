@@ -4,12 +4,12 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use montage_core::{EpochLength, Heap, HeapConfig, QuarantineReason};
+use montage_core::{Heap, HeapConfig, QuarantineReason};
 use serde_json::json;
 
 use crate::Outcome;
 use crate::check;
-use crate::open::{is_damage, lock_shared, progress_bar};
+use crate::open::{is_damage, lock_shared, open_showing};
 use crate::output::print_json;
 
 /// Runs `montage repair`.
@@ -31,17 +31,7 @@ pub(crate) fn run(
         copy_files(path, &target)?;
         target
     };
-    let bar = progress_bar(quiet, "repair");
-    let shown = bar.clone();
-    let config = HeapConfig::new(&target)
-        .repair(true)
-        .epoch_length(EpochLength::Manual)
-        .on_recovery_progress(move |progress| {
-            shown.set_length(progress.total);
-            shown.set_position(progress.read);
-        });
-    let opened = Heap::open(&config);
-    bar.finish_and_clear();
+    let opened = open_showing(HeapConfig::new(&target).repair(true), quiet, "repair");
     let heap = match opened {
         Ok(heap) => heap,
         Err(err) if !is_damage(&err) => {

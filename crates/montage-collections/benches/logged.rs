@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::sync::Mutex;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use montage_collections::{Logged, Replay, logged};
+use montage_collections::{Logged, Replay};
 use montage_core::{BackendKind, Heap, HeapConfig};
 use montage_testkit::fresh_bench_path;
 
@@ -88,17 +88,7 @@ impl Replay for Book {
         self.place(price, quantity)
     }
 
-    fn save(&self, out: &mut Vec<u8>) -> Option<montage_core::Result<()>> {
-        Some(logged::save_serde(self, out))
-    }
-
-    fn load(bytes: &[u8]) -> Option<Self> {
-        logged::load_serde(bytes)
-    }
-
-    fn snapshot_format() -> montage_core::Result<u64> {
-        logged::serde_format::<Self>()
-    }
+    montage_collections::serde_snapshots!();
 }
 
 /// A counter: a call that does almost nothing.
@@ -114,17 +104,7 @@ impl Replay for Counter {
         self.0
     }
 
-    fn save(&self, out: &mut Vec<u8>) -> Option<montage_core::Result<()>> {
-        Some(logged::save_serde(self, out))
-    }
-
-    fn load(bytes: &[u8]) -> Option<Self> {
-        logged::load_serde(bytes)
-    }
-
-    fn snapshot_format() -> montage_core::Result<u64> {
-        logged::serde_format::<Self>()
-    }
+    montage_collections::serde_snapshots!();
 }
 
 /// Calls between snapshots: the log a structure keeps stays this short, and the snapshots'

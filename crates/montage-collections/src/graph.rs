@@ -68,11 +68,7 @@ fn corrupted(offset: u64) -> Error {
 }
 
 fn word(bytes: &[u8], at: usize, offset: u64) -> Result<u64> {
-    bytes
-        .get(at..at + 8)
-        .and_then(|b| b.try_into().ok())
-        .map(u64::from_le_bytes)
-        .ok_or_else(|| corrupted(offset))
+    crate::structure::word_at(bytes, at).ok_or_else(|| corrupted(offset))
 }
 
 fn value<T: Codec>(bytes: &[u8], at: usize, offset: u64) -> Result<T> {

@@ -203,32 +203,41 @@ const KINDS: [(&str, Layout); 5] = [
 ];
 
 /// The format of payloads of type id `type_id`, if it is a collection's payload with plain
-/// codecs.
+/// codecs. A lookup in a table of every such format, built at the first call (the tools call
+/// this once per payload).
 pub fn format_of(type_id: u64) -> Option<Format> {
+    static FORMATS: std::sync::OnceLock<std::collections::HashMap<u64, Format>> =
+        std::sync::OnceLock::new();
+    FORMATS.get_or_init(every_format).get(&type_id).copied()
+}
+
+/// Every collection payload format with plain codecs, by type id.
+fn every_format() -> std::collections::HashMap<u64, Format> {
+    let mut formats = std::collections::HashMap::new();
     for (kind, layout) in KINDS {
         for value in Plain::ALL {
-            if layout == Layout::Entry {
-                for key in Plain::ALL {
-                    if type_id_of(kind, &[key.codec_id(), value.codec_id()]) == type_id {
-                        return Some(Format {
-                            kind,
-                            layout,
-                            key: Some(key),
-                            value,
-                        });
-                    }
-                }
-            } else if type_id_of(kind, &[value.codec_id()]) == type_id {
-                return Some(Format {
+            let keys: Vec<Option<Plain>> = if layout == Layout::Entry {
+                Plain::ALL.into_iter().map(Some).collect()
+            } else {
+                vec![None]
+            };
+            for key in keys {
+                let codecs: Vec<u64> = key
+                    .iter()
+                    .map(|k| k.codec_id())
+                    .chain([value.codec_id()])
+                    .collect();
+                let format = Format {
                     kind,
                     layout,
-                    key: None,
+                    key,
                     value,
-                });
+                };
+                formats.insert(type_id_of(kind, &codecs), format);
             }
         }
     }
-    None
+    formats
 }
 
 impl Format {
@@ -237,9 +246,8 @@ impl Format {
     /// do not decode.
     pub fn decode(&self, bytes: &[u8]) -> Option<Vec<(&'static str, Value)>> {
         let word = |at: usize| -> Option<Value> {
-            let word = bytes.get(at..at.checked_add(8)?)?;
             Some(Value::Unsigned(
-                u64::from_le_bytes(word.try_into().ok()?).into(),
+                crate::structure::word_at(bytes, at)?.into(),
             ))
         };
         let value = |at: usize| self.value.decode(bytes.get(at..)?);

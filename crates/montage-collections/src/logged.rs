@@ -145,6 +145,48 @@ pub fn load_serde<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
     }
 }
 
+/// Inside an `impl Replay for T` of a serde type: snapshots in serde's form
+/// ([`Replay::save`] with `save_serde`, [`Replay::load`] with `load_serde`,
+/// [`Replay::snapshot_format`] with `serde_format`). Needs the `serde` feature.
+///
+/// ```
+/// use montage_collections::logged::Replay;
+///
+/// #[derive(Default, serde::Serialize, serde::Deserialize)]
+/// struct Tally(u64);
+///
+/// impl Replay for Tally {
+///     type Op = u64;
+///     type Output = ();
+///
+///     fn apply(&mut self, by: u64) {
+///         self.0 += by;
+///     }
+///
+///     montage_collections::serde_snapshots!();
+/// }
+/// ```
+#[cfg(feature = "serde")]
+#[macro_export]
+macro_rules! serde_snapshots {
+    () => {
+        fn save(
+            &self,
+            out: &mut ::std::vec::Vec<u8>,
+        ) -> ::core::option::Option<$crate::logged::__private::Result<()>> {
+            ::core::option::Option::Some($crate::logged::save_serde(self, out))
+        }
+
+        fn load(bytes: &[u8]) -> ::core::option::Option<Self> {
+            $crate::logged::load_serde(bytes)
+        }
+
+        fn snapshot_format() -> $crate::logged::__private::Result<u64> {
+            $crate::logged::serde_format::<Self>()
+        }
+    };
+}
+
 /// The id of `T`'s serde data model, for [`Replay::snapshot_format`]: the one
 /// [`Serde<T>`](montage_core::payload::Serde) uses. Needs the `serde` feature.
 ///
@@ -162,7 +204,8 @@ where
 /// What `#[montage::logged]` expands to. Not part of the API: no semver promise.
 #[doc(hidden)]
 pub mod __private {
-    use montage_core::{Codec, Error, Result};
+    pub use montage_core::Result;
+    use montage_core::{Codec, Error};
 
     /// Appends `value`'s encoding behind its length (`u32`, little-endian).
     ///
@@ -247,9 +290,6 @@ impl<T: Replay> std::fmt::Debug for Logged<T> {
             .finish_non_exhaustive()
     }
 }
-
-/// The largest sequence number a record may have (2^62): a larger one is damage.
-const SEQ_LIMIT: u64 = 1 << 62;
 
 fn corrupted(offset: u64, what: &'static str) -> Error {
     Error::Corrupted { offset, what }
@@ -570,15 +610,13 @@ impl Commit {
         if bytes.len() != 32 {
             return None;
         }
-        let word =
-            |at: usize| u64::from_le_bytes(bytes[at * 8..at * 8 + 8].try_into().unwrap_or([0; 8]));
-        let commit = Commit {
-            upto: word(0),
-            chunks: word(1),
-            len: word(2),
-            format: word(3),
-        };
-        (commit.upto <= SEQ_LIMIT).then_some(commit)
+        let word = |at: usize| structure::word_at(bytes, at * 8);
+        Some(Commit {
+            upto: structure::seq_prefix(bytes)?,
+            chunks: word(1)?,
+            len: word(2)?,
+            format: word(3)?,
+        })
     }
 }
 
@@ -592,15 +630,6 @@ struct Found {
     commits: Vec<(Commit, PBlock)>,
 }
 
-/// The first word of a payload, if it has one and it is a sequence number.
-fn seq_of(bytes: &[u8]) -> Option<u64> {
-    bytes
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .map(u64::from_le_bytes)
-        .filter(|&seq| seq <= SEQ_LIMIT)
-}
-
 impl Found {
     /// Every live payload of the structure `attached` names, sorted by kind.
     fn scan(heap: &Heap, attached: &Attached, kinds: Kinds) -> Result<Found> {
@@ -612,16 +641,13 @@ impl Found {
             "montage_collections::Logged record",
             |type_id, block, bytes| {
                 let bad = |what| corrupted(block.offset(), what);
-                let seq =
-                    seq_of(bytes).ok_or_else(|| bad("a log payload has no sequence number"))?;
+                let seq = structure::seq_prefix(bytes)
+                    .ok_or_else(|| bad("a log payload has no sequence number"))?;
                 let mut found = lock(&found);
                 if type_id == kinds.record {
                     found.records.push((seq, block, bytes[8..].to_vec()));
                 } else if type_id == kinds.chunk {
-                    let index = bytes
-                        .get(8..16)
-                        .and_then(|b| b.try_into().ok())
-                        .map(u64::from_le_bytes)
+                    let index = structure::word_at(bytes, 8)
                         .ok_or_else(|| bad("a snapshot chunk has no index"))?;
                     found.chunks.push((seq, index, block, bytes[16..].to_vec()));
                 } else {

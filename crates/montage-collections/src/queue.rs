@@ -56,19 +56,9 @@ fn corrupted(offset: u64) -> Error {
     }
 }
 
-/// The largest sequence number a queue hands out (2^62: a century of pushes at a billion a
-/// second). A recovered element with a larger one is damaged, and the queue's next number
-/// can never overflow.
-const SEQ_LIMIT: u64 = 1 << 62;
-
 /// The sequence number and element of an element payload.
 pub(crate) fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
-    let seq = bytes
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .map(u64::from_le_bytes)
-        .filter(|&seq| seq <= SEQ_LIMIT)
-        .ok_or_else(|| corrupted(offset))?;
+    let seq = structure::seq_prefix(bytes).ok_or_else(|| corrupted(offset))?;
     let value = bytes
         .get(8..)
         .and_then(T::decode)
@@ -273,6 +263,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::structure::SEQ_LIMIT;
     use montage_core::HeapConfig;
     use montage_core::sim::SimMode;
 

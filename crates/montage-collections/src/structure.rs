@@ -20,6 +20,23 @@ pub(crate) fn type_id_of(kind: &str, codecs: &[u64]) -> u64 {
         .finish()
 }
 
+/// The largest sequence number a structure hands out (2^62: a century of calls at a billion
+/// a second). A recovered payload with a larger one is damaged, and the next number can
+/// never overflow.
+pub(crate) const SEQ_LIMIT: u64 = 1 << 62;
+
+/// The little-endian word at byte `at` of `bytes`, if they reach that far.
+pub(crate) fn word_at(bytes: &[u8], at: usize) -> Option<u64> {
+    let word = bytes.get(at..at.checked_add(8)?)?;
+    Some(u64::from_le_bytes(word.try_into().ok()?))
+}
+
+/// The sequence number a payload starts with (queue elements, log records, snapshot
+/// chunks), if it has one no larger than [`SEQ_LIMIT`].
+pub(crate) fn seq_prefix(bytes: &[u8]) -> Option<u64> {
+    word_at(bytes, 0).filter(|&seq| seq <= SEQ_LIMIT)
+}
+
 /// Locks `mutex`. A poisoned lock only means a thread panicked while holding it; the
 /// structures keep their DRAM state consistent at every step (payload work first, index
 /// updates last), so the state is used as is.

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use montage_collections::logged;
 use montage_collections::{Logged, Replay};
 use montage_core::sim::SplitMix64;
 use montage_core::{BlockKind, Error, Heap, HeapConfig, ScanFilter, raw};
@@ -46,17 +45,7 @@ impl Replay for History {
         self.0.len()
     }
 
-    fn save(&self, out: &mut Vec<u8>) -> Option<montage_core::Result<()>> {
-        Some(logged::save_serde(self, out))
-    }
-
-    fn load(bytes: &[u8]) -> Option<Self> {
-        logged::load_serde(bytes)
-    }
-
-    fn snapshot_format() -> montage_core::Result<u64> {
-        logged::serde_format::<Self>()
-    }
+    montage_collections::serde_snapshots!();
 }
 
 #[test]
@@ -347,17 +336,7 @@ impl Replay for Bulk {
             .extend((start..).take(count as usize).map(|n| n << 20));
     }
 
-    fn save(&self, out: &mut Vec<u8>) -> Option<montage_core::Result<()>> {
-        Some(logged::save_serde(self, out))
-    }
-
-    fn load(bytes: &[u8]) -> Option<Self> {
-        logged::load_serde(bytes)
-    }
-
-    fn snapshot_format() -> montage_core::Result<u64> {
-        logged::serde_format::<Self>()
-    }
+    montage_collections::serde_snapshots!();
 }
 
 #[test]

@@ -219,19 +219,7 @@ fn generate(
         let names: Vec<_> = m.args.iter().map(|(name, _)| name).collect();
         quote!(#op::#v { #(#names),* } => #output::#v(self.#name(#(#names),*)))
     });
-    let snapshot_fns = snapshot.then(|| {
-        quote! {
-            fn save(&self, out: &mut ::std::vec::Vec<u8>) -> ::core::option::Option<#krate::Result<()>> {
-                ::core::option::Option::Some(#krate::collections::logged::save_serde(self, out))
-            }
-            fn load(bytes: &[u8]) -> ::core::option::Option<Self> {
-                #krate::collections::logged::load_serde(bytes)
-            }
-            fn snapshot_format() -> #krate::Result<u64> {
-                #krate::collections::logged::serde_format::<Self>()
-            }
-        }
-    });
+    let snapshot_fns = snapshot.then(|| quote!(#krate::collections::serde_snapshots!();));
     let op_doc = format!(
         "The logged calls of `{self_ident}`: one variant per `pub fn (&mut self, ..)` method."
     );

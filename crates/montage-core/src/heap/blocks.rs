@@ -162,17 +162,11 @@ impl Heap {
         let geometry = self.shared().runtime.alloc.geometry();
         let units = scan::read_span_table(&self.shared().runtime.media, &geometry)?;
         let progress = scan::Progress::new(&units, 1, None);
-        let media = &self.shared().runtime.media;
-        let report = &self.shared().report;
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
             let mut seen = 0;
             for (offset, view) in &unit.blocks {
                 let Some(view) = view else { continue };
-                // A quarantined block is not part of the heap's state.
-                if report.is_quarantined(*offset) {
-                    continue;
-                }
-                if filter.live && media.load(*offset)? & META_RETIRED != 0 {
+                if !self.in_state(*offset, filter.live)? {
                     continue;
                 }
                 if filter.matches(view.info()) {
@@ -196,6 +190,16 @@ impl Heap {
             &|| Ok(()),
         )?;
         Ok(counts.into_iter().sum())
+    }
+
+    /// Whether the valid block at `offset` is part of the heap's state for a scan: not
+    /// quarantined, and, if `live`, not retired (a version an operation has replaced).
+    pub(super) fn in_state(&self, offset: u64, live: bool) -> Result<bool> {
+        if self.shared().report.is_quarantined(offset) {
+            return Ok(false);
+        }
+        let media = &self.shared().runtime.media;
+        Ok(!live || media.load(offset)? & META_RETIRED == 0)
     }
 
     /// The headers of every valid block matching `filter`, in heap order.

@@ -307,7 +307,7 @@ pub(super) fn fix_tables(
     for index in 0..REGISTRY.capacity as u64 {
         let intact = |entry: &[u8]| checks(REGISTRY, index, id, entry);
         if let Fixed::Lost = fix_entry(media, REGISTRY, index, id, intact, repairs)? {
-            clear_entry(media, REGISTRY, index)?;
+            table::clear_entry(media, REGISTRY, index)?;
             repaired(
                 repairs,
                 REGISTRY.offset(index),
@@ -333,8 +333,13 @@ fn body(entry: &[u8]) -> &Body {
 fn checks(table: EntryTable, index: u64, creation_id: u64, entry: &[u8]) -> bool {
     let mut valid = [0u8; 8];
     valid.copy_from_slice(&entry[ENTRY_VALID_OFFSET as usize..]);
-    let valid = u64::from_le_bytes(valid);
-    valid != 0 && valid == table.valid_word(index, creation_id, body(entry))
+    table::intact(
+        table,
+        index,
+        creation_id,
+        body(entry),
+        u64::from_le_bytes(valid),
+    )
 }
 
 /// What [`fix_entry`] found.
@@ -377,7 +382,7 @@ fn fix_entry(
         Some((byte, value)) if !unnamed || value == 0 => {
             entry[byte] = value;
             if empty(&entry) {
-                clear_entry(media, table, index)?;
+                table::clear_entry(media, table, index)?;
             } else {
                 table::write_entry(media, table, creation_id, index, body(&entry))?;
             }
@@ -386,21 +391,13 @@ fn fix_entry(
             )
         }
         _ if unnamed => {
-            clear_entry(media, table, index)?;
+            table::clear_entry(media, table, index)?;
             format!("{which} entry {index} was empty and its valid word damaged: cleared")
         }
         _ => return Ok(Fixed::Lost),
     };
     repaired(repairs, at, what);
     Ok(Fixed::Corrected)
-}
-
-/// Zeroes entry `index`'s valid word durably: the slot is empty.
-fn clear_entry(media: &Media, table: EntryTable, index: u64) -> Result<()> {
-    let at = table.offset(index) + ENTRY_VALID_OFFSET;
-    media.store(at, 0)?;
-    // PERSIST: the cleared entry is durable before recovery reads the table.
-    media.persist(at, 8)
 }
 
 /// Names the structure of directory slot `index` (whose entry was lost) `recovered-<owner>`,

@@ -1,12 +1,14 @@
 //! What a heap's space holds: spans and blocks per size class and in large blocks, and the
 //! blocks and bytes of each named structure, from one scan of the live blocks.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use super::Heap;
-use crate::alloc::block::OwnerId;
+use crate::alloc::block::{BlockKind, OwnerId};
 use crate::alloc::size_class::{CLASS_SIZES, NUM_CLASSES, blocks_per_span};
-use crate::base::layout::{DIRECTORY_CAPACITY, META_RETIRED, SPAN_SIZE};
+use crate::base::layout::{DIRECTORY_CAPACITY, SPAN_SIZE};
 use crate::config::RecoveryProgress;
 use crate::error::Result;
 use crate::recovery::scan::{self, Unit, UnitVisit};
@@ -73,6 +75,8 @@ pub struct StructureUsage {
     pub blocks: u64,
     /// The payload bytes they hold.
     pub bytes: u64,
+    /// The type ids of its live payloads (not of the anti-blocks of deletions), ascending.
+    pub type_ids: Vec<u64>,
 }
 
 /// Blocks and bytes, counted by many scan workers.
@@ -98,6 +102,38 @@ impl Count {
     }
 }
 
+/// One owner's live blocks, bytes and payload type ids, counted by many scan workers.
+#[derive(Default)]
+struct Tally {
+    count: Count,
+    types: Mutex<BTreeSet<u64>>,
+}
+
+impl Tally {
+    fn add(&self, info: &crate::alloc::block::BlockInfo) {
+        self.count.add(u64::from(info.len));
+        if info.spec.kind != BlockKind::Delete {
+            self.types
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(info.spec.type_id);
+        }
+    }
+
+    /// The structure `name` (`owner`) as this tally counted it.
+    fn usage(&self, name: String, owner: OwnerId) -> StructureUsage {
+        let (blocks, bytes) = self.count.get();
+        let types = std::mem::take(&mut *self.types.lock().unwrap_or_else(PoisonError::into_inner));
+        StructureUsage {
+            name,
+            owner,
+            blocks,
+            bytes,
+            type_ids: types.into_iter().collect(),
+        }
+    }
+}
+
 impl Heap {
     /// How the heap's space is used: per size class and for large blocks, spans and live
     /// blocks; per structure, live blocks and payload bytes. Reads every block header in
@@ -113,10 +149,9 @@ impl Heap {
         let geometry = runtime.alloc.geometry();
         let units = scan::read_span_table(media, &geometry)?;
         let progress = scan::Progress::new(&units, 1, Some(&progress));
-        let report = &self.shared().report;
         let classes: Vec<Count> = (0..NUM_CLASSES).map(|_| Count::default()).collect();
         let large = Count::default();
-        let owners: Vec<Count> = (0..=DIRECTORY_CAPACITY).map(|_| Count::default()).collect();
+        let owners: Vec<Tally> = (0..=DIRECTORY_CAPACITY).map(|_| Tally::default()).collect();
         let work = |unit: UnitVisit<'_>| -> Result<()> {
             let count = match unit.unit {
                 Unit::Class { class, .. } => &classes[usize::from(class)],
@@ -124,14 +159,13 @@ impl Heap {
             };
             for (offset, view) in &unit.blocks {
                 let Some(view) = view else { continue };
-                if report.is_quarantined(*offset) || media.load(*offset)? & META_RETIRED != 0 {
+                if !self.in_state(*offset, true)? {
                     continue;
                 }
                 let info = view.info();
-                let len = u64::from(info.len);
-                count.add(len);
+                count.add(u64::from(info.len));
                 if let Some(owner) = owners.get(info.spec.owner.get() as usize) {
-                    owner.add(len);
+                    owner.add(info);
                 }
             }
             Ok(())
@@ -150,12 +184,7 @@ impl Heap {
             classes: Vec::with_capacity(NUM_CLASSES),
             large: LargeUsage::default(),
             structures: Vec::new(),
-            unowned: StructureUsage {
-                name: String::new(),
-                owner: OwnerId::NONE,
-                blocks: 0,
-                bytes: 0,
-            },
+            unowned: owners[0].usage(String::new(), OwnerId::NONE),
         };
         let mut class_spans = [0u64; NUM_CLASSES];
         for unit in &units {
@@ -182,15 +211,10 @@ impl Heap {
             });
         }
         (usage.large.live_blocks, usage.large.live_bytes) = large.get();
-        (usage.unowned.blocks, usage.unowned.bytes) = owners[0].get();
         for (name, owner) in self.structures() {
-            let (blocks, bytes) = owners[owner.get() as usize].get();
-            usage.structures.push(StructureUsage {
-                name,
-                owner,
-                blocks,
-                bytes,
-            });
+            usage
+                .structures
+                .push(owners[owner.get() as usize].usage(name, owner));
         }
         Ok(usage)
     }

@@ -35,7 +35,7 @@ pub(crate) fn read_entries<T>(
         }
         let mut body: Body = [0; ENTRY_VALID_OFFSET as usize];
         media.read(at, &mut body)?;
-        let parsed = (valid == table.valid_word(index, creation_id, &body))
+        let parsed = intact(table, index, creation_id, &body, valid)
             .then(|| parse(index, &body))
             .flatten();
         let Some(parsed) = parsed else {
@@ -47,6 +47,27 @@ pub(crate) fn read_entries<T>(
         entries.push(Some(parsed));
     }
     Ok(entries)
+}
+
+/// Whether an entry `index` of `table` with `body` and the valid word `valid` is filled and
+/// whole: its valid word is not zero and matches its body.
+pub(crate) fn intact(
+    table: EntryTable,
+    index: u64,
+    creation_id: u64,
+    body: &Body,
+    valid: u64,
+) -> bool {
+    valid != 0 && valid == table.valid_word(index, creation_id, body)
+}
+
+/// Empties entry `index` of `table` (zeroes its valid word) and makes it durable before
+/// returning.
+pub(crate) fn clear_entry(media: &Media, table: EntryTable, index: u64) -> Result<()> {
+    let at = table.offset(index) + ENTRY_VALID_OFFSET;
+    media.store(at, 0)?;
+    // PERSIST: the slot is durably empty before the caller goes on.
+    media.persist(at, 8)
 }
 
 /// Writes entry `index` of `table` and makes it durable before returning.
