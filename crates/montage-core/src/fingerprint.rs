@@ -22,7 +22,10 @@ impl Fingerprint {
         Fingerprint((self.0 ^ byte as u64).wrapping_mul(PRIME))
     }
 
-    const fn bytes(self, bytes: &[u8]) -> Fingerprint {
+    /// Mixes in `bytes`, as they are (no length: a caller hashing several byte strings
+    /// must delimit them).
+    #[must_use]
+    pub const fn bytes(self, bytes: &[u8]) -> Fingerprint {
         let mut hash = self;
         let mut i = 0;
         while i < bytes.len() {

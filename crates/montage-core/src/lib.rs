@@ -92,7 +92,9 @@ pub use recovery::{QuarantineReason, Quarantined, RecoveryReport, Repair};
 
 /// The guards of [`StampedLock`] and [`StampedRwLock`].
 pub mod stamped {
-    pub use crate::epoch::stamped::{StampedGuard, StampedReadGuard, StampedWriteGuard, Unstamped};
+    pub use crate::epoch::stamped::{
+        StampedGuard, StampedReadGuard, StampedWriteGuard, Unstamped, UnstampedWriteGuard,
+    };
 }
 
 /// The fixed sizes and limits of the heap format and the runtime.

@@ -148,6 +148,12 @@ impl<T> StampedRwLock<T> {
     pub fn read_outside_op(&self) -> StampedReadGuard<'_, T> {
         StampedReadGuard(self.inner.read().unwrap_or_else(PoisonError::into_inner))
     }
+
+    /// Writes the value outside any operation (as [`StampedLock::lock_outside_op`]: no
+    /// check, and a change keeps the old stamp).
+    pub fn write_outside_op(&self) -> UnstampedWriteGuard<'_, T> {
+        UnstampedWriteGuard(self.inner.write().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 /// A read guard of a [`StampedRwLock`].
@@ -160,6 +166,10 @@ pub struct StampedWriteGuard<'a, T> {
     guard: RwLockWriteGuard<'a, Stamped<T>>,
     epoch: Epoch,
 }
+
+/// The write guard of [`StampedRwLock::write_outside_op`]: no check, no stamp.
+#[derive(Debug)]
+pub struct UnstampedWriteGuard<'a, T>(RwLockWriteGuard<'a, Stamped<T>>);
 
 /// `new`, `get_mut` and `into_inner` of a stamped lock whose `inner` is a `$std` lock (std's
 /// `Mutex` and `RwLock` have the same three).
@@ -225,6 +235,7 @@ read_access!(StampedGuard, |g| g.guard);
 read_access!(Unstamped, |g| g.0);
 read_access!(StampedReadGuard, |g| g.0);
 read_access!(StampedWriteGuard, |g| g.guard);
+read_access!(UnstampedWriteGuard, |g| g.0);
 
 impl<T> DerefMut for StampedGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
@@ -233,6 +244,12 @@ impl<T> DerefMut for StampedGuard<'_, T> {
 }
 
 impl<T> DerefMut for Unstamped<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0.value
+    }
+}
+
+impl<T> DerefMut for UnstampedWriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         &mut self.0.value
     }
@@ -288,6 +305,16 @@ mod tests {
         let stamp = lock.lock_outside_op().stamp();
         *lock.lock_outside_op() = 3;
         assert_eq!(lock.lock_outside_op().stamp(), stamp);
+        assert_eq!(lock.into_inner(), 3);
+
+        let lock = StampedRwLock::new(1u8);
+        let op = heap.begin_op().unwrap();
+        *lock.write(&op).unwrap() = 2;
+        drop(op);
+        let stamp = lock.read_outside_op().stamp();
+        assert_ne!(stamp, Epoch::ZERO);
+        *lock.write_outside_op() = 3;
+        assert_eq!(lock.read_outside_op().stamp(), stamp);
         assert_eq!(lock.into_inner(), 3);
     }
 
