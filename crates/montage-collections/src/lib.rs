@@ -14,7 +14,9 @@
 //! * [`NbQueue`]: the same queue without locks (Michael-Scott, verified swaps).
 //! * [`Graph`]: a directed graph with values on vertices and edges.
 //! * [`Logged`]: any structure kept in DRAM as it is, made persistent by logging the
-//!   operations that change it ([`Replay`]) and replaying them when it is opened.
+//!   operations that change it ([`Replay`]) and replaying them when it is opened; and
+//!   [`LoggedShards`], several of them under one name, a call going to the one its key
+//!   chooses.
 
 #![forbid(unsafe_code)]
 
@@ -32,7 +34,7 @@ mod structure;
 
 pub use graph::Graph;
 pub use hash_map::{Change, HashMap};
-pub use logged::{Logged, Replay};
+pub use logged::{Logged, LoggedShards, Replay};
 pub use nb_hash_map::NbHashMap;
 pub use nb_queue::NbQueue;
 pub use queue::Queue;

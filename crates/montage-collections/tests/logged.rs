@@ -1,8 +1,10 @@
 //! `Logged<T>`: a DRAM structure made persistent by logging its operations. Reopening
 //! replays them; on the power-failure simulator, the recovered structure is the live one
 //! after a prefix of its calls, exactly those of the epochs the recovered clock covers, and
-//! every synced call is in it; a panicking operation poisons only its handle; a lost record
-//! is a typed error.
+//! every synced call is in it, unsharded and sharded, with snapshots taken by hand and by
+//! the background policy; a panicking operation poisons only its handle; a lost record is a
+//! typed error; closing leaves a snapshot that new operations open, while a log of old ones
+//! is refused.
 //!
 //! `MONTAGE_CRASH_SEEDS=N` runs more seeds; `MONTAGE_CRASH_SEED=S` replays one.
 
@@ -11,7 +13,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use montage_collections::{Logged, Replay};
+use montage_collections::logged::SnapshotPolicy;
+use montage_collections::{Logged, LoggedShards, Replay};
 use montage_core::sim::SplitMix64;
 use montage_core::{BlockKind, Error, Heap, HeapConfig, ScanFilter, raw};
 use montage_testkit::{crash_generation, for_each_seed, run_against_clock};
@@ -110,15 +113,16 @@ fn a_lost_record_is_a_gap_and_a_typed_error() {
         .size(4 << 20)
         .max_size(4 << 20);
     let heap = Heap::create(&config).unwrap();
-    let history = Logged::<History>::open(&heap, "history").unwrap();
+    // A ledger takes no snapshots: closing keeps its log.
+    let ledger = Logged::<Ledger>::open(&heap, "ledger").unwrap();
     for id in 0..5 {
-        history.apply(id).unwrap();
+        ledger.apply((id, 1)).unwrap();
     }
-    drop(history);
+    drop(ledger);
     heap.close().unwrap();
     // Free the record of the third call behind the structure's back.
     let heap = raw::open_with(&config, |_| raw::Verdict::Keep).unwrap();
-    let owner = heap.lookup("history").unwrap();
+    let owner = heap.lookup("ledger").unwrap();
     let third = heap
         .collect(ScanFilter::all().owner(owner))
         .unwrap()
@@ -129,7 +133,7 @@ fn a_lost_record_is_a_gap_and_a_typed_error() {
     heap.close().unwrap();
     let heap = Heap::open(&config).unwrap();
     assert!(matches!(
-        Logged::<History>::open(&heap, "history"),
+        Logged::<Ledger>::open(&heap, "ledger"),
         Err(Error::Corrupted { what, .. }) if what.contains("gap")
     ));
     heap.close().unwrap();
@@ -184,24 +188,40 @@ fn run_seed(seed: u64) {
         }
         drop(recovered);
         let epochs = epochs.into_inner().unwrap();
-        let cut = crashed.cut.get();
-        assert!(
-            got.starts_with(&before),
-            "generation {generation}: the older calls"
-        );
-        assert_eq!(
-            got[..],
-            live[..got.len()],
-            "generation {generation}: not a prefix of the live history"
-        );
-        let kept = epochs.values().filter(|&&e| e <= cut).count();
-        assert_eq!(
-            got.len() - before.len(),
-            kept,
-            "generation {generation}: the calls of epochs <= {cut}"
-        );
-        assert!(got[before.len()..].iter().all(|id| epochs[id] <= cut));
+        check_recovered(generation, &before, &live, &got, &epochs, crashed.cut.get());
     }
+}
+
+/// That `got`, a history recovered with epoch cut `cut`, is `before` (the history the
+/// generation started from) and then exactly the calls of `live` (the history at the crash)
+/// made in epochs up to `cut`, a prefix of them; `epochs` are the calls' epochs.
+fn check_recovered(
+    generation: u64,
+    before: &[u64],
+    live: &[u64],
+    got: &[u64],
+    epochs: &BTreeMap<u64, u64>,
+    cut: u64,
+) {
+    assert!(
+        got.starts_with(before),
+        "generation {generation}: the older calls"
+    );
+    assert_eq!(
+        got[..],
+        live[..got.len()],
+        "generation {generation}: not a prefix of the live history"
+    );
+    let kept = live[before.len()..]
+        .iter()
+        .filter(|id| epochs[id] <= cut)
+        .count();
+    assert_eq!(
+        got.len() - before.len(),
+        kept,
+        "generation {generation}: the calls of epochs <= {cut}"
+    );
+    assert!(got[before.len()..].iter().all(|id| epochs[id] <= cut));
 }
 
 #[test]
@@ -212,6 +232,88 @@ fn a_recovered_logged_structure_is_the_live_one_after_a_prefix_of_its_calls() {
     // ORDERING: as above.
     assert!(FROM_SNAPSHOT.load(std::sync::atomic::Ordering::Relaxed) > 0);
 }
+
+/// As `run_seed`, for a `LoggedShards<History>` of three shards whose snapshots the policy
+/// takes in the background, very often: each shard's recovered history must be a prefix of
+/// its live one, exactly its calls of the epochs the recovered clock covers.
+fn run_sharded_seed(seed: u64) {
+    let mode = montage_testkit::crash_mode(seed);
+    let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
+    let mut rng = SplitMix64::new(seed);
+    let mut heap = Heap::create(&config).unwrap();
+    let histories = |shards: &LoggedShards<History>| -> Vec<Vec<u64>> {
+        (0..SHARDS)
+            .map(|i| shards.shard_at(i).unwrap().read(|h| h.0.clone()).unwrap())
+            .collect()
+    };
+    for generation in 1..=2u64 {
+        let shards = LoggedShards::<History>::open(&heap, "histories", SHARDS).unwrap();
+        shards.set_snapshot_policy(SnapshotPolicy::log_bytes(64).relative_to_snapshot(0));
+        let before = histories(&shards);
+        let epochs = Mutex::new(BTreeMap::new());
+        let within = THREADS as u64 * CALLS_PER_THREAD * 8;
+        let crashed = crash_generation(&heap, &mut rng, within, seed, || {
+            run_against_clock(&heap, seed ^ generation, THREADS, |t, ended| {
+                for i in 0..CALLS_PER_THREAD {
+                    let id = (generation << 40) | ((t as u64) << 32) | i;
+                    shards.apply(&id, id).unwrap();
+                    let epoch = heap.last_op_epoch().unwrap();
+                    ended.record(epoch);
+                    epochs.lock().unwrap().insert(id, epoch.get());
+                }
+            })
+        })
+        .unwrap_or_else(|broken| panic!("generation {generation}: {broken}"));
+        let live = histories(&shards);
+        assert!(
+            shards.verify_replay().unwrap(),
+            "replay differs from the live histories"
+        );
+        assert!(shards.take_snapshot_error().is_none());
+        // Every call went to the shard its key chose.
+        for (index, history) in live.iter().enumerate() {
+            assert!(
+                history
+                    .iter()
+                    .all(|id| shards.shard_of(id).unwrap() == index)
+            );
+        }
+        drop(shards);
+        drop(heap);
+        heap = Heap::open_image(crashed.image, &config).unwrap();
+        let recovered = LoggedShards::<History>::open(&heap, "histories", SHARDS).unwrap();
+        let got = histories(&recovered);
+        if recovered.log_len() < recovered.calls() {
+            // ORDERING: a count read after every seed ran.
+            SHARDED_FROM_SNAPSHOT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        drop(recovered);
+        let epochs = epochs.into_inner().unwrap();
+        for shard in 0..SHARDS {
+            check_recovered(
+                generation,
+                &before[shard],
+                &live[shard],
+                &got[shard],
+                &epochs,
+                crashed.cut.get(),
+            );
+        }
+    }
+}
+
+const SHARDS: usize = 3;
+
+#[test]
+fn a_recovered_sharded_structure_is_each_live_shard_after_a_prefix_of_its_calls() {
+    for_each_seed("logged-sharded", 24, run_sharded_seed);
+    // The background snapshots were kept by some crashes.
+    // ORDERING: as above.
+    assert!(SHARDED_FROM_SNAPSHOT.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+/// Generations whose recovered sharded structure came from a snapshot in some shard.
+static SHARDED_FROM_SNAPSHOT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Generations whose recovered structure came from a snapshot.
 static FROM_SNAPSHOT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -236,7 +338,6 @@ fn a_snapshot_replaces_the_records_before_it_and_opening_loads_it() {
     }
     let live = history.read(|h| h.0.clone()).unwrap();
     assert!(history.verify_replay().unwrap());
-    drop(history);
     let owner = heap.lookup("history").unwrap();
     // The structure's payloads, not the anti-blocks of the deletions.
     let payloads = |heap: &Heap| {
@@ -248,18 +349,25 @@ fn a_snapshot_replaces_the_records_before_it_and_opening_loads_it() {
     };
     // Ten records, one chunk and one commit.
     assert_eq!(payloads(&heap), 12);
+    // Closing takes a last snapshot: the log is empty, the next open loads the snapshot.
+    history.close().unwrap();
+    assert_eq!(payloads(&heap), 2);
     heap.close().unwrap();
 
     let heap = Heap::open(&config).unwrap();
     let history = Logged::<History>::open(&heap, "history").unwrap();
     assert_eq!(history.read(|h| h.0.clone()).unwrap(), live);
-    assert_eq!((history.log_len(), history.calls()), (10, 110));
+    assert_eq!((history.log_len(), history.calls()), (0, 110));
+    for id in 110..120 {
+        history.apply(id).unwrap();
+    }
+    assert_eq!(payloads(&heap), 12);
     // A second snapshot replaces the first.
     assert!(history.compact().unwrap());
-    drop(history);
     assert_eq!(payloads(&heap), 2);
+    drop(history);
     let history = Logged::<History>::open(&heap, "history").unwrap();
-    assert_eq!(history.read(|h| h.0.len()).unwrap(), 110);
+    assert_eq!(history.read(|h| h.0.len()).unwrap(), 120);
     drop(history);
     heap.close().unwrap();
 }
@@ -371,5 +479,226 @@ fn a_snapshot_the_heap_cannot_hold_is_abandoned_and_the_log_kept() {
     assert_eq!(bulk.read(|b| b.0.len()).unwrap(), 1_000_001);
     assert_eq!(bulk.log_len(), 6);
     drop(bulk);
+    heap.close().unwrap();
+}
+
+#[test]
+fn the_policy_takes_snapshots_in_the_background() {
+    let heap = Heap::create(&HeapConfig::in_memory(16 << 20)).unwrap();
+    let history = Logged::<History>::open(&heap, "history").unwrap();
+    history.set_snapshot_policy(SnapshotPolicy::log_bytes(1 << 10));
+    // Records of 16 bytes: the policy asks for a snapshot at the 64th call. No call of
+    // `compact` here: a log shorter than the calls is the worker's doing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut id = 0;
+    while history.log_len() == history.calls() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot in a minute"
+        );
+        history.apply(id).unwrap();
+        id += 1;
+    }
+    for _ in 0..5_000 {
+        history.apply(id).unwrap();
+        id += 1;
+    }
+    assert!(history.take_snapshot_error().is_none());
+    assert!(history.verify_replay().unwrap());
+    let live = history.read(|h| h.0.clone()).unwrap();
+    assert_eq!(live.len() as u64, id);
+    history.close().unwrap();
+    let history = Logged::<History>::open(&heap, "history").unwrap();
+    assert_eq!(history.read(|h| h.0.clone()).unwrap(), live);
+    assert_eq!(history.log_len(), 0, "closed with a snapshot");
+}
+
+#[test]
+fn a_background_snapshot_the_heap_cannot_hold_is_reported_and_the_log_kept() {
+    let heap = Heap::create(&HeapConfig::in_memory(4 << 20)).unwrap();
+    let bulk = Logged::<Bulk>::open(&heap, "bulk").unwrap();
+    bulk.set_snapshot_policy(SnapshotPolicy::log_bytes(1));
+    // A million numbers of up to six bytes each: a snapshot larger than the heap.
+    bulk.apply(1_000_000).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let err = loop {
+        if let Some(err) = bulk.take_snapshot_error() {
+            break err;
+        }
+        assert!(std::time::Instant::now() < deadline, "no error in a minute");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert!(matches!(err, Error::OutOfSpace { .. }), "{err}");
+    assert_eq!((bulk.log_len(), bulk.calls()), (1, 1));
+    bulk.apply(1).unwrap();
+    assert!(bulk.verify_replay().unwrap());
+    // Closing tries once more, fails the same way, and keeps the log.
+    assert!(matches!(bulk.close(), Err(Error::OutOfSpace { .. })));
+    let bulk = Logged::<Bulk>::open(&heap, "bulk").unwrap();
+    assert_eq!(
+        (bulk.log_len(), bulk.read(|b| b.0.len()).unwrap()),
+        (2, 1_000_001)
+    );
+}
+
+/// Two versions of the same structures, their operations changed between them.
+mod v1 {
+    use montage_collections::Replay;
+
+    /// A sum; snapshots in serde's form.
+    #[derive(Default, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    pub(crate) struct Tally(pub(crate) u64);
+
+    impl Replay for Tally {
+        type Op = u64;
+        type Output = ();
+
+        fn apply(&mut self, by: u64) {
+            self.0 += by;
+        }
+
+        montage_collections::serde_snapshots!();
+    }
+
+    /// A sum without snapshots.
+    #[derive(Default, Debug, PartialEq)]
+    pub(crate) struct Counter(pub(crate) u64);
+
+    impl Replay for Counter {
+        type Op = u64;
+        type Output = ();
+
+        fn apply(&mut self, by: u64) {
+            self.0 += by;
+        }
+    }
+}
+
+mod v2 {
+    use montage_collections::Replay;
+
+    /// Version 2 adds a product of two numbers.
+    #[derive(Default, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    pub(crate) struct Tally(pub(crate) u64);
+
+    impl Replay for Tally {
+        type Op = (u64, u64);
+        type Output = ();
+
+        fn apply(&mut self, (a, b): (u64, u64)) {
+            self.0 += a * b;
+        }
+
+        montage_collections::serde_snapshots!();
+    }
+
+    #[derive(Default, Debug, PartialEq)]
+    pub(crate) struct Counter(pub(crate) u64);
+
+    impl Replay for Counter {
+        type Op = (u64, u64);
+        type Output = ();
+
+        fn apply(&mut self, (a, b): (u64, u64)) {
+            self.0 += a * b;
+        }
+    }
+}
+
+#[test]
+fn new_operations_open_a_closed_structure_from_its_snapshot_and_refuse_an_old_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HeapConfig::new(dir.path().join("versions.heap"))
+        .size(4 << 20)
+        .max_size(4 << 20);
+    let heap = Heap::create(&config).unwrap();
+    let tally = Logged::<v1::Tally>::open(&heap, "tally").unwrap();
+    let counter = Logged::<v1::Counter>::open(&heap, "counter").unwrap();
+    for by in 1..=10 {
+        tally.apply(by).unwrap();
+        counter.apply(by).unwrap();
+    }
+    tally.close().unwrap();
+    counter.close().unwrap();
+    heap.close().unwrap();
+    let bytes = || std::fs::read(config.path().unwrap()).unwrap();
+    let before = bytes();
+
+    let heap = Heap::open(&config).unwrap();
+    // The counter's log is of the old operations: refused, and nothing changed.
+    assert!(matches!(
+        Logged::<v2::Counter>::open(&heap, "counter"),
+        Err(Error::LayoutMismatch { .. })
+    ));
+    heap.close().unwrap();
+    assert!(bytes() == before, "a refused open changed the heap");
+    let heap = Heap::open(&config).unwrap();
+    let counter = Logged::<v1::Counter>::open(&heap, "counter").unwrap();
+    assert_eq!(
+        (counter.read(|c| c.0).unwrap(), counter.log_len()),
+        (55, 10)
+    );
+    drop(counter);
+
+    // The tally was closed with a snapshot and an empty log: the new code starts from it.
+    let tally = Logged::<v2::Tally>::open(&heap, "tally").unwrap();
+    assert_eq!((tally.read(|t| t.0).unwrap(), tally.calls()), (55, 10));
+    tally.apply((3, 4)).unwrap();
+    assert!(tally.verify_replay().unwrap());
+    drop(tally);
+    let tally = Logged::<v2::Tally>::open(&heap, "tally").unwrap();
+    assert_eq!((tally.read(|t| t.0).unwrap(), tally.log_len()), (67, 0));
+    drop(tally);
+    heap.close().unwrap();
+}
+
+#[test]
+fn a_sharded_structure_keeps_its_shard_count_and_each_key_its_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HeapConfig::new(dir.path().join("shards.heap"))
+        .size(4 << 20)
+        .max_size(4 << 20);
+    let heap = Heap::create(&config).unwrap();
+    let ledgers = LoggedShards::<Ledger>::open(&heap, "ledgers", 4).unwrap();
+    for account in 0..200u64 {
+        ledgers.apply(&account, (account, 1)).unwrap();
+        ledgers.apply(&account, (account, 2)).unwrap();
+    }
+    let counts: Vec<usize> = (0..4)
+        .map(|i| ledgers.shard_at(i).unwrap().read(|l| l.0.len()).unwrap())
+        .collect();
+    assert_eq!(counts.iter().sum::<usize>(), 200);
+    assert!(
+        counts.iter().all(|&n| n > 20),
+        "200 keys spread over 4 shards: {counts:?}"
+    );
+    assert!(ledgers.shard_at(4).is_none());
+    assert!(ledgers.verify_replay().unwrap());
+    drop(ledgers);
+    heap.close().unwrap();
+
+    let heap = Heap::open(&config).unwrap();
+    for shards in [0, 65] {
+        assert!(matches!(
+            LoggedShards::<Ledger>::open(&heap, "ledgers", shards),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+    assert!(matches!(
+        LoggedShards::<Ledger>::open(&heap, "ledgers", 3),
+        Err(Error::LayoutMismatch { .. })
+    ));
+    assert!(matches!(
+        Logged::<Ledger>::open(&heap, "ledgers"),
+        Err(Error::LayoutMismatch { .. })
+    ));
+    let ledgers = LoggedShards::<Ledger>::open(&heap, "ledgers", 4).unwrap();
+    for account in 0..200u64 {
+        let shard = ledgers.shard(&account).unwrap();
+        assert_eq!(shard.read(|l| l.0[&account]).unwrap(), 3);
+        assert_eq!(shard.apply((account, 1)).unwrap(), 4);
+    }
+    assert_eq!((ledgers.calls(), ledgers.log_len()), (600, 600));
+    drop(ledgers);
     heap.close().unwrap();
 }

@@ -4,7 +4,8 @@
 //! any method that is not private) becomes a variant of an
 //! operation enum `<T>Op` (its arguments as fields, each encoded with its `Codec` behind a
 //! length), with an output enum `<T>Output`, the `Replay` impl that calls the method, and a
-//! trait `<T>Logged` implemented for `Logged<T>` whose methods of the same names log the
+//! trait `<T>Logged` implemented for every `Logs<T>` handle (`Logged<T>`, a shard of
+//! `LoggedShards<T>`) whose methods of the same names log the
 //! call and return `montage::Result<R>`. `&self` methods and private methods are left as
 //! they are (reads go through `Logged::read`). What cannot be replayed is rejected with an
 //! error on it: generic methods or blocks, `impl Trait`, reference or pattern arguments,
@@ -344,7 +345,8 @@ fn codec(
     }
 }
 
-/// The trait `<T>Logged` of `self_ident`'s logged `methods`, and its impl for `Logged<T>`.
+/// The trait `<T>Logged` of `self_ident`'s logged `methods`, and its impl for every handle
+/// that logs `T`'s calls (`Logs<T>`: `Logged<T>`, a shard of `LoggedShards<T>`).
 fn handle_trait(
     self_ty: &syn::Type,
     self_ident: &syn::Ident,
@@ -354,7 +356,9 @@ fn handle_trait(
     let op = format_ident!("{}Op", self_ident);
     let output = format_ident!("{}Output", self_ident);
     let handle = format_ident!("{}Logged", self_ident);
-    let handle_doc = format!("`{self_ident}`'s logged methods on its `Logged` handle.");
+    let handle_doc = format!(
+        "`{self_ident}`'s logged methods on its handles: `Logged<{self_ident}>` and each shard of `LoggedShards<{self_ident}>`."
+    );
     let handle_methods = methods.iter().map(|m| {
         let v = variant(m);
         let name = &m.name;
@@ -366,7 +370,7 @@ fn handle_trait(
         quote! {
             #[doc = #doc]
             fn #name(&self, #(#args),*) -> #krate::Result<#ty> {
-                match #krate::collections::Logged::apply(self, #op::#v { #(#names),* })? {
+                match #krate::collections::logged::Logs::<#self_ty>::log(self, #op::#v { #(#names),* })? {
                     #output::#v(value) => ::core::result::Result::Ok(value),
                     #[allow(unreachable_patterns)]
                     _ => ::core::unreachable!("a logged call returned another method's output"),
@@ -395,7 +399,7 @@ fn handle_trait(
             #(#handle_decls)*
         }
 
-        impl #handle for #krate::collections::Logged<#self_ty> {
+        impl<H: #krate::collections::logged::Logs<#self_ty> + ?::core::marker::Sized> #handle for H {
             #(#handle_methods)*
         }
     }

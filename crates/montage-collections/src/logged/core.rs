@@ -1,0 +1,514 @@
+//! What [`Logged`](super::Logged) and [`LoggedShards`](super::LoggedShards) share: a
+//! structure's shards (each a `T` with its own sequence, log and snapshot), the calls, the
+//! compaction, the background snapshots and the shutdown.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use montage_core::{Attached, Codec, Error, Heap, PBlock, Result, StampedRwLock};
+
+use super::found::{Commit, Found, Rebuilt};
+use super::{Replay, SnapshotPolicy};
+use crate::structure::{self, lock};
+
+/// The most shards a [`LoggedShards`](super::LoggedShards) has.
+pub(super) const MAX_SHARDS: usize = 64;
+
+/// Bytes of a snapshot per chunk payload, each written in an operation of its own.
+const CHUNK: usize = 64 << 10;
+
+/// One shard's DRAM side.
+pub(super) struct State<T> {
+    pub(super) value: T,
+    /// The sequence number the next record gets.
+    pub(super) next_seq: u64,
+    /// The records after the snapshot: (sequence number, block, payload bytes).
+    pub(super) records: VecDeque<(u64, PBlock, u64)>,
+    /// The payload bytes of `records`.
+    pub(super) log_bytes: u64,
+    /// The sequence number the current snapshot covers up to (0: none).
+    pub(super) snapshot_upto: u64,
+    /// The current snapshot's chunks and commit.
+    pub(super) snapshot: Vec<PBlock>,
+    /// The bytes of the current snapshot's encoding.
+    pub(super) snapshot_bytes: u64,
+    /// The log bytes at which the policy asks for a snapshot (`u64::MAX`: never).
+    trigger_at: u64,
+    /// A background snapshot was asked for and has not ended.
+    requested: bool,
+}
+
+impl<T> State<T> {
+    /// A shard's state as opening found it (no snapshot asked for yet).
+    pub(super) fn new(
+        value: T,
+        next_seq: u64,
+        records: VecDeque<(u64, PBlock, u64)>,
+        snapshot_upto: u64,
+        snapshot: Vec<PBlock>,
+        snapshot_bytes: u64,
+    ) -> State<T> {
+        let log_bytes = records.iter().map(|&(_, _, len)| len).sum();
+        State {
+            value,
+            next_seq,
+            records,
+            log_bytes,
+            snapshot_upto,
+            snapshot,
+            snapshot_bytes,
+            trigger_at: u64::MAX,
+            requested: false,
+        }
+    }
+}
+
+/// The type ids of one shard's payloads. Records carry the operation's codec id, so a log
+/// written by other operations is [`Error::LayoutMismatch`]; chunks and commits do not, so
+/// that a new version of the code opens a structure whose log is empty (closed cleanly)
+/// from its snapshot alone. All three carry the shard count and index.
+#[derive(Clone, Copy)]
+pub(super) struct Kinds {
+    pub(super) record: u64,
+    pub(super) chunk: u64,
+    pub(super) commit: u64,
+}
+
+impl Kinds {
+    pub(super) fn of<T: Replay>(shards: usize) -> Result<Vec<Kinds>> {
+        let op = T::Op::codec_id()?;
+        let n = shards as u64;
+        Ok((0..n)
+            .map(|i| Kinds {
+                record: structure::type_id_of("logged-record", &[op, n, i]),
+                chunk: structure::type_id_of("logged-chunk", &[n, i]),
+                commit: structure::type_id_of("logged-commit", &[n, i]),
+            })
+            .collect())
+    }
+}
+
+/// One `T` with its log and snapshot.
+struct Shard<T> {
+    kinds: Kinds,
+    /// Calls take it for writing, reads and serializations for reading.
+    state: StampedRwLock<State<T>>,
+    /// Held by a compaction from its serialization to its deletions: one at a time.
+    compacting: Mutex<()>,
+}
+
+/// The thread that takes the snapshots the policy asks for.
+struct Worker {
+    /// The index of a shard to compact.
+    wake: mpsc::Sender<usize>,
+    thread: JoinHandle<()>,
+}
+
+/// A logged structure: its shards and what they share.
+pub(super) struct Core<T: Replay> {
+    attached: Attached,
+    name: String,
+    shards: Vec<Shard<T>>,
+    /// Set when `apply` panicked: a `T` may be half changed, and only reopening rebuilds it.
+    poisoned: AtomicBool,
+    policy: Mutex<SnapshotPolicy>,
+    /// Started at the first snapshot the policy asks for.
+    worker: Mutex<Option<Worker>>,
+    /// What the last background snapshot that failed failed with.
+    background_error: Mutex<Option<Error>>,
+}
+
+impl<T: Replay> Core<T> {
+    /// Attaches `name` and rebuilds its `shards` shards: `rebuild` turns what the heap holds
+    /// for each shard (nothing for a new structure) into its state and the blocks to
+    /// delete. Then deletes those blocks: what a crash left of a snapshot half made or of a
+    /// deletion half done (on a heap opened read-only they stay, and every open ignores
+    /// them).
+    pub(super) fn open(
+        heap: &Heap,
+        name: &str,
+        shards: usize,
+        rebuild: impl FnOnce(Vec<Found>) -> Result<Vec<Rebuilt<T>>>,
+    ) -> Result<Arc<Core<T>>> {
+        if !(1..=MAX_SHARDS).contains(&shards) {
+            return Err(Error::InvalidConfig {
+                what: "a logged structure has 1 to 64 shards",
+            });
+        }
+        let kinds = Kinds::of::<T>(shards)?;
+        let attached = heap.attach(name)?;
+        let found = if attached.existed() {
+            Found::scan(heap, &attached, &kinds)?
+        } else {
+            (0..shards).map(|_| Found::default()).collect()
+        };
+        let shards_rebuilt = rebuild(found)?;
+        let mut leftovers = Vec::new();
+        let shards = kinds
+            .into_iter()
+            .zip(shards_rebuilt)
+            .map(|(kinds, (state, unneeded))| {
+                leftovers.extend(unneeded);
+                Shard {
+                    kinds,
+                    state: StampedRwLock::new(state),
+                    compacting: Mutex::new(()),
+                }
+            })
+            .collect();
+        let core = Core {
+            attached,
+            name: name.to_owned(),
+            shards,
+            poisoned: AtomicBool::new(false),
+            policy: Mutex::new(SnapshotPolicy::default()),
+            worker: Mutex::new(None),
+            background_error: Mutex::new(None),
+        };
+        core.rearm_all();
+        match core.delete(&leftovers) {
+            Ok(()) | Err(Error::ReadOnly) => Ok(Arc::new(core)),
+            Err(err) => Err(err),
+        }
+    }
+
+    pub(super) fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn attached(&self) -> &Attached {
+        &self.attached
+    }
+
+    fn failed_in_background(&self, err: Error) {
+        *lock(&self.background_error) = Some(err);
+    }
+
+    pub(super) fn take_snapshot_error(&self) -> Option<Error> {
+        lock(&self.background_error).take()
+    }
+
+    pub(super) fn set_policy(&self, policy: SnapshotPolicy) {
+        *lock(&self.policy) = policy;
+        self.rearm_all();
+    }
+
+    fn rearm_all(&self) {
+        for index in 0..self.shards.len() {
+            self.rearm(index, false);
+        }
+    }
+
+    /// Sets shard `index`'s trigger from the policy, its snapshot and its log, and marks
+    /// no snapshot asked for. After a failed snapshot the trigger is twice the log as it is
+    /// (a full heap is not retried at every call).
+    fn rearm(&self, index: usize, failed: bool) {
+        let policy = *lock(&self.policy);
+        let mut state = self.shards[index].state.write_outside_op();
+        let mut at = policy.threshold(state.snapshot_bytes);
+        if failed {
+            at = at.max(state.log_bytes.saturating_mul(2));
+        }
+        state.trigger_at = at;
+        state.requested = false;
+    }
+
+    /// Runs `f` on shard `index`'s value under its read lock.
+    pub(super) fn read<R>(&self, index: usize, f: impl FnOnce(&T) -> R) -> Result<R> {
+        self.check_poisoned()?;
+        Ok(f(&self.shards[index].state.read_outside_op().value))
+    }
+
+    /// `(records in the log, calls since creation)` of shard `index`.
+    pub(super) fn counts(&self, index: usize) -> (u64, u64) {
+        let state = self.shards[index].state.read_outside_op();
+        (state.records.len() as u64, state.next_seq)
+    }
+
+    /// Whether replay rebuilds each shard's live value (`Logged::verify_replay`).
+    pub(super) fn verify(
+        &self,
+        rebuild: impl FnOnce(Vec<Found>) -> Result<Vec<Rebuilt<T>>>,
+        same: impl Fn(&T, &T) -> bool,
+    ) -> Result<bool> {
+        self.check_poisoned()?;
+        // No compaction and no call while the whole log is read.
+        let _no_compaction: Vec<_> = self.shards.iter().map(|s| lock(&s.compacting)).collect();
+        let live: Vec<_> = self
+            .shards
+            .iter()
+            .map(|s| s.state.read_outside_op())
+            .collect();
+        let kinds: Vec<Kinds> = self.shards.iter().map(|s| s.kinds).collect();
+        let found = Found::scan(self.attached.heap(), &self.attached, &kinds)?;
+        let shards_rebuilt = rebuild(found)?;
+        Ok(shards_rebuilt
+            .iter()
+            .zip(&live)
+            .all(|((rebuilt, _), live)| {
+                rebuilt.next_seq == live.next_seq && same(&rebuilt.value, &live.value)
+            }))
+    }
+
+    /// Compacts shard `index` (`Logged::compact`), then sets its trigger again.
+    pub(super) fn compact(&self, index: usize) -> Result<bool> {
+        let result = self.compact_once(index);
+        self.rearm(index, result.is_err());
+        result
+    }
+
+    fn compact_once(&self, index: usize) -> Result<bool> {
+        self.check_poisoned()?;
+        let shard = &self.shards[index];
+        let _one = lock(&shard.compacting);
+        let (bytes, upto) = {
+            // Read-locked: calls wait for this one serialization, reads go on.
+            let state = shard.state.read_outside_op();
+            if state.next_seq == state.snapshot_upto {
+                return Ok(false);
+            }
+            let mut bytes = Vec::new();
+            match state.value.save(&mut bytes) {
+                None => {
+                    return Err(Error::Unsupported {
+                        what: "snapshots of a structure whose Replay::save returns None",
+                    });
+                }
+                Some(saved) => saved?,
+            }
+            (bytes, state.next_seq)
+        };
+        let snapshot = match self.write_snapshot(shard.kinds, &bytes, upto) {
+            Ok(snapshot) => snapshot,
+            Err((written, err)) => {
+                // Abandoned: its chunks go, the log stays.
+                self.delete(&written)?;
+                return Err(err);
+            }
+        };
+        let replaced = {
+            let mut state = shard.state.write_outside_op();
+            let mut replaced = std::mem::replace(&mut state.snapshot, snapshot);
+            while let Some(&(seq, block, len)) = state.records.front() {
+                if seq >= upto {
+                    break;
+                }
+                replaced.push(block);
+                state.log_bytes -= len;
+                state.records.pop_front();
+            }
+            state.snapshot_upto = upto;
+            state.snapshot_bytes = bytes.len() as u64;
+            replaced
+        };
+        // In operations after the commit's, so in epochs no older than its.
+        self.delete(&replaced)?;
+        Ok(true)
+    }
+
+    /// Writes the snapshot `bytes`, which covers the records before `upto`: its chunks, each
+    /// in an operation of its own, then its commit. Returns its blocks, or what it wrote
+    /// before the error.
+    fn write_snapshot(
+        &self,
+        kinds: Kinds,
+        bytes: &[u8],
+        upto: u64,
+    ) -> Result<Vec<PBlock>, (Vec<PBlock>, Error)> {
+        let heap = self.attached.heap();
+        let owner = self.attached.owner();
+        let mut written = Vec::new();
+        let mut payload = Vec::with_capacity(CHUNK + 16);
+        let chunks: Vec<&[u8]> = bytes.chunks(CHUNK).collect();
+        for (index, chunk) in chunks.iter().enumerate() {
+            payload.clear();
+            payload.extend_from_slice(&upto.to_le_bytes());
+            payload.extend_from_slice(&(index as u64).to_le_bytes());
+            payload.extend_from_slice(chunk);
+            match heap.run_op(|op| op.alloc(owner, kinds.chunk, &payload)) {
+                Ok(block) => written.push(block),
+                Err(err) => return Err((written, err)),
+            }
+        }
+        let commit = Commit {
+            upto,
+            chunks: chunks.len() as u64,
+            len: bytes.len() as u64,
+            format: match T::snapshot_format() {
+                Ok(format) => format,
+                Err(err) => return Err((written, err)),
+            },
+        };
+        match heap.run_op(|op| op.alloc(owner, kinds.commit, &commit.encode())) {
+            Ok(block) => written.push(block),
+            Err(err) => return Err((written, err)),
+        }
+        Ok(written)
+    }
+
+    /// Deletes `blocks`, a batch per operation.
+    fn delete(&self, blocks: &[PBlock]) -> Result<()> {
+        for batch in blocks.chunks(256) {
+            self.attached.heap().run_op(|op| {
+                for &block in batch {
+                    op.delete(block)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Stops the worker (after the snapshot it is taking), then compacts every shard whose
+    /// log is not empty, so that the next open, by this code or a newer version, starts
+    /// from snapshots alone. A `T` without snapshots keeps its log.
+    pub(super) fn close(&self) -> Result<()> {
+        let worker = lock(&self.worker).take();
+        if let Some(Worker { wake, thread }) = worker {
+            drop(wake);
+            // A panic in the worker is a panic of `save`, which `compact` reports below.
+            let _ = thread.join();
+        }
+        self.check_poisoned()?;
+        for index in 0..self.shards.len() {
+            match self.compact(index) {
+                Ok(_) | Err(Error::Unsupported { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        // What a background snapshot failed with is stale now: this one succeeded.
+        self.take_snapshot_error();
+        Ok(())
+    }
+
+    pub(super) fn check_poisoned(&self) -> Result<()> {
+        // ORDERING: pairs with the Release store in `apply`.
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Panicked {
+                structure: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The calls, which may start the worker: it holds the structure, so `T` crosses threads.
+impl<T: Replay + Send + Sync + 'static> Core<T> {
+    /// Logs `op` on shard `index` and applies it there, in one heap operation (module docs
+    /// of `logged`); asks the worker for a snapshot when the policy says so.
+    pub(super) fn apply(this: &Arc<Core<T>>, index: usize, op: T::Op) -> Result<T::Output> {
+        this.check_poisoned()?;
+        let shard = &this.shards[index];
+        let mut panic = None;
+        let mut op = Some(op);
+        let result = structure::with_encode_buffer(|bytes| {
+            bytes.clear();
+            bytes.extend_from_slice(&[0; 8]);
+            if let Some(op) = &op {
+                op.encode(bytes)?;
+            }
+            this.attached.heap().run_op(|guard| {
+                let mut state = shard.state.write(guard)?;
+                let seq = state.next_seq;
+                bytes[..8].copy_from_slice(&seq.to_le_bytes());
+                // The last step that can fail: after it, the call happens.
+                let block = guard.alloc(this.attached.owner(), shard.kinds.record, bytes)?;
+                // Taken once: from here the closure returns what ends `run_op` (a success or
+                // the panic's error), never an error that runs it again.
+                let Some(op) = op.take() else {
+                    unreachable!("run_op ran a logged call again after it applied it")
+                };
+                let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    state.value.apply(op)
+                }));
+                match applied {
+                    Ok(output) => {
+                        let len = bytes.len() as u64;
+                        state.next_seq = seq + 1;
+                        state.records.push_back((seq, block, len));
+                        state.log_bytes += len;
+                        let ask = !state.requested && state.log_bytes >= state.trigger_at;
+                        if ask {
+                            state.requested = true;
+                        }
+                        Ok((output, ask))
+                    }
+                    Err(payload) => {
+                        // `T` may be half changed: this handle is done. The error rolls the
+                        // operation back, record and all, so the log never holds a call
+                        // whose replay panics; the panic goes on to the caller below.
+                        // ORDERING: pairs with the Acquire load of `check_poisoned`.
+                        this.poisoned.store(true, Ordering::Release);
+                        panic = Some(payload);
+                        Err(Error::Panicked {
+                            structure: this.name.clone(),
+                        })
+                    }
+                }
+            })
+        });
+        if let Some(payload) = panic {
+            std::panic::resume_unwind(payload);
+        }
+        let (output, ask) = result?;
+        if ask {
+            Core::ask_for_snapshot(this, index);
+        }
+        Ok(output)
+    }
+
+    /// Hands shard `index` to the worker, starting it first if needed.
+    fn ask_for_snapshot(this: &Arc<Core<T>>, index: usize) {
+        let mut worker = lock(&this.worker);
+        if worker.is_none() {
+            let (wake, asked) = mpsc::channel::<usize>();
+            // Weak: the worker must not keep the structure alive; the handle's drop stops it.
+            let core = Arc::downgrade(this);
+            let spawned = std::thread::Builder::new()
+                .name("montage-snapshots".to_owned())
+                .spawn(move || {
+                    for index in asked {
+                        let Some(core) = core.upgrade() else { break };
+                        core.background_compact(index);
+                    }
+                });
+            match spawned {
+                Ok(thread) => *worker = Some(Worker { wake, thread }),
+                Err(err) => {
+                    drop(worker);
+                    this.failed_in_background(Error::Io {
+                        op: "spawn the snapshot worker",
+                        path: "<thread>".into(),
+                        source: err,
+                    });
+                    this.rearm(index, true);
+                    return;
+                }
+            }
+        }
+        if let Some(worker) = worker.as_ref() {
+            // The worker ends only when this sender is dropped (at shutdown), so it hears.
+            let _ = worker.wake.send(index);
+        }
+    }
+
+    /// A snapshot the policy asked for; what it fails with is kept for
+    /// `take_snapshot_error`.
+    fn background_compact(&self, index: usize) {
+        match self.compact(index) {
+            Ok(_) => {}
+            Err(Error::Unsupported { .. }) => {
+                // No snapshots for this `T`: never ask again.
+                *lock(&self.policy) = SnapshotPolicy::manual();
+                self.rearm_all();
+            }
+            Err(err) => self.failed_in_background(err),
+        }
+    }
+}

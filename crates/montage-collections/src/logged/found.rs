@@ -1,0 +1,268 @@
+//! Opening: a logged structure's payloads as the heap holds them, sorted by shard and kind,
+//! and the state each shard's payloads rebuild.
+
+use std::sync::Mutex;
+
+use montage_core::{Attached, Codec, Error, Heap, PBlock, Result};
+
+use super::Replay;
+use super::core::{Kinds, State};
+use crate::structure::{self, lock};
+
+fn corrupted(offset: u64, what: &'static str) -> Error {
+    Error::Corrupted { offset, what }
+}
+
+/// A snapshot's commit: the sequence number it covers up to, its chunks and bytes, and the
+/// format it was saved in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Commit {
+    pub(super) upto: u64,
+    pub(super) chunks: u64,
+    pub(super) len: u64,
+    pub(super) format: u64,
+}
+
+impl Commit {
+    pub(super) fn encode(&self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        for (at, word) in [self.upto, self.chunks, self.len, self.format]
+            .into_iter()
+            .enumerate()
+        {
+            out[at * 8..at * 8 + 8].copy_from_slice(&word.to_le_bytes());
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Commit> {
+        if bytes.len() != 32 {
+            return None;
+        }
+        let word = |at: usize| structure::word_at(bytes, at * 8);
+        Some(Commit {
+            upto: structure::seq_prefix(bytes)?,
+            chunks: word(1)?,
+            len: word(2)?,
+            format: word(3)?,
+        })
+    }
+}
+
+/// A shard's state as its payloads rebuild it, and the blocks it no longer needs.
+pub(super) type Rebuilt<T> = (State<T>, Vec<PBlock>);
+
+/// One shard's payloads, as open found them.
+#[derive(Default)]
+pub(super) struct Found {
+    /// (sequence number, block, operation bytes)
+    records: Vec<(u64, PBlock, Vec<u8>)>,
+    /// (snapshot's `upto`, index, block, bytes)
+    chunks: Vec<(u64, u64, PBlock, Vec<u8>)>,
+    commits: Vec<(Commit, PBlock)>,
+}
+
+/// What kind of payload a type id names, and of which shard.
+#[derive(Clone, Copy)]
+enum Kind {
+    Record,
+    Chunk,
+    Commit,
+}
+
+impl Found {
+    /// Every live payload of the structure `attached` names, by shard (`kinds` are the
+    /// shards' type ids) and kind. A payload of another type id is
+    /// [`Error::LayoutMismatch`]: a log of other operations, or of another shard count.
+    pub(super) fn scan(heap: &Heap, attached: &Attached, kinds: &[Kinds]) -> Result<Vec<Found>> {
+        let mut ids: Vec<(u64, Kind, usize)> = Vec::with_capacity(kinds.len() * 3);
+        for (shard, k) in kinds.iter().enumerate() {
+            ids.push((k.record, Kind::Record, shard));
+            ids.push((k.chunk, Kind::Chunk, shard));
+            ids.push((k.commit, Kind::Commit, shard));
+        }
+        let type_ids: Vec<u64> = ids.iter().map(|&(id, _, _)| id).collect();
+        let found: Vec<Mutex<Found>> = kinds.iter().map(|_| Mutex::default()).collect();
+        structure::scan_payloads(
+            heap,
+            attached.owner(),
+            &type_ids,
+            "montage_collections::Logged record",
+            |type_id, block, bytes| {
+                let bad = |what| corrupted(block.offset(), what);
+                let Some(&(_, kind, shard)) = ids.iter().find(|&&(id, _, _)| id == type_id) else {
+                    unreachable!("scan_payloads passes only the type ids it was given")
+                };
+                let seq = structure::seq_prefix(bytes)
+                    .ok_or_else(|| bad("a log payload has no sequence number"))?;
+                let mut found = lock(&found[shard]);
+                match kind {
+                    Kind::Record => found.records.push((seq, block, bytes[8..].to_vec())),
+                    Kind::Chunk => {
+                        let index = structure::word_at(bytes, 8)
+                            .ok_or_else(|| bad("a snapshot chunk has no index"))?;
+                        found.chunks.push((seq, index, block, bytes[16..].to_vec()));
+                    }
+                    Kind::Commit => {
+                        let commit = Commit::decode(bytes)
+                            .ok_or_else(|| bad("a snapshot commit does not decode"))?;
+                        found.commits.push((commit, block));
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        Ok(found
+            .into_iter()
+            .map(|f| {
+                f.into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            })
+            .collect())
+    }
+
+    /// The state these payloads hold: the newest snapshot (or `initial`) with the records
+    /// after it replayed; and the blocks no longer needed (older records, other snapshots),
+    /// for deletion.
+    pub(super) fn rebuild<T: Replay>(
+        self,
+        initial: impl FnOnce() -> T,
+        name: &str,
+    ) -> Result<Rebuilt<T>> {
+        let Found {
+            mut records,
+            mut chunks,
+            mut commits,
+        } = self;
+        commits.sort_unstable_by_key(|(commit, _)| commit.upto);
+        let newest = commits.last().copied();
+        let mut unneeded: Vec<PBlock> = Vec::new();
+        let (value, upto, snapshot, snapshot_bytes) = match newest {
+            None => (None, 0, Vec::new(), 0),
+            Some((commit, block)) => {
+                let compiled = T::snapshot_format()?;
+                if commit.format != compiled {
+                    return Err(Error::LayoutMismatch {
+                        type_name: "montage_collections::Logged snapshot",
+                        stored: commit.format,
+                        compiled,
+                    });
+                }
+                let mut mine: Vec<(u64, PBlock, Vec<u8>)> = Vec::new();
+                for (upto, index, chunk_block, bytes) in chunks.drain(..) {
+                    if upto == commit.upto {
+                        mine.push((index, chunk_block, bytes));
+                    } else {
+                        unneeded.push(chunk_block);
+                    }
+                }
+                mine.sort_unstable_by_key(|&(index, _, _)| index);
+                let complete = mine.len() as u64 == commit.chunks
+                    && mine
+                        .iter()
+                        .zip(0u64..)
+                        .all(|(&(index, _, _), want)| index == want);
+                let bytes: Vec<u8> = mine
+                    .iter()
+                    .flat_map(|(_, _, b)| b.iter().copied())
+                    .collect();
+                if !complete || bytes.len() as u64 != commit.len {
+                    return Err(corrupted(
+                        block.offset(),
+                        "a committed snapshot has lost a chunk",
+                    ));
+                }
+                let value = T::load(&bytes)
+                    .ok_or_else(|| corrupted(block.offset(), "a snapshot does not load"))?;
+                let mut snapshot: Vec<PBlock> = mine.into_iter().map(|(_, b, _)| b).collect();
+                snapshot.push(block);
+                unneeded.extend(commits[..commits.len() - 1].iter().map(|&(_, b)| b));
+                (Some(value), commit.upto, snapshot, commit.len)
+            }
+        };
+        unneeded.extend(chunks.into_iter().map(|(_, _, b, _)| b));
+        records.sort_unstable_by_key(|&(seq, _, _)| seq);
+        let first = records.partition_point(|&(seq, _, _)| seq < upto);
+        unneeded.extend(records.drain(..first).map(|(_, b, _)| b));
+        for (expected, (seq, block, _)) in (upto..).zip(&records) {
+            if *seq != expected {
+                return Err(corrupted(
+                    block.offset(),
+                    if *seq < expected {
+                        "two log records have the same sequence number"
+                    } else {
+                        "the log has a gap: a record it needs was lost"
+                    },
+                ));
+            }
+        }
+        let next_seq = upto + records.len() as u64;
+        let start = value.unwrap_or_else(initial);
+        let value = replay(start, &records, name)?;
+        let records = records
+            .into_iter()
+            .map(|(seq, b, op)| (seq, b, 8 + op.len() as u64))
+            .collect();
+        let state = State::new(value, next_seq, records, upto, snapshot, snapshot_bytes);
+        Ok((state, unneeded))
+    }
+}
+
+/// Rebuilds every shard from `found`, in parallel over the machine's cores (shard `i`
+/// starts from `initial(i)` when it has no snapshot).
+pub(super) fn rebuild_all<T: Replay + Send>(
+    found: Vec<Found>,
+    initial: &(impl Fn(usize) -> T + Sync),
+    name: &str,
+) -> Result<Vec<Rebuilt<T>>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(found.len());
+    if threads <= 1 {
+        return found
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| f.rebuild(|| initial(i), name))
+            .collect();
+    }
+    let work: Mutex<Vec<(usize, Found)>> = Mutex::new(found.into_iter().enumerate().collect());
+    let done: Mutex<Vec<(usize, Result<Rebuilt<T>>)>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let next = lock(&work).pop();
+                    let Some((i, found)) = next else { break };
+                    let rebuilt = found.rebuild(|| initial(i), name);
+                    lock(&done).push((i, rebuilt));
+                }
+            });
+        }
+    });
+    let mut done = done
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    done.sort_unstable_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, rebuilt)| rebuilt).collect()
+}
+
+/// Applies `records` (sequence number, block, operation bytes), in order, to `value`.
+fn replay<T: Replay>(mut value: T, records: &[(u64, PBlock, Vec<u8>)], name: &str) -> Result<T> {
+    let replayed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<T> {
+        for (_, block, bytes) in records {
+            let op = T::Op::decode(bytes).ok_or_else(|| {
+                corrupted(
+                    block.offset(),
+                    "a log record does not decode as an operation",
+                )
+            })?;
+            value.apply(op);
+        }
+        Ok(value)
+    }));
+    replayed.unwrap_or_else(|_| {
+        Err(Error::Panicked {
+            structure: name.to_owned(),
+        })
+    })
+}
