@@ -115,6 +115,10 @@ fn map_contenders() -> Vec<(Contender, Backend)> {
         (Contender::StrictDurableHashMap, Backend::Pmem),
         (Contender::TransientHashMap, Backend::None),
         (Contender::DashMap, Backend::None),
+        (Contender::LoggedBTreeMap, Backend::Pmem),
+        (Contender::LoggedBTreeMapSharded, Backend::Pmem),
+        (Contender::LockedBTreeMap, Backend::None),
+        (Contender::LockedBTreeMapSharded, Backend::None),
         (Contender::Device, Backend::None),
     ];
     if cfg!(feature = "peers") {
@@ -136,6 +140,7 @@ fn queue_contenders() -> Vec<(Contender, Backend)> {
     vec![
         (Contender::MontageQueue, Backend::Pmem),
         (Contender::MontageNbQueue, Backend::Pmem),
+        (Contender::LoggedVecDeque, Backend::Pmem),
         (Contender::TransientQueue, Backend::None),
     ]
 }

@@ -183,15 +183,35 @@ fn ratios_against(
     goal: f64,
     filter: impl Fn(&Record) -> bool,
 ) -> Vec<Ratio> {
+    ratios_of(
+        records,
+        ("montage-hashmap", "pmem"),
+        workloads,
+        (contender, backend),
+        goal,
+        filter,
+    )
+}
+
+/// Every point where `ours` and `theirs` (contender, backend) were both measured in
+/// `workloads`, as ratios ours/theirs.
+fn ratios_of(
+    records: &[Record],
+    ours: (&str, &str),
+    workloads: &[&str],
+    theirs: (&str, &str),
+    goal: f64,
+    filter: impl Fn(&Record) -> bool,
+) -> Vec<Ratio> {
     records
         .iter()
         .filter(|r| {
-            r.contender == "montage-hashmap"
-                && r.backend == "pmem"
+            r.contender == ours.0
+                && r.backend == ours.1
                 && workloads.contains(&r.workload.as_str())
                 && filter(r)
         })
-        .filter_map(|ours| same_point_ratio(records, ours, contender, backend, goal))
+        .filter_map(|r| same_point_ratio(records, r, theirs.0, theirs.1, goal))
         .collect()
 }
 
@@ -326,7 +346,45 @@ pub(crate) fn targets(records: &[Record]) -> String {
         .filter_map(|ours| same_point_ratio(records, ours, "montage-hashmap", "pmem", 0.7))
         .collect();
     summarize(&mut out, "every map point, journal vs pmem", &buffered);
+    logged_targets(&mut out, records);
     out
+}
+
+/// The logged structures' targets: a `BTreeMap` made persistent by `Logged` against the
+/// same map under a lock in DRAM (one, and sharded against as many locked maps), and a
+/// logged `VecDeque` against a locked one.
+fn logged_targets(out: &mut String, records: &[Record]) {
+    for (ours, theirs, threads) in [
+        ("logged-btreemap", "locked-btreemap", 1),
+        ("logged-btreemap-sharded", "locked-btreemap-sharded", 2),
+    ] {
+        for (workload, goal) in [("90-5-5", 0.9), ("50-25-25", 0.5)] {
+            summarize(
+                out,
+                &format!("`{workload}` {ours} vs {theirs}, 256 B, {threads} thread(s)"),
+                &ratios_of(
+                    records,
+                    (ours, "pmem"),
+                    &[workload],
+                    (theirs, "none"),
+                    goal,
+                    |r| r.threads == threads && r.value_size == 256,
+                ),
+            );
+        }
+    }
+    summarize(
+        out,
+        "`queue-pairs` logged-vecdeque vs transient-queue (a locked `VecDeque`)",
+        &ratios_of(
+            records,
+            ("logged-vecdeque", "pmem"),
+            &["queue-pairs"],
+            ("transient-queue", "none"),
+            0.1,
+            |_| true,
+        ),
+    );
 }
 
 /// `ours` against `(contender, backend)` at the same point, if that was measured.

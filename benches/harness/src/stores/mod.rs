@@ -3,6 +3,7 @@
 
 pub(crate) mod baseline;
 pub(crate) mod device;
+pub(crate) mod logged;
 pub(crate) mod montage;
 #[cfg(feature = "peers")]
 pub(crate) mod peers;
@@ -72,6 +73,16 @@ pub(crate) enum Contender {
     MontageNbQueue,
     TransientQueue,
     Device,
+    /// A `BTreeMap` made persistent by `Logged`.
+    LoggedBTreeMap,
+    /// `LoggedShards` of `logged::SHARDS` `BTreeMap`s.
+    LoggedBTreeMapSharded,
+    /// A `BTreeMap` in DRAM under a reader-writer lock.
+    LockedBTreeMap,
+    /// `logged::SHARDS` of them, a key going to one by a hash.
+    LockedBTreeMapSharded,
+    /// A `VecDeque` made persistent by `Logged`.
+    LoggedVecDeque,
 }
 
 impl Contender {
@@ -94,6 +105,11 @@ impl Contender {
             Contender::MontageNbQueue => "montage-nb-queue",
             Contender::TransientQueue => "transient-queue",
             Contender::Device => "device",
+            Contender::LoggedBTreeMap => "logged-btreemap",
+            Contender::LoggedBTreeMapSharded => "logged-btreemap-sharded",
+            Contender::LockedBTreeMap => "locked-btreemap",
+            Contender::LockedBTreeMapSharded => "locked-btreemap-sharded",
+            Contender::LoggedVecDeque => "logged-vecdeque",
         }
     }
 
@@ -185,6 +201,11 @@ pub(crate) fn with_map(
         | Contender::MontageNbHashMap
         | Contender::StrictDurableHashMap => montage::with_map(contender, backend, dirs, sizing, f),
         Contender::TransientHashMap => f(&baseline::TransientMap::new()),
+        Contender::LoggedBTreeMap | Contender::LoggedBTreeMapSharded => {
+            logged::with_map(contender, backend, dirs, sizing, f)
+        }
+        Contender::LockedBTreeMap => f(&baseline::LockedTrees::new(1)),
+        Contender::LockedBTreeMapSharded => f(&baseline::LockedTrees::new(logged::SHARDS)),
         Contender::DashMap => f(&baseline::Dash::default()),
         Contender::Device => {
             let dir = tempfile::Builder::new()
@@ -212,6 +233,7 @@ pub(crate) fn with_queue(
 ) -> Result {
     match contender {
         Contender::TransientQueue => f(&baseline::TransientQueue::default()),
+        Contender::LoggedVecDeque => logged::with_queue(contender, backend, dirs, sizing, f),
         _ => montage::with_queue(contender, backend, dirs, sizing, f),
     }
 }

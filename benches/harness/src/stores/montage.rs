@@ -7,7 +7,7 @@ use super::{Backend, Contender, Dirs, MapStore, QueueStore, Result, Sizing};
 
 /// A fresh heap for `contender` on `backend`, sized by `sizing`, in a temporary directory
 /// that `f` outlives; `f` runs on it and the heap is closed (and its file removed) after.
-fn with_heap<R>(
+pub(super) fn with_heap<R>(
     contender: Contender,
     backend: Backend,
     dirs: &Dirs,
