@@ -162,10 +162,10 @@ impl Found {
                         .iter()
                         .zip(0u64..)
                         .all(|(&(index, _, _), want)| index == want);
-                let bytes: Vec<u8> = mine
-                    .iter()
-                    .flat_map(|(_, _, b)| b.iter().copied())
-                    .collect();
+                let mut bytes = Vec::with_capacity(mine.iter().map(|(_, _, b)| b.len()).sum());
+                for (_, _, chunk) in &mine {
+                    bytes.extend_from_slice(chunk);
+                }
                 if !complete || bytes.len() as u64 != commit.len {
                     return Err(corrupted(
                         block.offset(),

@@ -1,0 +1,214 @@
+//! What a `Logged` structure's log and snapshots cost at scale, on a `BTreeMap<u64, Vec<u8>>`
+//! of `ENTRIES` entries (1,000,000 by default) with 256-byte values, on a `pmem` heap in
+//! `/dev/shm`:
+//!
+//! * **replay**: the time `Logged::open` takes to scan and replay a log of one record per
+//!   entry (a structure that takes no snapshots), in records per second;
+//! * **stall**: the longest a writer thread, inserting every 20 us or so, waited for one call
+//!   while `compact` ran, for one structure and for `LoggedShards` of 8 (where each shard's
+//!   serialization stalls only that shard's calls);
+//! * **load**: the time `Logged::open` takes to load the snapshot (the log empty), in MB/s of
+//!   its encoding.
+//!
+//! `cargo run --release -p montage-bench --bin montage-logged -- [ENTRIES]`; the heap goes to
+//! `MONTAGE_BENCH_PMEM_DIR` (default `/dev/shm`).
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+#![allow(clippy::cast_precision_loss)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use montage_collections::logged::{Replay, SnapshotPolicy};
+use montage_collections::{Logged, LoggedShards};
+use montage_core::{BackendKind, Heap, HeapConfig};
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const VALUE: usize = 256;
+const SHARDS: usize = 8;
+
+/// The map, with snapshots in serde's form; an operation inserts one entry.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Tree(BTreeMap<u64, Vec<u8>>);
+
+impl Replay for Tree {
+    type Op = (u64, Vec<u8>);
+    type Output = ();
+
+    fn apply(&mut self, (key, value): (u64, Vec<u8>)) {
+        self.0.insert(key, value);
+    }
+
+    montage_collections::serde_snapshots!();
+}
+
+/// The same map without snapshots: its log holds every call.
+#[derive(Default)]
+struct Unsnapped(Tree);
+
+impl Replay for Unsnapped {
+    type Op = (u64, Vec<u8>);
+    type Output = ();
+
+    fn apply(&mut self, op: (u64, Vec<u8>)) {
+        self.0.apply(op);
+    }
+}
+
+fn value(key: u64) -> Vec<u8> {
+    let mut value = vec![0; VALUE];
+    value[..8].copy_from_slice(&key.to_le_bytes());
+    value
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Runs `compact` while a thread inserts; returns the compaction's time and the longest
+/// call the thread made meanwhile.
+fn stall(
+    insert: impl Fn(u64) -> Result + Sync,
+    compact: impl FnOnce() -> Result,
+) -> Result<(Duration, Duration)> {
+    let running = AtomicBool::new(true);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| -> Result<Duration> {
+            let mut longest = Duration::ZERO;
+            let mut key = 1u64 << 40;
+            // ORDERING: a stop flag; the scope's join orders the rest.
+            while running.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                insert(key)?;
+                longest = longest.max(start.elapsed());
+                key += 1;
+                // A steady writer, not a flood: the heap need not hold a second map.
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            Ok(longest)
+        });
+        // Let the writer reach its pace first.
+        std::thread::sleep(Duration::from_millis(200));
+        let start = Instant::now();
+        let compacted = compact();
+        let took = start.elapsed();
+        // ORDERING: as above.
+        running.store(false, Ordering::Relaxed);
+        let longest = writer.join().map_err(|_| "the writer panicked")??;
+        compacted?;
+        Ok((took, longest))
+    })
+}
+
+fn main() -> Result {
+    let entries: u64 = std::env::args()
+        .nth(1)
+        .map_or(Ok(1_000_000), |a| a.parse())?;
+    let dir = std::env::var_os("MONTAGE_BENCH_PMEM_DIR")
+        .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+    let dir = tempfile::Builder::new()
+        .prefix("montage-logged-")
+        .tempdir_in(dir)?;
+    // Records of about 290 bytes in 512-byte blocks, and the snapshots besides.
+    let size = (entries * 512 * 4).max(64 << 20);
+    let config = HeapConfig::new(dir.path().join("logged.heap"))
+        .size(size)
+        .max_size(size)
+        .backend(BackendKind::Pmem);
+    println!(
+        "{entries} entries of {VALUE}-byte values, heap in {}",
+        dir.path().display()
+    );
+
+    // Replay.
+    let heap = Heap::create(&config)?;
+    let log = Logged::<Unsnapped>::open(&heap, "replay")?;
+    for key in 0..entries {
+        log.apply((key, value(key)))?;
+    }
+    drop(log);
+    heap.close()?;
+    let heap = Heap::open(&config)?;
+    let start = Instant::now();
+    let log = Logged::<Unsnapped>::open(&heap, "replay")?;
+    let took = start.elapsed();
+    assert_eq!(log.read(|t| t.0.0.len())?, entries as usize);
+    println!(
+        "replay: {} records in {:.3} s ({:.2} M records/s, {:.3} s per million)",
+        log.log_len(),
+        seconds(took),
+        entries as f64 / seconds(took) / 1e6,
+        seconds(took) / (entries as f64 / 1e6)
+    );
+    drop(log);
+    heap.close()?;
+    std::fs::remove_file(config.path().ok_or("no path")?)?;
+
+    // One structure: the stall, then the load.
+    let heap = Heap::create(&config)?;
+    let tree = Logged::<Tree>::open(&heap, "tree")?;
+    tree.set_snapshot_policy(SnapshotPolicy::manual());
+    for key in 0..entries {
+        tree.apply((key, value(key)))?;
+    }
+    let (took, longest) = stall(
+        |key| Ok(tree.apply((key, value(key)))?),
+        || Ok(tree.compact().map(|_| ())?),
+    )?;
+    println!(
+        "snapshot, one structure: compact {:.3} s; the writer's longest call {:.1} ms",
+        seconds(took),
+        longest.as_secs_f64() * 1e3
+    );
+    let mut encoding = Vec::new();
+    tree.read(|t| t.save(&mut encoding))?
+        .ok_or("no snapshot")??;
+    tree.close()?;
+    heap.close()?;
+    let heap = Heap::open(&config)?;
+    let start = Instant::now();
+    let tree = Logged::<Tree>::open(&heap, "tree")?;
+    let took = start.elapsed();
+    assert_eq!(tree.log_len(), 0);
+    println!(
+        "load: {:.1} MB of snapshot in {:.3} s ({:.0} MB/s)",
+        encoding.len() as f64 / 1e6,
+        seconds(took),
+        encoding.len() as f64 / 1e6 / seconds(took)
+    );
+    drop(tree);
+    heap.close()?;
+    std::fs::remove_file(config.path().ok_or("no path")?)?;
+
+    // Shards.
+    let heap = Heap::create(&config)?;
+    let shards = LoggedShards::<Tree>::open(&heap, "shards", SHARDS)?;
+    shards.set_snapshot_policy(SnapshotPolicy::manual());
+    for key in 0..entries {
+        shards.apply(&key, (key, value(key)))?;
+    }
+    let (took, longest) = stall(
+        |key| Ok(shards.apply(&key, (key, value(key)))?),
+        || Ok(shards.compact().map(|_| ())?),
+    )?;
+    println!(
+        "snapshot, {SHARDS} shards: compact {:.3} s; the writer's longest call {:.1} ms",
+        seconds(took),
+        longest.as_secs_f64() * 1e3
+    );
+    shards.close()?;
+    heap.close()?;
+    let heap = Heap::open(&config)?;
+    let start = Instant::now();
+    let shards = LoggedShards::<Tree>::open(&heap, "shards", SHARDS)?;
+    println!(
+        "load, {SHARDS} shards in parallel: {:.3} s",
+        seconds(start.elapsed())
+    );
+    drop(shards);
+    heap.close()?;
+    Ok(())
+}
