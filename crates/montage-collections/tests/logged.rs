@@ -13,11 +13,11 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use montage_collections::logged::SnapshotPolicy;
+use montage_collections::logged::{SnapshotPolicy, together};
 use montage_collections::{Logged, LoggedShards, Replay};
 use montage_core::sim::SplitMix64;
 use montage_core::{BlockKind, Error, Heap, HeapConfig, ScanFilter, raw};
-use montage_testkit::{crash_generation, for_each_seed, run_against_clock};
+use montage_testkit::{Crashed, crash_generation, for_each_seed, run_against_clock};
 
 /// Balances by account; an operation adds an amount to one and returns the new balance.
 #[derive(Default, Debug, PartialEq)]
@@ -139,6 +139,47 @@ fn a_lost_record_is_a_gap_and_a_typed_error() {
     heap.close().unwrap();
 }
 
+/// Runs `call(thread, i, id)` for the `i`th of each of the `THREADS` threads' calls, `id`
+/// unique to the generation, thread and call, against the clock, with a crash at a random
+/// simulator event; returns the crash and each call's epoch by id.
+fn crash_calls(
+    heap: &Heap,
+    rng: &mut SplitMix64,
+    seed: u64,
+    generation: u64,
+    call: impl Fn(usize, u64, u64) + Sync,
+) -> (Crashed, BTreeMap<u64, u64>) {
+    let epochs = Mutex::new(BTreeMap::new());
+    let within = THREADS as u64 * CALLS_PER_THREAD * 8;
+    let crashed = crash_generation(heap, rng, within, seed, || {
+        run_against_clock(heap, seed ^ generation, THREADS, |t, ended| {
+            for i in 0..CALLS_PER_THREAD {
+                let id = (generation << 40) | ((t as u64) << 32) | i;
+                call(t, i, id);
+                let epoch = heap.last_op_epoch().unwrap();
+                ended.record(epoch);
+                epochs.lock().unwrap().insert(id, epoch.get());
+            }
+        })
+    })
+    .unwrap_or_else(|broken| panic!("generation {generation}: {broken}"));
+    (crashed, epochs.into_inner().unwrap())
+}
+
+/// A simulated heap's configuration for `seed` (its crash mode), and the seed's generator.
+fn simulated(seed: u64) -> (HeapConfig, SplitMix64) {
+    let mode = montage_testkit::crash_mode(seed);
+    let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
+    (config, SplitMix64::new(seed))
+}
+
+/// Each shard's history.
+fn shard_histories(shards: &LoggedShards<History>) -> Vec<Vec<u64>> {
+    (0..shards.shards())
+        .map(|i| shards.shard_at(i).unwrap().read(|h| h.0.clone()).unwrap())
+        .collect()
+}
+
 const THREADS: usize = 3;
 const CALLS_PER_THREAD: u64 = 40;
 
@@ -147,31 +188,18 @@ const CALLS_PER_THREAD: u64 = 40;
 /// one, exactly the calls of the epochs the recovered clock covers; a second generation
 /// continues from it.
 fn run_seed(seed: u64) {
-    let mode = montage_testkit::crash_mode(seed);
-    let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
-    let mut rng = SplitMix64::new(seed);
+    let (config, mut rng) = simulated(seed);
     let mut heap = Heap::create(&config).unwrap();
     for generation in 1..=2u64 {
         let history = Logged::<History>::open(&heap, "history").unwrap();
         let before = history.read(|h| h.0.clone()).unwrap();
-        let epochs = Mutex::new(BTreeMap::new());
-        let within = THREADS as u64 * CALLS_PER_THREAD * 8;
-        let crashed = crash_generation(&heap, &mut rng, within, seed, || {
-            run_against_clock(&heap, seed ^ generation, THREADS, |t, ended| {
-                for i in 0..CALLS_PER_THREAD {
-                    // One thread also compacts now and then, while the others call.
-                    if t == 0 && i % 8 == 7 {
-                        history.compact().unwrap();
-                    }
-                    let id = (generation << 40) | ((t as u64) << 32) | i;
-                    history.apply(id).unwrap();
-                    let epoch = heap.last_op_epoch().unwrap();
-                    ended.record(epoch);
-                    epochs.lock().unwrap().insert(id, epoch.get());
-                }
-            })
-        })
-        .unwrap_or_else(|broken| panic!("generation {generation}: {broken}"));
+        let (crashed, epochs) = crash_calls(&heap, &mut rng, seed, generation, |t, i, id| {
+            // One thread also compacts now and then, while the others call.
+            if t == 0 && i % 8 == 7 {
+                history.compact().unwrap();
+            }
+            history.apply(id).unwrap();
+        });
         let live = history.read(|h| h.0.clone()).unwrap();
         assert!(
             history.verify_replay().unwrap(),
@@ -187,7 +215,6 @@ fn run_seed(seed: u64) {
             FROM_SNAPSHOT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         drop(recovered);
-        let epochs = epochs.into_inner().unwrap();
         check_recovered(generation, &before, &live, &got, &epochs, crashed.cut.get());
     }
 }
@@ -237,34 +264,16 @@ fn a_recovered_logged_structure_is_the_live_one_after_a_prefix_of_its_calls() {
 /// takes in the background, very often: each shard's recovered history must be a prefix of
 /// its live one, exactly its calls of the epochs the recovered clock covers.
 fn run_sharded_seed(seed: u64) {
-    let mode = montage_testkit::crash_mode(seed);
-    let config = HeapConfig::simulated(8 << 20, mode).recovery_threads(2);
-    let mut rng = SplitMix64::new(seed);
+    let (config, mut rng) = simulated(seed);
     let mut heap = Heap::create(&config).unwrap();
-    let histories = |shards: &LoggedShards<History>| -> Vec<Vec<u64>> {
-        (0..SHARDS)
-            .map(|i| shards.shard_at(i).unwrap().read(|h| h.0.clone()).unwrap())
-            .collect()
-    };
     for generation in 1..=2u64 {
         let shards = LoggedShards::<History>::open(&heap, "histories", SHARDS).unwrap();
         shards.set_snapshot_policy(SnapshotPolicy::log_bytes(64).relative_to_snapshot(0));
-        let before = histories(&shards);
-        let epochs = Mutex::new(BTreeMap::new());
-        let within = THREADS as u64 * CALLS_PER_THREAD * 8;
-        let crashed = crash_generation(&heap, &mut rng, within, seed, || {
-            run_against_clock(&heap, seed ^ generation, THREADS, |t, ended| {
-                for i in 0..CALLS_PER_THREAD {
-                    let id = (generation << 40) | ((t as u64) << 32) | i;
-                    shards.apply(&id, id).unwrap();
-                    let epoch = heap.last_op_epoch().unwrap();
-                    ended.record(epoch);
-                    epochs.lock().unwrap().insert(id, epoch.get());
-                }
-            })
-        })
-        .unwrap_or_else(|broken| panic!("generation {generation}: {broken}"));
-        let live = histories(&shards);
+        let before = shard_histories(&shards);
+        let (crashed, epochs) = crash_calls(&heap, &mut rng, seed, generation, |_, _, id| {
+            shards.apply(&id, id).unwrap();
+        });
+        let live = shard_histories(&shards);
         assert!(
             shards.verify_replay().unwrap(),
             "replay differs from the live histories"
@@ -282,13 +291,12 @@ fn run_sharded_seed(seed: u64) {
         drop(heap);
         heap = Heap::open_image(crashed.image, &config).unwrap();
         let recovered = LoggedShards::<History>::open(&heap, "histories", SHARDS).unwrap();
-        let got = histories(&recovered);
+        let got = shard_histories(&recovered);
         if recovered.log_len() < recovered.calls() {
             // ORDERING: a count read after every seed ran.
             SHARDED_FROM_SNAPSHOT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         drop(recovered);
-        let epochs = epochs.into_inner().unwrap();
         for shard in 0..SHARDS {
             check_recovered(
                 generation,
@@ -314,6 +322,72 @@ fn a_recovered_sharded_structure_is_each_live_shard_after_a_prefix_of_its_calls(
 
 /// Generations whose recovered sharded structure came from a snapshot in some shard.
 static SHARDED_FROM_SNAPSHOT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Threads transfer ids into a `Logged<History>` and a `LoggedShards<History>` together (a
+/// third of the calls go to the first alone), while the clock moves and the policy takes
+/// snapshots in the background: after the crash, each history is a prefix of its live one
+/// with exactly the calls of the recovered epochs, and an id logged together is in both or
+/// in neither.
+fn run_together_seed(seed: u64) {
+    let (config, mut rng) = simulated(seed);
+    let mut heap = Heap::create(&config).unwrap();
+    for generation in 1..=2u64 {
+        let a = Logged::<History>::open(&heap, "a").unwrap();
+        let b = LoggedShards::<History>::open(&heap, "b", SHARDS).unwrap();
+        a.set_snapshot_policy(SnapshotPolicy::log_bytes(128).relative_to_snapshot(0));
+        b.set_snapshot_policy(SnapshotPolicy::log_bytes(64).relative_to_snapshot(0));
+        let before = (a.read(|h| h.0.clone()).unwrap(), shard_histories(&b));
+        let (crashed, epochs) = crash_calls(&heap, &mut rng, seed, generation, |_, i, id| {
+            if i % 3 == 0 {
+                a.apply(id).unwrap();
+            } else {
+                together(&heap, |tx| {
+                    tx.log(&a, id)?;
+                    tx.log_shard(&b.shard(&id)?, id)?;
+                    Ok(())
+                })
+                .unwrap();
+            }
+        });
+        let live = (a.read(|h| h.0.clone()).unwrap(), shard_histories(&b));
+        assert!(a.verify_replay().unwrap() && b.verify_replay().unwrap());
+        drop((a, b));
+        drop(heap);
+        heap = Heap::open_image(crashed.image, &config).unwrap();
+        let a = Logged::<History>::open(&heap, "a").unwrap();
+        let b = LoggedShards::<History>::open(&heap, "b", SHARDS).unwrap();
+        let got = (a.read(|h| h.0.clone()).unwrap(), shard_histories(&b));
+        drop((a, b));
+        let cut = crashed.cut.get();
+        check_recovered(generation, &before.0, &live.0, &got.0, &epochs, cut);
+        for shard in 0..SHARDS {
+            check_recovered(
+                generation,
+                &before.1[shard],
+                &live.1[shard],
+                &got.1[shard],
+                &epochs,
+                cut,
+            );
+        }
+        let in_b: std::collections::BTreeSet<u64> = got.1.iter().flatten().copied().collect();
+        let together_in_a: std::collections::BTreeSet<u64> = got
+            .0
+            .iter()
+            .copied()
+            .filter(|id| (id & 0xffff_ffff) % 3 != 0)
+            .collect();
+        assert_eq!(
+            together_in_a, in_b,
+            "generation {generation}: torn together"
+        );
+    }
+}
+
+#[test]
+fn calls_made_together_survive_a_crash_together() {
+    for_each_seed("logged-together", 24, run_together_seed);
+}
 
 /// Generations whose recovered structure came from a snapshot.
 static FROM_SNAPSHOT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -701,4 +775,104 @@ fn a_sharded_structure_keeps_its_shard_count_and_each_key_its_shard() {
     assert_eq!((ledgers.calls(), ledgers.log_len()), (600, 600));
     drop(ledgers);
     heap.close().unwrap();
+}
+
+#[test]
+fn a_together_that_fails_or_panics_changes_nothing() {
+    let heap = Heap::create(&HeapConfig::in_memory(4 << 20)).unwrap();
+    let other = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+    let a = Logged::<Ledger>::open(&heap, "a").unwrap();
+    let b = Logged::<Ledger>::open(&heap, "b").unwrap();
+    let elsewhere = Logged::<Ledger>::open(&other, "c").unwrap();
+    a.apply((1, 10)).unwrap();
+    let state = |l: &Logged<Ledger>| (l.read(|l| l.0.clone()).unwrap(), l.log_len());
+    let (a0, b0) = (state(&a), state(&b));
+    // An error after a call was logged: the call is not applied, its record not kept.
+    let failed: montage_core::Result<()> = together(&heap, |tx| {
+        tx.log(&a, (1, 5))?;
+        Err(Error::Unsupported {
+            what: "the caller's own error",
+        })
+    });
+    assert!(matches!(failed, Err(Error::Unsupported { what }) if what == "the caller's own error"));
+    assert!(matches!(
+        together(&heap, |tx| {
+            tx.log(&a, (1, 5))?;
+            tx.log(&a, (1, 6))
+        }),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(matches!(
+        together(&heap, |tx| {
+            tx.log(&a, (1, 5))?;
+            tx.log(&elsewhere, (1, 6))
+        }),
+        Err(Error::Unsupported { .. })
+    ));
+    assert_eq!((state(&a), state(&b)), (a0.clone(), b0.clone()));
+    // A panic in the second call: both structures poisoned, neither record kept.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        together(&heap, |tx| {
+            tx.log(&a, (1, 5))?;
+            tx.log(&b, (2, i64::MIN))?;
+            Ok(())
+        })
+    }));
+    assert!(panicked.is_err());
+    assert!(matches!(a.apply((1, 1)), Err(Error::Panicked { .. })));
+    assert!(matches!(b.read(|_| ()), Err(Error::Panicked { .. })));
+    drop((a, b));
+    let a = Logged::<Ledger>::open(&heap, "a").unwrap();
+    let b = Logged::<Ledger>::open(&heap, "b").unwrap();
+    assert_eq!((state(&a), state(&b)), (a0, b0));
+    // And one that commits: both applied, their outputs given.
+    let (x, y) = together(&heap, |tx| {
+        let (x, moved) = tx.log_with(&a, |l| {
+            let moved = l.0[&1] / 2;
+            ((1, -moved), moved)
+        })?;
+        Ok((x, tx.log(&b, (1, moved))?))
+    })
+    .unwrap();
+    assert_eq!((x.take(), y.take()), (Some(5), Some(5)));
+    assert!(a.verify_replay().unwrap() && b.verify_replay().unwrap());
+}
+
+#[test]
+fn togethers_in_opposite_orders_and_single_calls_run_side_by_side() {
+    let heap = Heap::create(&HeapConfig::in_memory(32 << 20)).unwrap();
+    let a = Logged::<Ledger>::open(&heap, "a").unwrap();
+    let b = Logged::<Ledger>::open(&heap, "b").unwrap();
+    a.set_snapshot_policy(SnapshotPolicy::manual());
+    b.set_snapshot_policy(SnapshotPolicy::manual());
+    const ROUNDS: i64 = 2_000;
+    std::thread::scope(|s| {
+        // Transfers of 1 from a to b, and from b to a, locking in opposite orders.
+        let heap = &heap;
+        for (from, to) in [(&a, &b), (&b, &a)] {
+            s.spawn(move || {
+                for _ in 0..ROUNDS {
+                    together(heap, |tx| {
+                        tx.log(from, (0, -1))?;
+                        tx.log(to, (0, 1))
+                    })
+                    .unwrap();
+                }
+            });
+        }
+        // Single calls on both, on another account.
+        s.spawn(|| {
+            for _ in 0..ROUNDS {
+                a.apply((1, 1)).unwrap();
+                b.apply((1, 1)).unwrap();
+            }
+        });
+    });
+    let balances = |l: &Logged<Ledger>| l.read(|l| (l.0[&0], l.0[&1])).unwrap();
+    assert_eq!((balances(&a), balances(&b)), ((0, ROUNDS), (0, ROUNDS)));
+    assert_eq!(
+        (a.calls(), b.calls()),
+        (3 * ROUNDS as u64, 3 * ROUNDS as u64)
+    );
+    assert!(a.verify_replay().unwrap() && b.verify_replay().unwrap());
 }

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
-use montage_core::{Attached, Codec, Error, Heap, PBlock, Result, StampedRwLock};
+use montage_core::stamped::StampedWriteGuard;
+use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result, StampedRwLock};
 
 use super::found::{Commit, Found, Rebuilt};
 use super::{Replay, SnapshotPolicy};
@@ -97,6 +98,22 @@ struct Shard<T> {
     state: StampedRwLock<State<T>>,
     /// Held by a compaction from its serialization to its deletions: one at a time.
     compacting: Mutex<()>,
+}
+
+/// A call's record, written, with its shard locked until the call is applied.
+pub(super) struct Record<'a, T> {
+    state: StampedWriteGuard<'a, State<T>>,
+    seq: u64,
+    block: PBlock,
+    len: u64,
+}
+
+/// Writes a record's bytes for `op` into `bytes`: eight bytes for the sequence number
+/// (`write_record` fills them in), then the operation's encoding.
+pub(super) fn encode_record<O: Codec>(op: &O, bytes: &mut Vec<u8>) -> Result<()> {
+    bytes.clear();
+    bytes.extend_from_slice(&[0; 8]);
+    op.encode(bytes)
 }
 
 /// The thread that takes the snapshots the policy asks for.
@@ -387,8 +404,14 @@ impl<T: Replay> Core<T> {
         Ok(())
     }
 
+    /// Fails every later call: a `T` may be half changed, and only reopening rebuilds it.
+    pub(super) fn poison(&self) {
+        // ORDERING: pairs with the Acquire load of `check_poisoned`.
+        self.poisoned.store(true, Ordering::Release);
+    }
+
     pub(super) fn check_poisoned(&self) -> Result<()> {
-        // ORDERING: pairs with the Release store in `apply`.
+        // ORDERING: pairs with the Release store in `poison`.
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Panicked {
                 structure: self.name.clone(),
@@ -404,47 +427,24 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
     /// of `logged`); asks the worker for a snapshot when the policy says so.
     pub(super) fn apply(this: &Arc<Core<T>>, index: usize, op: T::Op) -> Result<T::Output> {
         this.check_poisoned()?;
-        let shard = &this.shards[index];
         let mut panic = None;
-        let mut op = Some(op);
         let result = structure::with_encode_buffer(|bytes| {
-            bytes.clear();
-            bytes.extend_from_slice(&[0; 8]);
-            if let Some(op) = &op {
-                op.encode(bytes)?;
-            }
+            encode_record(&op, bytes)?;
+            let mut op = Some(op);
             this.attached.heap().run_op(|guard| {
-                let mut state = shard.state.write(guard)?;
-                let seq = state.next_seq;
-                bytes[..8].copy_from_slice(&seq.to_le_bytes());
-                // The last step that can fail: after it, the call happens.
-                let block = guard.alloc(this.attached.owner(), shard.kinds.record, bytes)?;
+                let state = this.lock_shard(index, guard)?;
+                let mut record = this.write_record(state, index, guard, bytes)?;
                 // Taken once: from here the closure returns what ends `run_op` (a success or
                 // the panic's error), never an error that runs it again.
                 let Some(op) = op.take() else {
                     unreachable!("run_op ran a logged call again after it applied it")
                 };
-                let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    state.value.apply(op)
-                }));
-                match applied {
-                    Ok(output) => {
-                        let len = bytes.len() as u64;
-                        state.next_seq = seq + 1;
-                        state.records.push_back((seq, block, len));
-                        state.log_bytes += len;
-                        let ask = !state.requested && state.log_bytes >= state.trigger_at;
-                        if ask {
-                            state.requested = true;
-                        }
-                        Ok((output, ask))
-                    }
+                match this.apply_record(&mut record, op) {
+                    Ok(done) => Ok(done),
                     Err(payload) => {
-                        // `T` may be half changed: this handle is done. The error rolls the
-                        // operation back, record and all, so the log never holds a call
-                        // whose replay panics; the panic goes on to the caller below.
-                        // ORDERING: pairs with the Acquire load of `check_poisoned`.
-                        this.poisoned.store(true, Ordering::Release);
+                        // The error rolls the operation back, record and all, so the log
+                        // never holds a call whose replay panics; the panic goes on to the
+                        // caller below.
                         panic = Some(payload);
                         Err(Error::Panicked {
                             structure: this.name.clone(),
@@ -463,8 +463,67 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
         Ok(output)
     }
 
+    /// Locks shard `index` for writing by operation `guard`: the first step of a call.
+    pub(super) fn lock_shard<'a>(
+        &'a self,
+        index: usize,
+        guard: &OpGuard<'_>,
+    ) -> Result<StampedWriteGuard<'a, State<T>>> {
+        self.shards[index].state.write(guard)
+    }
+
+    /// In operation `guard`, with shard `index` locked (`state`): writes the record whose
+    /// bytes (`encode_record`) are `bytes`, with the shard's next sequence number. The last
+    /// step of a call that can fail.
+    pub(super) fn write_record<'a>(
+        &'a self,
+        state: StampedWriteGuard<'a, State<T>>,
+        index: usize,
+        guard: &OpGuard<'_>,
+        bytes: &mut [u8],
+    ) -> Result<Record<'a, T>> {
+        let seq = state.next_seq;
+        bytes[..8].copy_from_slice(&seq.to_le_bytes());
+        let kind = self.shards[index].kinds.record;
+        let block = guard.alloc(self.attached.owner(), kind, bytes)?;
+        Ok(Record {
+            state,
+            seq,
+            block,
+            len: bytes.len() as u64,
+        })
+    }
+
+    /// Applies `op`, whose record `record` wrote, to the shard; returns its output and
+    /// whether the policy asks for a snapshot now. If `apply` panics, poisons the structure
+    /// (`T` may be half changed) and returns the panic.
+    pub(super) fn apply_record(
+        &self,
+        record: &mut Record<'_, T>,
+        op: T::Op,
+    ) -> std::thread::Result<(T::Output, bool)> {
+        let state = &mut record.state;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.value.apply(op))) {
+            Ok(output) => {
+                let (seq, block, len) = (record.seq, record.block, record.len);
+                state.next_seq = seq + 1;
+                state.records.push_back((seq, block, len));
+                state.log_bytes += len;
+                let ask = !state.requested && state.log_bytes >= state.trigger_at;
+                if ask {
+                    state.requested = true;
+                }
+                Ok((output, ask))
+            }
+            Err(payload) => {
+                self.poison();
+                Err(payload)
+            }
+        }
+    }
+
     /// Hands shard `index` to the worker, starting it first if needed.
-    fn ask_for_snapshot(this: &Arc<Core<T>>, index: usize) {
+    pub(super) fn ask_for_snapshot(this: &Arc<Core<T>>, index: usize) {
         let mut worker = lock(&this.worker);
         if worker.is_none() {
             let (wake, asked) = mpsc::channel::<usize>();

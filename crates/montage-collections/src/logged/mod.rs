@@ -76,6 +76,9 @@
 
 mod core;
 mod found;
+mod together;
+
+pub use together::{Ticket, Together, together};
 
 use std::sync::Arc;
 

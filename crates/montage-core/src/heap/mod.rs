@@ -123,6 +123,12 @@ impl Heap {
         self.shared().runtime.types.types()
     }
 
+    /// Whether `self` and `other` are handles of the same open heap (clones of one
+    /// [`Heap`], or handles the structures hold).
+    pub fn same_heap(&self, other: &Heap) -> bool {
+        std::ptr::eq(self.shared(), other.shared())
+    }
+
     /// The random id chosen when the heap was created.
     pub fn creation_id(&self) -> u64 {
         self.shared().geometry.creation_id
