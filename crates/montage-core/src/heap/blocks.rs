@@ -5,7 +5,6 @@ use std::sync::{Mutex, PoisonError};
 
 use super::Heap;
 use crate::alloc::block::{BlockInfo, BlockView, OwnerId, PBlock};
-use crate::base::layout::META_RETIRED;
 use crate::error::Result;
 use crate::recovery::scan::{self, UnitVisit};
 
@@ -164,9 +163,9 @@ impl Heap {
         let progress = scan::Progress::new(&units, 1, None);
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
             let mut seen = 0;
-            for (offset, view) in &unit.blocks {
+            for (_, view) in &unit.blocks {
                 let Some(view) = view else { continue };
-                if !self.in_state(*offset, filter.live)? {
+                if !self.in_state(view.info(), filter.live)? {
                     continue;
                 }
                 if filter.matches(view.info()) {
@@ -192,14 +191,25 @@ impl Heap {
         Ok(counts.into_iter().sum())
     }
 
-    /// Whether the valid block at `offset` is part of the heap's state for a scan: not
-    /// quarantined, and, if `live`, not retired (a version an operation has replaced).
-    pub(super) fn in_state(&self, offset: u64, live: bool) -> Result<bool> {
+    /// Whether the block `info` describes, whose header the scan found valid, is part of
+    /// the heap's state for a scan: not quarantined, and, if `live`, still the version the
+    /// scan read and not retired (replaced or deleted by an operation). Between the scan's
+    /// read of a header and this check, reclamation may invalidate a retired block (its meta
+    /// word is zero then) and the allocator may hand it out again (a new header): neither
+    /// is the live version the scan found.
+    pub(super) fn in_state(&self, info: &BlockInfo, live: bool) -> Result<bool> {
+        let offset = info.block.offset();
         if self.shared().report.is_quarantined(offset) {
             return Ok(false);
         }
-        let media = &self.shared().runtime.media;
-        Ok(!live || media.load(offset)? & META_RETIRED == 0)
+        if !live {
+            return Ok(true);
+        }
+        let read = info
+            .spec
+            .raw(info.len)
+            .meta(offset, self.shared().geometry.creation_id);
+        Ok(self.shared().runtime.media.load(offset)? == read)
     }
 
     /// The headers of every valid block matching `filter`, in heap order.

@@ -157,9 +157,9 @@ impl Heap {
                 Unit::Class { class, .. } => &classes[usize::from(class)],
                 Unit::Large { .. } => &large,
             };
-            for (offset, view) in &unit.blocks {
+            for (_, view) in &unit.blocks {
                 let Some(view) = view else { continue };
-                if !self.in_state(*offset, true)? {
+                if !self.in_state(view.info(), true)? {
                     continue;
                 }
                 let info = view.info();
