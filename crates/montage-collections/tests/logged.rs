@@ -4,9 +4,12 @@
 //! every synced call is in it, unsharded and sharded, with snapshots taken by hand and by
 //! the background policy; a panicking operation poisons only its handle; a lost record is a
 //! typed error; closing leaves a snapshot that new operations open, while a log of old ones
-//! is refused.
+//! is refused. A sequential model (proptest) runs random calls, compactions, clock advances,
+//! syncs and closes with a power failure at a random persistence event among them, in every
+//! simulator mode, with the clock also moving by itself.
 //!
-//! `MONTAGE_CRASH_SEEDS=N` runs more seeds; `MONTAGE_CRASH_SEED=S` replays one.
+//! `MONTAGE_CRASH_SEEDS=N` runs more seeds (and model cases); `MONTAGE_CRASH_SEED=S` replays
+//! one seed.
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
@@ -15,9 +18,13 @@ use std::sync::Mutex;
 
 use montage_collections::logged::{SnapshotPolicy, together};
 use montage_collections::{Logged, LoggedShards, Replay};
+use montage_core::sim::SimMode;
 use montage_core::sim::SplitMix64;
-use montage_core::{BlockKind, Error, Heap, HeapConfig, ScanFilter, raw};
-use montage_testkit::{Crashed, crash_generation, for_each_seed, run_against_clock};
+use montage_core::{BlockKind, Epoch, EpochLength, Error, Heap, HeapConfig, ScanFilter, raw};
+use montage_testkit::{
+    Crashed, SyncRecord, check_synced, crash_generation, for_each_seed, run_against_clock,
+};
+use proptest::prelude::*;
 
 /// Balances by account; an operation adds an amount to one and returns the new balance.
 #[derive(Default, Debug, PartialEq)]
@@ -875,4 +882,119 @@ fn togethers_in_opposite_orders_and_single_calls_run_side_by_side() {
         (3 * ROUNDS as u64, 3 * ROUNDS as u64)
     );
     assert!(a.verify_replay().unwrap() && b.verify_replay().unwrap());
+}
+
+// ---- a sequential model ----------------------------------------------------------------
+
+/// One step of a run.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// This many calls.
+    Calls(u8),
+    Compact,
+    Advance,
+    Sync,
+    /// Closes the handle (a snapshot) and opens it again.
+    Reopen,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (1u8..12).prop_map(Step::Calls),
+        1 => Just(Step::Compact),
+        3 => Just(Step::Advance),
+        1 => Just(Step::Sync),
+        1 => Just(Step::Reopen),
+    ]
+}
+
+/// Runs `steps` on the structure `history` of `heap`, checking it against the model at every
+/// step; returns the model (every call's id and epoch, in order) and the syncs.
+fn run(heap: &Heap, steps: &[Step]) -> Result<(Vec<(u64, Epoch)>, Vec<SyncRecord>), TestCaseError> {
+    let sim = heap.simulator().unwrap();
+    let open = || {
+        let history = Logged::<History>::open(heap, "history").unwrap();
+        history.set_snapshot_policy(SnapshotPolicy::manual());
+        history
+    };
+    let mut history = open();
+    let mut calls: Vec<(u64, Epoch)> = Vec::new();
+    let mut syncs = Vec::new();
+    for &step in steps {
+        match step {
+            Step::Calls(n) => {
+                for _ in 0..n {
+                    let id = calls.len() as u64;
+                    history.apply(id).unwrap();
+                    calls.push((id, heap.last_op_epoch().unwrap()));
+                }
+            }
+            Step::Compact => {
+                history.compact().unwrap();
+            }
+            Step::Advance => {
+                heap.advance_epoch().unwrap();
+            }
+            Step::Sync => {
+                let covered = calls.last().map_or(Epoch::ZERO, |&(_, e)| e);
+                heap.sync().unwrap();
+                syncs.push(SyncRecord {
+                    covered,
+                    returned_at: sim.events(),
+                });
+            }
+            Step::Reopen => {
+                history.close().unwrap();
+                history = open();
+            }
+        }
+        let live: Vec<u64> = calls.iter().map(|&(id, _)| id).collect();
+        prop_assert_eq!(history.read(|h| h.0.clone()).unwrap(), live);
+    }
+    prop_assert!(history.verify_replay().unwrap());
+    Ok((calls, syncs))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("MONTAGE_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(48)
+    ))]
+
+    #[test]
+    fn a_recovered_logged_structure_is_the_model_after_a_prefix_of_its_calls(
+        mode in prop::sample::select(vec![
+            SimMode::Prefix, SimMode::WordTear, SimMode::Eadr, SimMode::File,
+        ]),
+        steps in prop::collection::vec(step(), 1..40),
+        crash_at in 0.0f64..1.0,
+        seed in any::<u64>(),
+    ) {
+        // The clock also advances by itself, every 50 us: in the middle of a compaction, too.
+        let config = HeapConfig::simulated(8 << 20, mode)
+            .epoch_length(EpochLength::Every(std::time::Duration::from_micros(50)));
+        // A first run counts the persistence events, so that the crash falls among them (the
+        // second run takes about as many).
+        let events = {
+            let heap = Heap::create(&config).unwrap();
+            let start = heap.simulator().unwrap().events();
+            run(&heap, &steps)?;
+            heap.simulator().unwrap().events() - start
+        };
+        let heap = Heap::create(&config).unwrap();
+        let sim = heap.simulator().unwrap();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        let crash_step = sim.events() + (crash_at * events as f64) as u64;
+        sim.crash_at(crash_step);
+        let (calls, syncs) = run(&heap, &steps)?;
+        let image = sim.crash(seed);
+        let cut = image.epoch_word().unwrap().durable_cut();
+        check_synced(&syncs, crash_step, cut).map_err(TestCaseError::fail)?;
+        drop(heap);
+        let heap = Heap::open_image(image, &config).unwrap();
+        let recovered = Logged::<History>::open(&heap, "history").unwrap();
+        let got = recovered.read(|h| h.0.clone()).unwrap();
+        let kept: Vec<u64> = calls.iter().filter(|&&(_, e)| e <= cut).map(|&(id, _)| id).collect();
+        prop_assert_eq!(got, kept);
+        prop_assert!(recovered.verify_replay().unwrap());
+    }
 }
