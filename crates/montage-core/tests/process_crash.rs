@@ -258,40 +258,22 @@ fn rounds(path: &Path, mut cut: Cut, growth: Growth) {
     let mut ballast = 0;
     let mut sizes = Vec::new();
     for round in 0..ROUNDS {
-        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-        command
-            .env("MONTAGE_CHILD_HEAP", &path)
-            .env("MONTAGE_CHILD_SEED", round.to_string())
-            .stdout(std::process::Stdio::piped());
+        let seed = round.to_string();
+        let mut env = vec![
+            ("MONTAGE_CHILD_HEAP", path.as_os_str()),
+            ("MONTAGE_CHILD_SEED", seed.as_ref()),
+        ];
         if growth == Growth::Growing {
-            command.env("MONTAGE_CHILD_GROWS", "1");
+            env.push(("MONTAGE_CHILD_GROWS", "1".as_ref()));
         }
-        let mut child = command.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("MONTAGE ") {
-                    if lines.is_empty() {
-                        let _ = ready_tx.send(());
-                    }
-                    lines.push(line[at + 8..].to_owned());
-                }
-            }
-            lines
-        });
         // Once the child has recovered the heap, let it run 5 to 200 ms, then pull the plug.
-        let came_up = ready_rx.recv_timeout(Duration::from_secs(60)).is_ok();
-        std::thread::sleep(Duration::from_millis(5 + rng.next_u64() % 195));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let lines = reader.join().unwrap();
+        let run_for = Duration::from_millis(5 + rng.next_u64() % 195);
+        let lines = montage_testkit::kill_child_after(&env, run_for);
         if let Cut::Power(mounted) = cut {
             let survived = mounted.power_cut(rng.next_u64()).unwrap();
             cut = Cut::Power(survived.remount().unwrap());
         }
-        assert!(came_up, "round {round}: the child did not start");
+        let lines = lines.unwrap_or_else(|| panic!("round {round}: the child did not start"));
         assert!(
             lines.first().is_some_and(|l| l == "ready"),
             "round {round}: the child never came up: {lines:?}"

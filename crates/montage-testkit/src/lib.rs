@@ -340,6 +340,56 @@ pub fn run_tests(tests: &[(&str, fn())]) -> std::process::ExitCode {
     }
 }
 
+/// Starts the running test binary again as a child process with `env` set (the variables
+/// that make its `main` do the child's work, see [`run_tests`]), waits up to a minute for the
+/// first line it prints with `MONTAGE ` in it, lets it run for `run_for` more, and kills it
+/// with SIGKILL. Returns the text after `MONTAGE ` of each such line it printed (the first
+/// among them), or `None` if it printed none within the minute.
+///
+/// # Panics
+///
+/// If the child cannot be started, killed or waited for.
+#[must_use]
+pub fn kill_child_after(
+    env: &[(&str, &std::ffi::OsStr)],
+    run_for: std::time::Duration,
+) -> Option<Vec<String>> {
+    use std::io::BufRead;
+
+    let mut command =
+        std::process::Command::new(std::env::current_exe().expect("the test binary's path"));
+    command.stdout(std::process::Stdio::piped());
+    for &(name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("start the child process");
+    let stdout = child.stdout.take().expect("the child's piped output");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(at) = line.find("MONTAGE ") {
+                if lines.is_empty() {
+                    let _ = ready_tx.send(());
+                }
+                lines.push(line[at + 8..].to_owned());
+            }
+        }
+        lines
+    });
+    let came_up = ready_rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .is_ok();
+    std::thread::sleep(run_for);
+    child.kill().expect("kill the child");
+    child.wait().expect("wait for the child");
+    let lines = reader.join().expect("the child's output reader");
+    came_up.then_some(lines)
+}
+
 /// The directory for benchmark heap files: `MONTAGE_BENCH_DIR`, else `/dev/shm` (so file
 /// heaps measure the runtime rather than the disk), else the system temp directory.
 pub fn bench_dir() -> std::path::PathBuf {
