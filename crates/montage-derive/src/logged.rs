@@ -1,15 +1,15 @@
 //! `#[logged]` on an `impl` block: the operations of a `Logged<T>` from `T`'s own methods.
 //!
 //! Every `pub fn name(&mut self, arg: Type, ...) -> R` of the block (or `pub(crate)`, ...:
-//! any method that is not private) becomes a variant of an
-//! operation enum `<T>Op` (its arguments as fields, each encoded with its `Codec` behind a
-//! length), with an output enum `<T>Output`, the `Replay` impl that calls the method, and a
-//! trait `<T>Logged` implemented for every `Logs<T>` handle (`Logged<T>`, a shard of
-//! `LoggedShards<T>`) whose methods of the same names log the
-//! call and return `montage::Result<R>`. `&self` methods and private methods are left as
-//! they are (reads go through `Logged::read`). What cannot be replayed is rejected with an
-//! error on it: generic methods or blocks, `impl Trait`, reference or pattern arguments,
-//! `async fn`, `self` by value.
+//! any method that is not private) becomes a variant of an operation enum `<T>Op` (its
+//! arguments as fields, each encoded with its `Codec` behind a length), with an output enum
+//! `<T>Output`, the `Replay` impl that calls the method, and a trait `<T>Logged`, implemented
+//! for every `Logs<T>` handle (`Logged<T>`, a shard of `LoggedShards<T>`), whose methods of
+//! the same names log the call and return `montage::Result<R>`. The generated items have the
+//! visibility of the most visible logged method. `&self` methods and private methods are
+//! left as they are (reads go through `Logged::read`). What cannot be replayed is rejected
+//! with an error on it: generic methods or blocks, `impl Trait`, reference or pattern
+//! arguments, `async fn`, `self` by value.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote};
@@ -44,11 +44,30 @@ fn parse_args(cx: &Ctxt, args: TokenStream) -> Args {
     out
 }
 
-/// One logged method: its name, arguments (name, type) and return type.
+/// One logged method: its name, visibility, arguments (name, type) and return type.
 struct Method {
     name: syn::Ident,
+    vis: syn::Visibility,
     args: Vec<(syn::Ident, syn::Type)>,
     output: syn::Type,
+}
+
+/// The visibility of the generated items: that of the most visible logged method (`pub`
+/// before `pub(crate)` before any other restriction), so that they expose no more than the
+/// methods do, nor less.
+fn visibility(methods: &[Method]) -> syn::Visibility {
+    let rank = |vis: &syn::Visibility| match vis {
+        syn::Visibility::Public(_) => 3,
+        syn::Visibility::Restricted(r) if r.path.is_ident("crate") && r.in_token.is_none() => 2,
+        syn::Visibility::Restricted(_) => 1,
+        syn::Visibility::Inherited => 0,
+    };
+    methods
+        .iter()
+        .map(|m| &m.vis)
+        .max_by_key(|vis| rank(vis))
+        .cloned()
+        .unwrap_or(syn::Visibility::Inherited)
 }
 
 /// The logged methods of `block`, with an error on each that cannot be one.
@@ -113,6 +132,7 @@ fn methods(cx: &Ctxt, block: &syn::ItemImpl) -> Vec<Method> {
         };
         out.push(Method {
             name: sig.ident.clone(),
+            vis: f.vis.clone(),
             args,
             output,
         });
@@ -226,15 +246,16 @@ fn generate(
     );
     let output_doc = format!("What a logged call of `{self_ident}` returns.");
     let codec = codec(self_ident, &op, methods, krate);
-    let handle_trait = handle_trait(self_ty, self_ident, methods, krate);
+    let vis = visibility(methods);
+    let handle_trait = handle_trait(self_ty, self_ident, methods, krate, &vis);
     quote! {
         #[doc = #op_doc]
         #[allow(missing_docs, clippy::large_enum_variant)]
-        pub enum #op { #(#variants),* }
+        #vis enum #op { #(#variants),* }
 
         #[doc = #output_doc]
         #[allow(missing_docs)]
-        pub enum #output { #(#outputs),* }
+        #vis enum #output { #(#outputs),* }
 
         #codec
 
@@ -352,6 +373,7 @@ fn handle_trait(
     self_ident: &syn::Ident,
     methods: &[Method],
     krate: &syn::Path,
+    vis: &syn::Visibility,
 ) -> TokenStream {
     let op = format_ident!("{}Op", self_ident);
     let output = format_ident!("{}Output", self_ident);
@@ -395,7 +417,7 @@ fn handle_trait(
     });
     quote! {
         #[doc = #handle_doc]
-        pub trait #handle {
+        #vis trait #handle {
             #(#handle_decls)*
         }
 
