@@ -10,6 +10,9 @@
 //! * **load**: the time `Logged::open` takes to load the snapshot (the log empty), in MB/s of
 //!   its encoding.
 //!
+//! The snapshot figures are taken twice: with the values as `Vec<u8>` (which serde writes as
+//! a sequence of numbers, one byte at a time) and as `serde_bytes` byte strings.
+//!
 //! `cargo run --release -p montage-bench --bin montage-logged -- [ENTRIES]`; the heap goes to
 //! `MONTAGE_BENCH_PMEM_DIR` (default `/dev/shm`).
 
@@ -40,6 +43,26 @@ impl Replay for Tree {
 
     fn apply(&mut self, (key, value): (u64, Vec<u8>)) {
         self.0.insert(key, value);
+    }
+
+    montage_collections::serde_snapshots!();
+}
+
+/// A byte value that serde writes as one byte string (`serde_bytes`), not as a sequence
+/// of 256 numbers.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Bytes(#[serde(with = "serde_bytes")] Vec<u8>);
+
+/// The map with its values in `Bytes`.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct ByteTree(BTreeMap<u64, Bytes>);
+
+impl Replay for ByteTree {
+    type Op = (u64, Vec<u8>);
+    type Output = ();
+
+    fn apply(&mut self, (key, value): (u64, Vec<u8>)) {
+        self.0.insert(key, Bytes(value));
     }
 
     montage_collections::serde_snapshots!();
@@ -147,9 +170,20 @@ fn main() -> Result {
     heap.close()?;
     std::fs::remove_file(config.path().ok_or("no path")?)?;
 
+    snapshots::<Tree>(&config, entries, "Vec<u8> values")?;
+    snapshots::<ByteTree>(&config, entries, "serde_bytes values")?;
+    Ok(())
+}
+
+/// The stall and load figures of a map of `T`, one structure and 8 shards.
+fn snapshots<T>(config: &HeapConfig, entries: u64, what: &str) -> Result
+where
+    T: Replay<Op = (u64, Vec<u8>), Output = ()> + Default + Send + Sync + 'static,
+{
+    let path = config.path().ok_or("no path")?;
     // One structure: the stall, then the load.
-    let heap = Heap::create(&config)?;
-    let tree = Logged::<Tree>::open(&heap, "tree")?;
+    let heap = Heap::create(config)?;
+    let tree = Logged::<T>::open(&heap, "tree")?;
     tree.set_snapshot_policy(SnapshotPolicy::manual());
     for key in 0..entries {
         tree.apply((key, value(key)))?;
@@ -158,34 +192,34 @@ fn main() -> Result {
         |key| Ok(tree.apply((key, value(key)))?),
         || Ok(tree.compact().map(|_| ())?),
     )?;
-    println!(
-        "snapshot, one structure: compact {:.3} s; the writer's longest call {:.1} ms",
-        seconds(took),
-        longest.as_secs_f64() * 1e3
-    );
     let mut encoding = Vec::new();
     tree.read(|t| t.save(&mut encoding))?
         .ok_or("no snapshot")??;
+    println!(
+        "{what}: snapshot of one structure ({:.1} MB): compact {:.3} s; the writer's longest call {:.1} ms",
+        encoding.len() as f64 / 1e6,
+        seconds(took),
+        longest.as_secs_f64() * 1e3
+    );
     tree.close()?;
     heap.close()?;
-    let heap = Heap::open(&config)?;
+    let heap = Heap::open(config)?;
     let start = Instant::now();
-    let tree = Logged::<Tree>::open(&heap, "tree")?;
+    let tree = Logged::<T>::open(&heap, "tree")?;
     let took = start.elapsed();
     assert_eq!(tree.log_len(), 0);
     println!(
-        "load: {:.1} MB of snapshot in {:.3} s ({:.0} MB/s)",
-        encoding.len() as f64 / 1e6,
+        "{what}: load of one structure in {:.3} s ({:.0} MB/s)",
         seconds(took),
         encoding.len() as f64 / 1e6 / seconds(took)
     );
     drop(tree);
     heap.close()?;
-    std::fs::remove_file(config.path().ok_or("no path")?)?;
+    std::fs::remove_file(path)?;
 
     // Shards.
-    let heap = Heap::create(&config)?;
-    let shards = LoggedShards::<Tree>::open(&heap, "shards", SHARDS)?;
+    let heap = Heap::create(config)?;
+    let shards = LoggedShards::<T>::open(&heap, "shards", SHARDS)?;
     shards.set_snapshot_policy(SnapshotPolicy::manual());
     for key in 0..entries {
         shards.apply(&key, (key, value(key)))?;
@@ -195,20 +229,21 @@ fn main() -> Result {
         || Ok(shards.compact().map(|_| ())?),
     )?;
     println!(
-        "snapshot, {SHARDS} shards: compact {:.3} s; the writer's longest call {:.1} ms",
+        "{what}: snapshot of {SHARDS} shards: compact {:.3} s; the writer's longest call {:.1} ms",
         seconds(took),
         longest.as_secs_f64() * 1e3
     );
     shards.close()?;
     heap.close()?;
-    let heap = Heap::open(&config)?;
+    let heap = Heap::open(config)?;
     let start = Instant::now();
-    let shards = LoggedShards::<Tree>::open(&heap, "shards", SHARDS)?;
+    let shards = LoggedShards::<T>::open(&heap, "shards", SHARDS)?;
     println!(
-        "load, {SHARDS} shards in parallel: {:.3} s",
+        "{what}: load of {SHARDS} shards, in parallel, in {:.3} s",
         seconds(start.elapsed())
     );
     drop(shards);
     heap.close()?;
+    std::fs::remove_file(path)?;
     Ok(())
 }

@@ -290,7 +290,10 @@ impl<T: Replay> Core<T> {
             if state.next_seq == state.snapshot_upto {
                 return Ok(false);
             }
-            let mut bytes = Vec::new();
+            // About the size of the last snapshot: no copies as the buffer grows.
+            let expected = usize::try_from(state.snapshot_bytes + state.snapshot_bytes / 8)
+                .unwrap_or(usize::MAX);
+            let mut bytes = Vec::with_capacity(expected);
             match state.value.save(&mut bytes) {
                 None => {
                     return Err(Error::Unsupported {
