@@ -516,3 +516,38 @@ fn a_crash_during_create_leaves_a_file_open_rejects() {
     }
     assert!(outcomes.contains("not a heap"));
 }
+
+/// `OpGuard::discard` retires a block without an anti-block: none is written, the block is
+/// not live from then on, a crash before its reclamation brings it back whole (its deletion
+/// was never recorded), and once it is reclaimed it is gone for good.
+#[test]
+fn a_discarded_block_writes_no_anti_block_and_comes_back_only_until_reclaimed() {
+    use montage_core::{BlockKind, EpochLength};
+
+    let config = HeapConfig::simulated(4 << 20, SimMode::Prefix).epoch_length(EpochLength::Manual);
+    let heap = Heap::create(&config).unwrap();
+    let owner = heap.register("x").unwrap();
+    let block = heap.run_op(|op| op.alloc(owner, 1, b"kept")).unwrap();
+    heap.advance_epoch().unwrap();
+    heap.run_op(|op| op.discard(block)).unwrap();
+    heap.sync().unwrap();
+    let all = heap.collect(ScanFilter::all()).unwrap();
+    assert!(
+        all.iter().all(|info| info.spec.kind != BlockKind::Delete),
+        "an anti-block"
+    );
+    let live = |heap: &Heap| heap.collect(ScanFilter::all().owner(owner).live()).unwrap();
+    assert!(live(&heap).is_empty());
+    let sim = heap.simulator().unwrap();
+    let back = Heap::open_image(sim.crash(1), &config).unwrap();
+    let found = live(&back);
+    assert_eq!(found.len(), 1);
+    assert_eq!(back.read_payload(found[0].block).unwrap(), b"kept");
+    drop(back);
+    for _ in 0..4 {
+        heap.advance_epoch().unwrap();
+    }
+    heap.sync().unwrap();
+    let gone = Heap::open_image(sim.crash(2), &config).unwrap();
+    assert!(live(&gone).is_empty());
+}

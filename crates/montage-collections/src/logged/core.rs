@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use montage_core::stamped::StampedWriteGuard;
 use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result, StampedRwLock};
 
-use super::found::{Commit, Found, Rebuilt};
+use super::found::{Commit, Dead, Found, Rebuilt};
 use super::{Replay, SnapshotPolicy};
 use crate::structure::{self, lock};
 
@@ -162,12 +162,12 @@ impl<T: Replay> Core<T> {
             (0..shards).map(|_| Found::default()).collect()
         };
         let shards_rebuilt = rebuild(found)?;
-        let mut leftovers = Vec::new();
+        let mut leftovers = Dead::default();
         let shards = kinds
             .into_iter()
             .zip(shards_rebuilt)
-            .map(|(kinds, (state, unneeded))| {
-                leftovers.extend(unneeded);
+            .map(|(kinds, (state, dead))| {
+                leftovers.append(dead);
                 Shard {
                     kinds,
                     state: StampedRwLock::new(state),
@@ -185,7 +185,7 @@ impl<T: Replay> Core<T> {
             background_error: Mutex::new(None),
         };
         core.rearm_all();
-        match core.delete(&leftovers) {
+        match core.remove(&leftovers) {
             Ok(()) | Err(Error::ReadOnly) => Ok(Arc::new(core)),
             Err(err) => Err(err),
         }
@@ -308,18 +308,21 @@ impl<T: Replay> Core<T> {
             Ok(snapshot) => snapshot,
             Err((written, err)) => {
                 // Abandoned: its chunks go, the log stays.
-                self.delete(&written)?;
+                self.delete(&written, false)?;
                 return Err(err);
             }
         };
         let replaced = {
             let mut state = shard.state.write_outside_op();
-            let mut replaced = std::mem::replace(&mut state.snapshot, snapshot);
+            let mut replaced = Dead {
+                records: Vec::new(),
+                snapshots: std::mem::replace(&mut state.snapshot, snapshot),
+            };
             while let Some(&(seq, block, len)) = state.records.front() {
                 if seq >= upto {
                     break;
                 }
-                replaced.push(block);
+                replaced.records.push(block);
                 state.log_bytes -= len;
                 state.records.pop_front();
             }
@@ -328,7 +331,7 @@ impl<T: Replay> Core<T> {
             replaced
         };
         // In operations after the commit's, so in epochs no older than its.
-        self.delete(&replaced)?;
+        self.remove(&replaced)?;
         Ok(true)
     }
 
@@ -372,12 +375,24 @@ impl<T: Replay> Core<T> {
         Ok(written)
     }
 
-    /// Deletes `blocks`, a batch per operation.
-    fn delete(&self, blocks: &[PBlock]) -> Result<()> {
+    /// Deletes what a shard no longer needs: the snapshots with anti-blocks, the records
+    /// without (`Dead`).
+    fn remove(&self, dead: &Dead) -> Result<()> {
+        self.delete(&dead.snapshots, false)?;
+        self.delete(&dead.records, true)
+    }
+
+    /// Deletes `blocks`, a batch per operation; with `discard`, without anti-blocks
+    /// (`OpGuard::discard`: a crash before their reclamation may bring them back).
+    fn delete(&self, blocks: &[PBlock], discard: bool) -> Result<()> {
         for batch in blocks.chunks(256) {
             self.attached.heap().run_op(|op| {
                 for &block in batch {
-                    op.delete(block)?;
+                    if discard {
+                        op.discard(block)?;
+                    } else {
+                        op.delete(block)?;
+                    }
                 }
                 Ok(())
             })?;
@@ -505,7 +520,8 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
         record: &mut Record<'_, T>,
         op: T::Op,
     ) -> std::thread::Result<(T::Output, bool)> {
-        let state = &mut record.state;
+        // One stamping access for the whole update.
+        let state: &mut State<T> = &mut record.state;
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.value.apply(op))) {
             Ok(output) => {
                 let (seq, block, len) = (record.seq, record.block, record.len);

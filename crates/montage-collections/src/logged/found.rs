@@ -50,7 +50,26 @@ impl Commit {
 }
 
 /// A shard's state as its payloads rebuild it, and the blocks it no longer needs.
-pub(super) type Rebuilt<T> = (State<T>, Vec<PBlock>);
+pub(super) type Rebuilt<T> = (State<T>, Dead);
+
+/// Payloads a shard no longer needs, to delete.
+#[derive(Default)]
+pub(super) struct Dead {
+    /// Records a committed snapshot covers: opening ignores them should a crash bring them
+    /// back, so they go without anti-blocks (`OpGuard::discard`).
+    pub(super) records: Vec<PBlock>,
+    /// Chunks and commits of snapshots other than the newest: deleted with anti-blocks, as a
+    /// chunk brought back could pass for one of a later snapshot that covers the same
+    /// records.
+    pub(super) snapshots: Vec<PBlock>,
+}
+
+impl Dead {
+    pub(super) fn append(&mut self, other: Dead) {
+        self.records.extend(other.records);
+        self.snapshots.extend(other.snapshots);
+    }
+}
 
 /// One shard's payloads, as open found them.
 #[derive(Default)]
@@ -136,7 +155,7 @@ impl Found {
         } = self;
         commits.sort_unstable_by_key(|(commit, _)| commit.upto);
         let newest = commits.last().copied();
-        let mut unneeded: Vec<PBlock> = Vec::new();
+        let mut dead = Dead::default();
         let (value, upto, snapshot, snapshot_bytes) = match newest {
             None => (None, 0, Vec::new(), 0),
             Some((commit, block)) => {
@@ -153,7 +172,7 @@ impl Found {
                     if upto == commit.upto {
                         mine.push((index, chunk_block, bytes));
                     } else {
-                        unneeded.push(chunk_block);
+                        dead.snapshots.push(chunk_block);
                     }
                 }
                 mine.sort_unstable_by_key(|&(index, _, _)| index);
@@ -176,14 +195,17 @@ impl Found {
                     .ok_or_else(|| corrupted(block.offset(), "a snapshot does not load"))?;
                 let mut snapshot: Vec<PBlock> = mine.into_iter().map(|(_, b, _)| b).collect();
                 snapshot.push(block);
-                unneeded.extend(commits[..commits.len() - 1].iter().map(|&(_, b)| b));
+                dead.snapshots
+                    .extend(commits[..commits.len() - 1].iter().map(|&(_, b)| b));
                 (Some(value), commit.upto, snapshot, commit.len)
             }
         };
-        unneeded.extend(chunks.into_iter().map(|(_, _, b, _)| b));
+        dead.snapshots
+            .extend(chunks.into_iter().map(|(_, _, b, _)| b));
         records.sort_unstable_by_key(|&(seq, _, _)| seq);
         let first = records.partition_point(|&(seq, _, _)| seq < upto);
-        unneeded.extend(records.drain(..first).map(|(_, b, _)| b));
+        dead.records
+            .extend(records.drain(..first).map(|(_, b, _)| b));
         for (expected, (seq, block, _)) in (upto..).zip(&records) {
             if *seq != expected {
                 return Err(corrupted(
@@ -204,7 +226,7 @@ impl Found {
             .map(|(seq, b, op)| (seq, b, 8 + op.len() as u64))
             .collect();
         let state = State::new(value, next_seq, records, upto, snapshot, snapshot_bytes);
-        Ok((state, unneeded))
+        Ok((state, dead))
     }
 }
 

@@ -569,6 +569,25 @@ impl<'h> OpGuard<'h> {
         Ok(())
     }
 
+    /// Deletes `block` without recording the deletion: the block is retired now and
+    /// reclaimed as a replaced version is (two epochs on, once that is safe), but no
+    /// anti-block is written, so a crash before its reclamation is durable may bring it back
+    /// as it was. For a structure that knows such a payload is dead from what it holds (a
+    /// log record older than the snapshot that covers it): it saves the anti-block's
+    /// allocation, write-back and reclamation.
+    ///
+    /// # Errors
+    ///
+    /// As [`delete`](Self::delete).
+    pub fn discard(&self, block: PBlock) -> Result<()> {
+        self.runtime.writable()?;
+        let info = self.info(block)?;
+        let shared = self.runtime;
+        shared.alloc.mark_retired(&shared.media, block)?;
+        self.log_superseded(&info);
+        Ok(())
+    }
+
     /// Ends the operation without its effects: the blocks it allocated are invalidated and
     /// the blocks it retired are live again. Bytes it wrote in place are not restored.
     ///
