@@ -185,6 +185,38 @@ fn a_directory_entry_beyond_correction_keeps_its_payloads_under_a_new_name() {
     assert!(repairs[0].contains("`recovered-2`"), "{repairs:?}");
 }
 
+/// A lost entry's new name must not be one the directory keeps, even in a later entry, and
+/// even one that a one-byte correction restores (here a structure an earlier repair named
+/// `recovered-2`).
+#[test]
+fn a_lost_entry_is_named_apart_from_every_name_the_directory_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("names.heap");
+    let (mut expected, _, _) = make_heap(&path);
+    let heap = Heap::open(&config(&path)).unwrap();
+    let adopted = heap.register("recovered-2").unwrap();
+    heap.run_op(|op| op.alloc(adopted, 3, b"adopted before"))
+        .unwrap();
+    expected.insert("recovered-2".to_owned(), vec![b"adopted before".to_vec()]);
+    heap.close().unwrap();
+    // Entry 1 ("large", owner 2) beyond correction; entry 2 ("recovered-2") in one byte of
+    // its name.
+    flip(&path, 0x1000 + 64 + 1, 0x08);
+    flip(&path, 0x1000 + 64 + 0x38, 0x08);
+    flip(&path, 0x1000 + 2 * 64 + 3, 0x10);
+    let (found, repairs, dropped) = repair(&path);
+    let large = expected.remove("large").unwrap();
+    expected.insert("recovered-2-2".to_owned(), large);
+    let names = |c: &Contents| c.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(&found), names(&expected), "{repairs:?}");
+    assert!(found == expected, "the structures' payloads differ");
+    assert!(dropped.is_empty());
+    assert!(
+        repairs.iter().any(|r| r.contains("`recovered-2-2`")),
+        "{repairs:?}"
+    );
+}
+
 #[test]
 fn a_span_table_entry_is_rebuilt_from_its_blocks() {
     let dir = tempfile::tempdir().unwrap();

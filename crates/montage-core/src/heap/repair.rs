@@ -286,23 +286,24 @@ pub(super) fn fix_tables(
     repairs: &mut Vec<Repair>,
 ) -> Result<()> {
     let id = geometry.creation_id;
+    // Every name the directory keeps first, then names for the entries it lost, none of
+    // them one of those (an intact entry may be called `recovered-<n>` by an earlier repair).
     let mut names: Vec<String> = Vec::new();
+    let mut lost = Vec::new();
     for index in 0..DIRECTORY.capacity as u64 {
         let intact = |entry: &[u8]| {
             checks(DIRECTORY, index, id, entry) && parse_entry(index, body(entry)).is_some()
         };
         match fix_entry(media, DIRECTORY, index, id, intact, repairs)? {
-            Fixed::Intact(entry) => {
-                if let Some(name) = parse_entry(index, body(&entry)) {
-                    names.push(name);
-                }
+            Fixed::Intact(entry) | Fixed::Corrected(entry) => {
+                names.extend(parse_entry(index, body(&entry)));
             }
-            Fixed::Corrected => {}
-            Fixed::Lost => {
-                let name = adopt(media, geometry, index as usize, &names, repairs)?;
-                names.push(name);
-            }
+            Fixed::Lost => lost.push(index),
         }
+    }
+    for index in lost {
+        let name = adopt(media, geometry, index as usize, &names, repairs)?;
+        names.push(name);
     }
     for index in 0..REGISTRY.capacity as u64 {
         let intact = |entry: &[u8]| checks(REGISTRY, index, id, entry);
@@ -346,8 +347,9 @@ fn checks(table: EntryTable, index: u64, creation_id: u64, entry: &[u8]) -> bool
 enum Fixed {
     /// The entry was empty or intact (its bytes).
     Intact(Vec<u8>),
-    /// It was damaged and a one-byte correction restored it.
-    Corrected,
+    /// It was damaged and a one-byte correction restored it (its bytes now), or it was an
+    /// empty entry whose valid word was hit (cleared).
+    Corrected(Vec<u8>),
     /// It was damaged beyond correction; it is as it was.
     Lost,
 }
@@ -392,12 +394,13 @@ fn fix_entry(
         }
         _ if unnamed => {
             table::clear_entry(media, table, index)?;
+            entry.fill(0);
             format!("{which} entry {index} was empty and its valid word damaged: cleared")
         }
         _ => return Ok(Fixed::Lost),
     };
     repaired(repairs, at, what);
-    Ok(Fixed::Corrected)
+    Ok(Fixed::Corrected(entry))
 }
 
 /// Names the structure of directory slot `index` (whose entry was lost) `recovered-<owner>`,
