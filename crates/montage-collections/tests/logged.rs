@@ -847,12 +847,12 @@ fn a_together_that_fails_or_panics_changes_nothing() {
 
 #[test]
 fn togethers_in_opposite_orders_and_single_calls_run_side_by_side() {
+    const ROUNDS: i64 = 2_000;
     let heap = Heap::create(&HeapConfig::in_memory(32 << 20)).unwrap();
     let a = Logged::<Ledger>::open(&heap, "a").unwrap();
     let b = Logged::<Ledger>::open(&heap, "b").unwrap();
     a.set_snapshot_policy(SnapshotPolicy::manual());
     b.set_snapshot_policy(SnapshotPolicy::manual());
-    const ROUNDS: i64 = 2_000;
     std::thread::scope(|s| {
         // Transfers of 1 from a to b, and from b to a, locking in opposite orders.
         let heap = &heap;
@@ -908,9 +908,12 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// Every call's id and epoch, in order, and the syncs that returned.
+type Model = (Vec<(u64, Epoch)>, Vec<SyncRecord>);
+
 /// Runs `steps` on the structure `history` of `heap`, checking it against the model at every
 /// step; returns the model (every call's id and epoch, in order) and the syncs.
-fn run(heap: &Heap, steps: &[Step]) -> Result<(Vec<(u64, Epoch)>, Vec<SyncRecord>), TestCaseError> {
+fn run(heap: &Heap, steps: &[Step]) -> Result<Model, TestCaseError> {
     let sim = heap.simulator().unwrap();
     let open = || {
         let history = Logged::<History>::open(heap, "history").unwrap();

@@ -38,7 +38,7 @@ impl Replay for History {
 }
 
 fn config(path: &Path, round: u64) -> HeapConfig {
-    let backend = if round % 2 == 0 {
+    let backend = if round.is_multiple_of(2) {
         BackendKind::Journal
     } else {
         BackendKind::Pmem

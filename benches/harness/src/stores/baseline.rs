@@ -89,14 +89,17 @@ impl MapStore for Dash {
 
 /// `BTreeMap`s in DRAM, each under a reader-writer lock, a key going to one by a hash: what
 /// the logged `BTreeMap` contenders are measured against.
-pub(crate) struct LockedTrees(Box<[CachePadded<RwLock<BTreeMap<u64, Vec<u8>>>>]>);
+pub(crate) struct LockedTrees(Box<[CachePadded<LockedTree>]>);
+
+/// One map of [`LockedTrees`].
+type LockedTree = RwLock<BTreeMap<u64, Vec<u8>>>;
 
 impl LockedTrees {
     pub(crate) fn new(shards: usize) -> LockedTrees {
         LockedTrees((0..shards).map(|_| CachePadded::default()).collect())
     }
 
-    fn tree(&self, key: u64) -> &RwLock<BTreeMap<u64, Vec<u8>>> {
+    fn tree(&self, key: u64) -> &LockedTree {
         // Fibonacci hashing: the high half of key * 2^64 / phi, times the shard count.
         let hash = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let shard = (u128::from(hash) * self.0.len() as u128) >> 64;
