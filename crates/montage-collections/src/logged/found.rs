@@ -1,6 +1,7 @@
 //! Opening: a logged structure's payloads as the heap holds them, sorted by shard and kind,
 //! and the state each shard's payloads rebuild.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use montage_core::{Attached, Codec, Error, Heap, PBlock, Result};
@@ -74,8 +75,10 @@ impl Dead {
 /// One shard's payloads, as open found them.
 #[derive(Default)]
 pub(super) struct Found {
-    /// (sequence number, block, operation bytes)
-    records: Vec<(u64, PBlock, Vec<u8>)>,
+    /// The heap the payloads are in (records are read again, in order, at replay).
+    heap: Option<Heap>,
+    /// (sequence number, block, payload bytes)
+    records: Vec<(u64, PBlock, u64)>,
     /// (snapshot's `upto`, index, block, bytes)
     chunks: Vec<(u64, u64, PBlock, Vec<u8>)>,
     commits: Vec<(Commit, PBlock)>,
@@ -101,7 +104,15 @@ impl Found {
             ids.push((k.commit, Kind::Commit, shard));
         }
         let type_ids: Vec<u64> = ids.iter().map(|&(id, _, _)| id).collect();
-        let found: Vec<Mutex<Found>> = kinds.iter().map(|_| Mutex::default()).collect();
+        let found: Vec<Mutex<Found>> = kinds
+            .iter()
+            .map(|_| {
+                Mutex::new(Found {
+                    heap: Some(heap.clone()),
+                    ..Found::default()
+                })
+            })
+            .collect();
         structure::scan_payloads(
             heap,
             attached.owner(),
@@ -116,7 +127,9 @@ impl Found {
                     .ok_or_else(|| bad("a log payload has no sequence number"))?;
                 let mut found = lock(&found[shard]);
                 match kind {
-                    Kind::Record => found.records.push((seq, block, bytes[8..].to_vec())),
+                    // Only where it is: replay reads it again, in sequence order, rather
+                    // than a copy of every record being held until then.
+                    Kind::Record => found.records.push((seq, block, bytes.len() as u64)),
                     Kind::Chunk => {
                         let index = structure::word_at(bytes, 8)
                             .ok_or_else(|| bad("a snapshot chunk has no index"))?;
@@ -149,7 +162,8 @@ impl Found {
         name: &str,
     ) -> Result<Rebuilt<T>> {
         let Found {
-            mut records,
+            heap,
+            records,
             mut chunks,
             mut commits,
         } = self;
@@ -202,29 +216,46 @@ impl Found {
         };
         dead.snapshots
             .extend(chunks.into_iter().map(|(_, _, b, _)| b));
-        records.sort_unstable_by_key(|&(seq, _, _)| seq);
-        let first = records.partition_point(|&(seq, _, _)| seq < upto);
-        dead.records
-            .extend(records.drain(..first).map(|(_, b, _)| b));
-        for (expected, (seq, block, _)) in (upto..).zip(&records) {
-            if *seq != expected {
+        // The records from `upto` on must be exactly `upto..next_seq`: each goes to its place
+        // by its sequence number (no sort), and a place taken twice, or one left empty, is
+        // damage.
+        let mut log = Vec::with_capacity(records.len());
+        for (seq, block, len) in records {
+            if seq < upto {
+                dead.records.push(block);
+            } else {
+                log.push((seq, block, len));
+            }
+        }
+        let mut slots: Vec<Option<(PBlock, u64)>> = vec![None; log.len()];
+        for &(seq, block, len) in &log {
+            let slot = usize::try_from(seq - upto)
+                .ok()
+                .and_then(|at| slots.get_mut(at))
+                .ok_or_else(|| {
+                    corrupted(
+                        block.offset(),
+                        "the log has a gap: a record it needs was lost",
+                    )
+                })?;
+            if slot.replace((block, len)).is_some() {
                 return Err(corrupted(
                     block.offset(),
-                    if *seq < expected {
-                        "two log records have the same sequence number"
-                    } else {
-                        "the log has a gap: a record it needs was lost"
-                    },
+                    "two log records have the same sequence number",
                 ));
             }
         }
+        let records: VecDeque<(u64, PBlock, u64)> = (upto..)
+            .zip(slots)
+            .map(|(seq, slot)| slot.map(|(block, len)| (seq, block, len)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| corrupted(0, "the log has a gap: a record it needs was lost"))?;
         let next_seq = upto + records.len() as u64;
         let start = value.unwrap_or_else(initial);
-        let value = replay(start, &records, name)?;
-        let records = records
-            .into_iter()
-            .map(|(seq, b, op)| (seq, b, 8 + op.len() as u64))
-            .collect();
+        let value = match heap {
+            Some(heap) => replay(&heap, start, &records, name)?,
+            None => start,
+        };
         let state = State::new(value, next_seq, records, upto, snapshot, snapshot_bytes);
         Ok((state, dead))
     }
@@ -268,19 +299,28 @@ pub(super) fn rebuild_all<T: Replay + Send>(
     done.into_iter().map(|(_, rebuilt)| rebuilt).collect()
 }
 
-/// Applies `records` (sequence number, block, operation bytes), in order, to `value`.
-fn replay<T: Replay>(mut value: T, records: &[(u64, PBlock, Vec<u8>)], name: &str) -> Result<T> {
+/// Applies the records `records` (sequence number, block, payload bytes) name, read from
+/// `heap` in order, to `value`.
+fn replay<T: Replay>(
+    heap: &Heap,
+    mut value: T,
+    records: &VecDeque<(u64, PBlock, u64)>,
+    name: &str,
+) -> Result<T> {
     let replayed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<T> {
-        for (_, block, bytes) in records {
-            let op = T::Op::decode(bytes).ok_or_else(|| {
-                corrupted(
-                    block.offset(),
-                    "a log record does not decode as an operation",
-                )
-            })?;
-            value.apply(op);
-        }
-        Ok(value)
+        structure::with_buffer(|bytes| {
+            for &(_, block, _) in records {
+                heap.read_payload_into(block, bytes)?;
+                let op = bytes.get(8..).and_then(T::Op::decode).ok_or_else(|| {
+                    corrupted(
+                        block.offset(),
+                        "a log record does not decode as an operation",
+                    )
+                })?;
+                value.apply(op);
+            }
+            Ok(value)
+        })
     }));
     replayed.unwrap_or_else(|_| {
         Err(Error::Panicked {
