@@ -132,6 +132,19 @@ impl Contender {
             || matches!(backend, Backend::Pmem | Backend::Journal)
     }
 
+    /// Whether it runs only when named with `--contenders` (the logged structures and their
+    /// DRAM baselines, which `montage-bench --contenders logged-btreemap,...` measures).
+    pub(crate) fn on_request(self) -> bool {
+        matches!(
+            self,
+            Contender::LoggedBTreeMap
+                | Contender::LoggedBTreeMapSharded
+                | Contender::LockedBTreeMap
+                | Contender::LockedBTreeMapSharded
+                | Contender::LoggedVecDeque
+        )
+    }
+
     /// Whether it only runs the sync workloads (the device floor has no index).
     pub(crate) fn sync_only(self) -> bool {
         self == Contender::Device
