@@ -141,26 +141,20 @@ fn the_generated_methods_work_on_each_shard_of_a_sharded_structure() {
     );
     assert_eq!(books.calls(), 24);
     assert!(books.verify_replay().unwrap());
-    let live: Vec<_> = (0..4)
-        .map(|i| {
-            books
-                .shard_at(i)
-                .unwrap()
-                .read(|b| b.orders.clone())
-                .unwrap()
-        })
-        .collect();
+    let orders = |books: &LoggedShards<Book>| -> Vec<_> {
+        (0..books.shards())
+            .map(|i| {
+                books
+                    .shard_at(i)
+                    .unwrap()
+                    .read(|b| b.orders.clone())
+                    .unwrap()
+            })
+            .collect()
+    };
+    let live = orders(&books);
     drop(books);
     let books = LoggedShards::<Book>::open(&heap, "books", 4).unwrap();
-    let reopened: Vec<_> = (0..4)
-        .map(|i| {
-            books
-                .shard_at(i)
-                .unwrap()
-                .read(|b| b.orders.clone())
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(reopened, live);
+    assert_eq!(orders(&books), live);
     assert_eq!(books.log_len(), 0, "closed with a snapshot of each shard");
 }

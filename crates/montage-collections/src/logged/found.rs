@@ -245,11 +245,11 @@ impl Found {
                 ));
             }
         }
+        // Each record took a place of its own among as many places: none is empty.
         let records: VecDeque<(u64, PBlock, u64)> = (upto..)
-            .zip(slots)
-            .map(|(seq, slot)| slot.map(|(block, len)| (seq, block, len)))
-            .collect::<Option<_>>()
-            .ok_or_else(|| corrupted(0, "the log has a gap: a record it needs was lost"))?;
+            .zip(slots.into_iter().flatten())
+            .map(|(seq, (block, len))| (seq, block, len))
+            .collect();
         let next_seq = upto + records.len() as u64;
         let start = value.unwrap_or_else(initial);
         let value = match heap {
@@ -259,6 +259,16 @@ impl Found {
         let state = State::new(value, next_seq, records, upto, snapshot, snapshot_bytes);
         Ok((state, dead))
     }
+}
+
+/// Rebuilds the one shard of a `Logged` from `found` (nothing, for a new structure).
+pub(super) fn rebuild_one<T: Replay>(
+    found: Vec<Found>,
+    initial: impl FnOnce() -> T,
+    name: &str,
+) -> Result<Vec<Rebuilt<T>>> {
+    let found = found.into_iter().next().unwrap_or_default();
+    Ok(vec![found.rebuild(initial, name)?])
 }
 
 /// Rebuilds every shard from `found`, in parallel over the machine's cores (shard `i`

@@ -86,7 +86,7 @@ use montage_core::payload::Fingerprint;
 use montage_core::{Codec, Error, Heap, Result};
 
 use self::core::Core;
-use self::found::rebuild_all;
+use self::found::{rebuild_all, rebuild_one};
 
 /// A structure whose changes are operations that can be replayed: what [`Logged`] needs.
 ///
@@ -425,10 +425,7 @@ impl<T: Replay> Logged<T> {
     /// chunk or does not load; [`Error::Panicked`] if `apply` panicked during the replay;
     /// [`Error::StructureOpen`], [`Error::DirectoryFull`] or [`Error::BadName`].
     pub fn open_with(heap: &Heap, name: &str, initial: impl FnOnce() -> T) -> Result<Logged<T>> {
-        let core = Core::open(heap, name, 1, |found| {
-            let found = found.into_iter().next().unwrap_or_default();
-            Ok(vec![found.rebuild(initial, name)?])
-        })?;
+        let core = Core::open(heap, name, 1, |found| rebuild_one(found, initial, name))?;
         Ok(Logged {
             core,
             closed: false,
@@ -492,13 +489,8 @@ impl<T: Replay> Logged<T> {
         T: PartialEq,
     {
         let name = self.core.name();
-        self.core.verify(
-            |found| {
-                let found = found.into_iter().next().unwrap_or_default();
-                Ok(vec![found.rebuild(initial, name)?])
-            },
-            T::eq,
-        )
+        self.core
+            .verify(|found| rebuild_one(found, initial, name), T::eq)
     }
 
     /// How many records the log holds: the calls since the last snapshot.
