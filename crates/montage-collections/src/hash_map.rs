@@ -38,6 +38,7 @@ use std::marker::PhantomData;
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use montage_core::payload::EncodeAs;
+use montage_core::stamped::StampedGuard;
 use montage_core::{Attached, Codec, Heap, OpGuard, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
@@ -45,6 +46,9 @@ use montage_core::Error;
 
 use crate::entry;
 use crate::structure;
+#[cfg(doc)]
+use crate::together;
+use crate::together::{Staged, StagedId, Together};
 
 /// What [`HashMap::compute`] does with the entry it looked at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,8 +116,8 @@ impl<K: Eq> Stripe<K> {
         }
     }
 
-    /// Removes `key`; returns its block.
-    fn remove<Q>(&mut self, hash: u64, key: &Q) -> Option<PBlock>
+    /// Removes `key`; returns it as the stripe held it, with its block.
+    fn remove<Q>(&mut self, hash: u64, key: &Q) -> Option<(K, PBlock)>
     where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
@@ -122,8 +126,50 @@ impl<K: Eq> Stripe<K> {
             .blocks
             .find_entry(hash, |(k, _)| k.borrow() == key)
             .ok()?;
-        Some(entry.remove().0.1)
+        Some(entry.remove().0)
     }
+
+    /// Takes back a change `undo` describes (the entries are found by their blocks).
+    fn undo(&mut self, undo: Undo<K>, hasher: &RandomState)
+    where
+        K: Hash,
+    {
+        match undo {
+            Undo::Added { hash, block } => {
+                if let Ok(entry) = self.blocks.find_entry(hash, |&(_, b)| b == block) {
+                    entry.remove();
+                }
+            }
+            Undo::Replaced { hash, old, new } => {
+                if let Some((_, slot)) = self.blocks.find_mut(hash, |&(_, b)| b == new) {
+                    *slot = old;
+                }
+            }
+            Undo::Removed { hash, key, block } => self.insert_new(hash, key, block, hasher),
+        }
+    }
+}
+
+/// A change of one entry in a stripe, as a [`together`] takes it back.
+#[derive(Debug)]
+enum Undo<K> {
+    /// The key whose hash is `hash` was added with `block`: remove it.
+    Added { hash: u64, block: PBlock },
+    /// The key whose hash is `hash` moved from `old` to `new`: point it back.
+    Replaced { hash: u64, old: PBlock, new: PBlock },
+    /// `key` (whose hash is `hash`) was removed from `block`: put it back.
+    Removed { hash: u64, key: K, block: PBlock },
+}
+
+/// How an entry's payload is rewritten.
+#[derive(Debug, Clone, Copy)]
+enum Rewrite {
+    /// In place when it may be (written in this epoch, and the bytes fit): a single
+    /// operation, which cannot fail after the write.
+    InPlace,
+    /// Always as a new version: in a [`together`], whose rollback cannot restore bytes
+    /// written in place.
+    Copy,
 }
 
 /// A concurrent hash map whose entries survive crashes (module docs).
@@ -226,11 +272,15 @@ where
     /// The hash of `key` and the stripe it picks.
     fn stripe<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &StampedLock<Stripe<K>>) {
         let hash = self.hasher.hash_one(key);
+        (hash, &self.stripes[self.stripe_index(hash)])
+    }
+
+    /// The stripe a key whose hash is `hash` is in.
+    fn stripe_index(&self, hash: u64) -> usize {
         // Bits 32 and up pick the stripe; the stripe's table uses the lowest bits for its
         // buckets and the top seven as tags, so the choices do not correlate below 1024
         // stripes.
-        let stripe = &self.stripes[(hash >> 32) as usize & (self.stripes.len() - 1)];
-        (hash, stripe)
+        (hash >> 32) as usize & (self.stripes.len() - 1)
     }
 
     /// The value of `key`. As with `std`'s map, the key may be any borrowed form of `K`
@@ -337,18 +387,56 @@ where
     ) -> Result<bool> {
         let (hash, stripe) = self.stripe(key);
         let mut stripe = stripe.lock(op)?;
-        if let Some(block) = stripe.get(hash, key) {
-            if let Some(old) = old {
-                *old = Some(entry::read_value(op, block)?);
-            }
-            let block = op.update(block, bytes)?;
-            stripe.set(hash, key, block);
-            Ok(true)
-        } else {
+        let (present, _) =
+            self.put_locked(op, &mut stripe, hash, key, bytes, old, Rewrite::InPlace)?;
+        Ok(present)
+    }
+
+    /// [`put_in`](Self::put_in)'s step with `key`'s stripe locked (`stripe`); also returns
+    /// how to take the change back.
+    #[allow(clippy::too_many_arguments)] // the parts of one step, each used once
+    fn put_locked(
+        &self,
+        op: &OpGuard<'_>,
+        stripe: &mut StampedGuard<'_, Stripe<K>>,
+        hash: u64,
+        key: &K,
+        bytes: &[u8],
+        old: Option<&mut Option<V>>,
+        rewrite: Rewrite,
+    ) -> Result<(bool, Undo<K>)> {
+        let found = stripe.get(hash, key);
+        if let (Some(found), Some(old)) = (found, old) {
+            *old = Some(entry::read_value(op, found)?);
+        }
+        let undo = self.write_found(op, stripe, hash, key, found, bytes, rewrite)?;
+        Ok((found.is_some(), undo))
+    }
+
+    /// With `key`'s stripe locked (`stripe`), writes the entry `bytes` for `key`, whose block
+    /// is `found` (`None` if absent); returns how to take the change back.
+    #[allow(clippy::too_many_arguments)] // the parts of one step, each used once
+    fn write_found(
+        &self,
+        op: &OpGuard<'_>,
+        stripe: &mut StampedGuard<'_, Stripe<K>>,
+        hash: u64,
+        key: &K,
+        found: Option<PBlock>,
+        bytes: &[u8],
+        rewrite: Rewrite,
+    ) -> Result<Undo<K>> {
+        let Some(old) = found else {
             let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
             stripe.insert_new(hash, key.clone(), block, &self.hasher);
-            Ok(false)
-        }
+            return Ok(Undo::Added { hash, block });
+        };
+        let new = match rewrite {
+            Rewrite::InPlace => op.update(old, bytes)?,
+            Rewrite::Copy => op.copy_update(old, bytes)?,
+        };
+        stripe.set(hash, key, new);
+        Ok(Undo::Replaced { hash, old, new })
     }
 
     /// Removes `key` (any borrowed form of `K`, as in [`get`](Self::get)); returns its value.
@@ -393,15 +481,32 @@ where
     {
         let (hash, stripe) = self.stripe(key);
         let mut stripe = stripe.lock(op)?;
-        let Some(block) = stripe.get(hash, key) else {
-            return Ok(false);
+        Ok(Self::remove_locked(op, &mut stripe, hash, key, old)?.is_some())
+    }
+
+    /// [`remove_in`](Self::remove_in)'s step with `key`'s stripe locked (`stripe`); returns
+    /// how to take the change back, or `None` if `key` was absent.
+    fn remove_locked<Q>(
+        op: &OpGuard<'_>,
+        stripe: &mut StampedGuard<'_, Stripe<K>>,
+        hash: u64,
+        key: &Q,
+        old: Option<&mut Option<V>>,
+    ) -> Result<Option<Undo<K>>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let Some(found) = stripe.get(hash, key) else {
+            return Ok(None);
         };
         if let Some(old) = old {
-            *old = Some(entry::read_value(op, block)?);
+            *old = Some(entry::read_value(op, found)?);
         }
-        op.delete(block)?;
-        stripe.remove(hash, key);
-        Ok(true)
+        op.delete(found)?;
+        Ok(stripe
+            .remove(hash, key)
+            .map(|(key, block)| Undo::Removed { hash, key, block }))
     }
 
     /// Replaces the value of `key` with `f(&value)` atomically; returns the new value, or
@@ -448,29 +553,33 @@ where
     ) -> Result<R> {
         let (hash, stripe) = self.stripe(key);
         let mut stripe = stripe.lock(op)?;
-        let block = stripe.get(hash, key);
-        let current = block.map(|b| entry::read_value(op, b)).transpose()?;
-        let (change, result) = f(current);
-        match (change, block) {
-            (Change::Keep, _) | (Change::Remove, None) => return Ok(result),
-            (Change::Set(new), Some(block)) => {
-                let block = op.update(block, &entry::encode(key, &new)?)?;
-                stripe.set(hash, key, block);
-            }
-            (Change::Set(new), None) => {
-                let block = op.alloc(
-                    self.attached.owner(),
-                    self.type_id,
-                    &entry::encode(key, &new)?,
-                )?;
-                stripe.insert_new(hash, key.clone(), block, &self.hasher);
-            }
-            (Change::Remove, Some(block)) => {
-                op.delete(block)?;
-                stripe.remove(hash, key);
-            }
-        }
+        let (result, _) = self.compute_locked(op, &mut stripe, hash, key, f, Rewrite::InPlace)?;
         Ok(result)
+    }
+
+    /// [`compute`](Self::compute)'s step with `key`'s stripe locked (`stripe`); returns
+    /// `f`'s result and how to take the change back.
+    fn compute_locked<R>(
+        &self,
+        op: &OpGuard<'_>,
+        stripe: &mut StampedGuard<'_, Stripe<K>>,
+        hash: u64,
+        key: &K,
+        f: impl FnOnce(Option<V>) -> (Change<V>, R),
+        rewrite: Rewrite,
+    ) -> Result<(R, Option<Undo<K>>)> {
+        let found = stripe.get(hash, key);
+        let current = found.map(|b| entry::read_value(op, b)).transpose()?;
+        let (change, result) = f(current);
+        let undo = match change {
+            Change::Keep => None,
+            Change::Set(new) => {
+                let bytes = entry::encode(key, &new)?;
+                Some(self.write_found(op, stripe, hash, key, found, &bytes, rewrite)?)
+            }
+            Change::Remove => Self::remove_locked(op, stripe, hash, key, None)?,
+        };
+        Ok((result, undo))
     }
 
     /// Sets `key` to `new` if its value equals `current` (an absent key never does);
@@ -546,6 +655,257 @@ where
     /// The heap the map lives in.
     pub fn heap(&self) -> &Heap {
         self.attached.heap()
+    }
+}
+
+impl<'h, 'o> Together<'h, '_, 'o> {
+    /// Changes `map` in this [`together`]: `f` gets a view of it whose methods read and
+    /// write as the map's own do, and see the changes made before them; they are kept
+    /// (and a crash keeps them) with the together's other changes, or taken back with
+    /// them. Each stripe a key picks stays locked until the together ends.
+    ///
+    /// ```
+    /// use montage_collections::{HashMap, Queue, together};
+    /// use montage_core::{Heap, HeapConfig};
+    ///
+    /// let heap = Heap::create(&HeapConfig::in_memory(4 << 20))?;
+    /// let jobs: HashMap<u64, String> = HashMap::open(&heap, "jobs")?;
+    /// let ready: Queue<u64> = Queue::open(&heap, "ready")?;
+    /// jobs.insert(7, "resize".to_owned())?;
+    /// // A job moves to the queue: both changes, or (after a crash) neither.
+    /// together(&heap, |tx| {
+    ///     if tx.hash_map(&jobs, |jobs| jobs.delete(&7))? {
+    ///         tx.queue(&ready, |ready| ready.push_back(7))?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!((jobs.len(), ready.pop_front()?), (0, Some(7)));
+    /// # Ok::<(), montage_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// What `f` returns; [`Error::Unsupported`] for a map
+    /// of another heap or one taken already in this together.
+    pub fn hash_map<K, V, R>(
+        &mut self,
+        map: &'h HashMap<K, V>,
+        f: impl FnOnce(&mut TogetherMap<'_, 'o, 'h, K, V>) -> Result<R>,
+    ) -> Result<R>
+    where
+        K: Codec + Hash + Eq + Clone + 'h,
+        V: Codec + 'h,
+    {
+        self.check_new(map.heap(), (std::ptr::from_ref(map).cast(), 0))?;
+        let part = MapPart {
+            map,
+            stripes: Vec::new(),
+            undo: Vec::new(),
+        };
+        self.with_part(part, |part, op| f(&mut TogetherMap { part, op }))
+    }
+}
+
+/// The stripes of a map one [`together`] locked, and how to take back its changes.
+struct MapPart<'h, K: Hash + Eq, V> {
+    map: &'h HashMap<K, V>,
+    /// Each locked stripe's index and guard.
+    stripes: Vec<(usize, StampedGuard<'h, Stripe<K>>)>,
+    /// The changes, in order, each with its stripe's place in `stripes`.
+    undo: Vec<(usize, Undo<K>)>,
+}
+
+impl<'h, K: Hash + Eq, V> Staged<'h> for MapPart<'h, K, V> {
+    fn id(&self) -> StagedId {
+        (std::ptr::from_ref(self.map).cast(), 0)
+    }
+
+    fn commit(&mut self) {
+        self.undo.clear();
+    }
+}
+
+/// Takes the changes back, last first, unless they were kept: the operation was rolled
+/// back, and the stripes are still locked.
+impl<K: Hash + Eq, V> Drop for MapPart<'_, K, V> {
+    fn drop(&mut self) {
+        while let Some((at, undo)) = self.undo.pop() {
+            self.stripes[at].1.undo(undo, &self.map.hasher);
+        }
+    }
+}
+
+/// A [`HashMap`] changed in a [`together`] ([`Together::hash_map`]).
+pub struct TogetherMap<'a, 'o, 'h, K: Hash + Eq, V> {
+    part: &'a mut MapPart<'h, K, V>,
+    op: &'a OpGuard<'o>,
+}
+
+impl<K: Hash + Eq, V> std::fmt::Debug for TogetherMap<'_, '_, '_, K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TogetherMap")
+            .field("owner", &self.part.map.attached.owner())
+            .field("locked_stripes", &self.part.stripes.len())
+            .field("changes", &self.part.undo.len())
+            .finish()
+    }
+}
+
+impl<K, V> TogetherMap<'_, '_, '_, K, V>
+where
+    K: Codec + Hash + Eq + Clone,
+    V: Codec,
+{
+    /// The hash of `key` and the place of its stripe's guard, which is locked first if it
+    /// is not yet.
+    fn locked<Q: Hash + ?Sized>(&mut self, key: &Q) -> Result<(u64, usize)> {
+        let map = self.part.map;
+        let hash = map.hasher.hash_one(key);
+        let index = map.stripe_index(hash);
+        if let Some(at) = self.part.stripes.iter().position(|&(i, _)| i == index) {
+            return Ok((hash, at));
+        }
+        let guard = map.stripes[index].lock(self.op)?;
+        self.part.stripes.push((index, guard));
+        Ok((hash, self.part.stripes.len() - 1))
+    }
+
+    /// As [`HashMap::get`].
+    ///
+    /// # Errors
+    ///
+    /// As [`HashMap::get`]; [`Error::Aborted`] when the
+    /// together must run again (return it from the closure).
+    pub fn get<Q>(&mut self, key: &Q) -> Result<Option<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, at) = self.locked(key)?;
+        match self.part.stripes[at].1.get(hash, key) {
+            Some(block) => entry::read_value(self.op, block).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// As [`HashMap::contains_key`].
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub fn contains_key<Q>(&mut self, key: &Q) -> Result<bool>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, at) = self.locked(key)?;
+        Ok(self.part.stripes[at].1.get(hash, key).is_some())
+    }
+
+    /// As [`HashMap::insert`].
+    ///
+    /// # Errors
+    ///
+    /// As [`HashMap::insert`] and [`get`](Self::get).
+    #[allow(clippy::needless_pass_by_value)] // as `HashMap::insert`
+    pub fn insert(&mut self, key: K, value: V) -> Result<Option<V>> {
+        let mut old = None;
+        entry::with_encoded::<K, V, V, _>(&key, &value, |bytes| {
+            self.put_bytes(&key, bytes, Some(&mut old))
+        })?;
+        Ok(old)
+    }
+
+    /// As [`HashMap::put`].
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // as `HashMap::insert`
+    pub fn put(&mut self, key: K, value: V) -> Result<bool> {
+        self.put_ref(key, &value)
+    }
+
+    /// As [`HashMap::put_ref`].
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // as `HashMap::insert`
+    pub fn put_ref<Q: EncodeAs<V> + ?Sized>(&mut self, key: K, value: &Q) -> Result<bool> {
+        entry::with_encoded::<K, V, Q, _>(&key, value, |bytes| self.put_bytes(&key, bytes, None))
+    }
+
+    fn put_bytes(&mut self, key: &K, bytes: &[u8], old: Option<&mut Option<V>>) -> Result<bool> {
+        let (hash, at) = self.locked(key)?;
+        let part = &mut *self.part;
+        let stripe = &mut part.stripes[at].1;
+        let (present, undo) =
+            part.map
+                .put_locked(self.op, stripe, hash, key, bytes, old, Rewrite::Copy)?;
+        part.undo.push((at, undo));
+        Ok(present)
+    }
+
+    /// As [`HashMap::remove`].
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn remove<Q>(&mut self, key: &Q) -> Result<Option<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let mut old = None;
+        self.remove_in(key, Some(&mut old))?;
+        Ok(old)
+    }
+
+    /// As [`HashMap::delete`].
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn delete<Q>(&mut self, key: &Q) -> Result<bool>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.remove_in(key, None)
+    }
+
+    fn remove_in<Q>(&mut self, key: &Q, old: Option<&mut Option<V>>) -> Result<bool>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, at) = self.locked(key)?;
+        let stripe = &mut self.part.stripes[at].1;
+        let undo = HashMap::<K, V>::remove_locked(self.op, stripe, hash, key, old)?;
+        let present = undo.is_some();
+        self.part.undo.extend(undo.map(|undo| (at, undo)));
+        Ok(present)
+    }
+
+    /// As [`HashMap::compute`], with `f` run once.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    pub fn compute<R>(
+        &mut self,
+        key: &K,
+        f: impl FnOnce(Option<V>) -> (Change<V>, R),
+    ) -> Result<R> {
+        let (hash, at) = self.locked(key)?;
+        let part = &mut *self.part;
+        let stripe = &mut part.stripes[at].1;
+        let (result, undo) =
+            part.map
+                .compute_locked(self.op, stripe, hash, key, f, Rewrite::Copy)?;
+        part.undo.extend(undo.map(|undo| (at, undo)));
+        Ok(result)
     }
 }
 

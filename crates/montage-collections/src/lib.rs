@@ -17,6 +17,9 @@
 //!   operations that change it ([`Replay`]) and replaying them when it is opened; and
 //!   [`LoggedShards`], several of them under one name, a call going to the one its key
 //!   chooses.
+//!
+//! [`together`] makes changes of several structures (calls on logged ones, updates of
+//! [`HashMap`]s and [`Queue`]s) in one operation, so that a crash keeps all of them or none.
 
 #![forbid(unsafe_code)]
 
@@ -31,6 +34,7 @@ pub mod nb_queue;
 pub mod queue;
 pub mod sorted_map;
 mod structure;
+mod together;
 
 pub use graph::Graph;
 pub use hash_map::{Change, HashMap};
@@ -39,6 +43,7 @@ pub use nb_hash_map::NbHashMap;
 pub use nb_queue::NbQueue;
 pub use queue::Queue;
 pub use sorted_map::SortedMap;
+pub use together::{Ticket, Together, together};
 
 /// Every structure owns a handle of its heap, so it is `'static` and can be shared across
 /// threads by reference or in an `Arc`, or moved into a spawned thread or task.

@@ -19,9 +19,13 @@ use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
 use montage_core::payload::Encoded;
+use montage_core::stamped::StampedGuard;
 use montage_core::{Attached, BlockView, Codec, Error, Heap, OpGuard, PBlock, Result, StampedLock};
 
 use crate::structure::{self, lock};
+#[cfg(doc)]
+use crate::together;
+use crate::together::{Staged, StagedId, Together};
 
 /// The DRAM side of the queue.
 #[derive(Debug)]
@@ -175,7 +179,16 @@ impl<T: Codec> Queue<T> {
     }
 
     fn push_in(&self, op: &OpGuard<'_>, bytes: &mut [u8]) -> Result<()> {
-        let mut state = self.state.lock(op)?;
+        self.push_locked(op, &mut self.state.lock(op)?, bytes)
+    }
+
+    /// [`push_in`](Self::push_in)'s step with the queue locked (`state`).
+    fn push_locked(
+        &self,
+        op: &OpGuard<'_>,
+        state: &mut StampedGuard<'_, State>,
+        bytes: &mut [u8],
+    ) -> Result<()> {
         let seq = state.next_seq;
         bytes[..8].copy_from_slice(&seq.to_le_bytes());
         let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
@@ -194,14 +207,21 @@ impl<T: Codec> Queue<T> {
     }
 
     fn pop_in(&self, op: &OpGuard<'_>) -> Result<Option<T>> {
-        let mut state = self.state.lock(op)?;
+        Ok(Self::pop_locked(op, &mut self.state.lock(op)?)?.map(|(value, _)| value))
+    }
+
+    /// [`pop_in`](Self::pop_in)'s step with the queue locked (`state`); also returns the
+    /// element's sequence number and block.
+    fn pop_locked(
+        op: &OpGuard<'_>,
+        state: &mut StampedGuard<'_, State>,
+    ) -> Result<Option<(T, (u64, PBlock))>> {
         let Some(&(_, block)) = state.elements.front() else {
             return Ok(None);
         };
         let value = read_value(&op.view(block)?)?;
         op.delete(block)?;
-        state.elements.pop_front();
-        Ok(Some(value))
+        Ok(state.elements.pop_front().map(|element| (value, element)))
     }
 
     /// The front element, without removing it.
@@ -210,13 +230,17 @@ impl<T: Codec> Queue<T> {
     ///
     /// As [`pop_front`](Self::pop_front).
     pub fn front(&self) -> Result<Option<T>> {
-        self.attached.heap().run_op(|op| {
-            let state = self.state.lock(op)?;
-            match state.elements.front() {
-                Some(&(_, block)) => Ok(Some(read_value(&op.view(block)?)?)),
-                None => Ok(None),
-            }
-        })
+        self.attached
+            .heap()
+            .run_op(|op| Self::front_locked(op, &*self.state.lock(op)?))
+    }
+
+    /// [`front`](Self::front) with the queue locked (`state`).
+    fn front_locked(op: &OpGuard<'_>, state: &State) -> Result<Option<T>> {
+        match state.elements.front() {
+            Some(&(_, block)) => Ok(Some(read_value(&op.view(block)?)?)),
+            None => Ok(None),
+        }
     }
 
     /// The elements this structure lost to damage when the heap was opened with
@@ -255,6 +279,146 @@ impl<T: Codec> Queue<T> {
     /// The heap the queue lives in.
     pub fn heap(&self) -> &Heap {
         self.attached.heap()
+    }
+}
+
+impl<'h, 'o> Together<'h, '_, 'o> {
+    /// Changes `queue` in this [`together`]: `f` gets a view of it whose methods read and
+    /// write as the queue's own do, and see the changes made before them; they are kept
+    /// (and a crash keeps them) with the together's other changes, or taken back with
+    /// them. The queue stays locked until the together ends. [`Together::hash_map`] has an
+    /// example.
+    ///
+    /// # Errors
+    ///
+    /// What `f` returns; [`Error::Unsupported`] for a queue of another heap or one taken
+    /// already in this together; [`Error::Aborted`] when the together must run again (it
+    /// does, if the closure returns it).
+    pub fn queue<T, R>(
+        &mut self,
+        queue: &'h Queue<T>,
+        f: impl FnOnce(&mut TogetherQueue<'_, 'o, 'h, T>) -> Result<R>,
+    ) -> Result<R>
+    where
+        T: Codec + 'h,
+    {
+        self.check_new(queue.heap(), (std::ptr::from_ref(queue).cast(), 0))?;
+        let state = queue.state.lock(self.op())?;
+        let part = QueuePart {
+            queue,
+            state,
+            undo: Vec::new(),
+        };
+        self.with_part(part, |part, op| f(&mut TogetherQueue { part, op }))
+    }
+}
+
+/// A queue one [`together`] locked, and how to take back its changes.
+struct QueuePart<'h, T> {
+    queue: &'h Queue<T>,
+    state: StampedGuard<'h, State>,
+    /// The changes, in order.
+    undo: Vec<Undo>,
+}
+
+/// A change of a queue, as a [`together`] takes it back.
+#[derive(Debug)]
+enum Undo {
+    /// An element pushed at the back: take it off (and its sequence number back).
+    Pushed,
+    /// This element popped from the front: put it back.
+    Popped((u64, PBlock)),
+}
+
+impl<'h, T> Staged<'h> for QueuePart<'h, T> {
+    fn id(&self) -> StagedId {
+        (std::ptr::from_ref(self.queue).cast(), 0)
+    }
+
+    fn commit(&mut self) {
+        self.undo.clear();
+    }
+}
+
+/// Takes the changes back, last first, unless they were kept: the operation was rolled
+/// back, and the queue is still locked.
+impl<T> Drop for QueuePart<'_, T> {
+    fn drop(&mut self) {
+        while let Some(undo) = self.undo.pop() {
+            let state = &mut *self.state;
+            match undo {
+                Undo::Pushed => {
+                    state.elements.pop_back();
+                    state.next_seq -= 1;
+                }
+                Undo::Popped(element) => state.elements.push_front(element),
+            }
+        }
+    }
+}
+
+/// A [`Queue`] changed in a [`together`] ([`Together::queue`]).
+pub struct TogetherQueue<'a, 'o, 'h, T> {
+    part: &'a mut QueuePart<'h, T>,
+    op: &'a OpGuard<'o>,
+}
+
+impl<T> std::fmt::Debug for TogetherQueue<'_, '_, '_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TogetherQueue")
+            .field("owner", &self.part.queue.attached.owner())
+            .field("len", &self.part.state.elements.len())
+            .field("changes", &self.part.undo.len())
+            .finish()
+    }
+}
+
+impl<T: Codec> TogetherQueue<'_, '_, '_, T> {
+    /// As [`Queue::push_back`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Queue::push_back`].
+    #[allow(clippy::needless_pass_by_value)] // as `Queue::push_back`
+    pub fn push_back(&mut self, value: T) -> Result<()> {
+        let part = &mut *self.part;
+        encode_element(&value, |bytes| {
+            part.queue.push_locked(self.op, &mut part.state, bytes)
+        })?;
+        part.undo.push(Undo::Pushed);
+        Ok(())
+    }
+
+    /// As [`Queue::pop_front`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Queue::pop_front`].
+    pub fn pop_front(&mut self) -> Result<Option<T>> {
+        let popped = Queue::pop_locked(self.op, &mut self.part.state)?;
+        Ok(popped.map(|(value, element)| {
+            self.part.undo.push(Undo::Popped(element));
+            value
+        }))
+    }
+
+    /// As [`Queue::front`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Queue::pop_front`].
+    pub fn front(&self) -> Result<Option<T>> {
+        Queue::front_locked(self.op, &self.part.state)
+    }
+
+    /// The number of elements, with this together's changes.
+    pub fn len(&self) -> usize {
+        self.part.state.elements.len()
+    }
+
+    /// Whether the queue is empty, with this together's changes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

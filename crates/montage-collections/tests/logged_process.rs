@@ -1,12 +1,14 @@
 //! Real process crashes of logged structures on heap files: a child process calls a
-//! `Logged<History>` alone and together with a shard of a `LoggedShards<History>`, with
-//! snapshots taken by the background policy all along, and prints each call's id before it
-//! and an acknowledgement after `sync()` returned; the parent kills it with SIGKILL at a
-//! random moment, reopens the heap, and checks that each history is the one before the
-//! round followed by a prefix of the round's calls that holds every acknowledged one, and
-//! that every call made together is in both structures or in neither. Twelve rounds on one
-//! heap file, alternating the journal and the pmem backends (each open of the other kind
-//! recovers on what the last one left).
+//! `Logged<History>` alone and together with a shard of a `LoggedShards<History>`, a
+//! `HashMap` and a `Queue` (each together puts its id in both, bumps a count in the map, and
+//! every fourth also takes the queue's front out of both), with snapshots taken by the
+//! background policy all along, and prints each call's id before it and an acknowledgement
+//! after `sync()` returned; the parent kills it with SIGKILL at a random moment, reopens the
+//! heap, and checks that each history is the one before the round followed by a prefix of
+//! the round's calls that holds every acknowledged one, and that every call made together is
+//! in all four structures or in none. Twelve rounds on one heap file, alternating the
+//! journal and the pmem backends (each open of the other kind recovers on what the last one
+//! left).
 
 #![allow(clippy::unwrap_used)] // a failed set-up step should stop the test loudly
 
@@ -14,8 +16,8 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use montage_collections::logged::{Replay, SnapshotPolicy, together};
-use montage_collections::{Logged, LoggedShards};
+use montage_collections::logged::{Replay, SnapshotPolicy};
+use montage_collections::{Change, HashMap, Logged, LoggedShards, Queue, together};
 use montage_core::sim::SplitMix64;
 use montage_core::{BackendKind, EpochLength, Heap, HeapConfig};
 
@@ -55,12 +57,51 @@ fn together_id(id: u64) -> bool {
     id % 2 == 1
 }
 
-fn open(heap: &Heap) -> (Logged<History>, LoggedShards<History>) {
+/// Whether the together with this id also takes the queue's front out of the queue and the
+/// map.
+fn takes_front(id: u64) -> bool {
+    id % 8 == 7
+}
+
+/// The key of the count of togethers in the map.
+const COUNT: u64 = u64::MAX;
+
+/// The structures: a history, its sharded twin, and the map and queue changed together.
+struct Structures {
+    a: Logged<History>,
+    b: LoggedShards<History>,
+    map: HashMap<u64, u64>,
+    queue: Queue<u64>,
+}
+
+fn open(heap: &Heap) -> Structures {
     let a = Logged::<History>::open(heap, "a").unwrap();
     let b = LoggedShards::<History>::open(heap, "b", SHARDS).unwrap();
     a.set_snapshot_policy(SnapshotPolicy::log_bytes(512).relative_to_snapshot(50));
     b.set_snapshot_policy(SnapshotPolicy::log_bytes(256).relative_to_snapshot(50));
-    (a, b)
+    let map = HashMap::open(heap, "map").unwrap();
+    let queue = Queue::open(heap, "queue").unwrap();
+    Structures { a, b, map, queue }
+}
+
+/// The map's entries (sorted) and the queue's elements that the togethers of `history`
+/// leave.
+fn derived(history: &[u64]) -> (Vec<(u64, u64)>, Vec<u64>) {
+    let mut queue = std::collections::VecDeque::new();
+    let mut count = 0;
+    for &id in history.iter().filter(|&&id| together_id(id)) {
+        queue.push_back(id);
+        count += 1;
+        if takes_front(id) {
+            queue.pop_front();
+        }
+    }
+    let mut map: Vec<(u64, u64)> = queue.iter().map(|&id| (id, id)).collect();
+    if count > 0 {
+        map.push((COUNT, count));
+    }
+    map.sort_unstable();
+    (map, queue.into())
 }
 
 /// The child: opens (or creates) the heap, then calls until it is killed, printing
@@ -72,7 +113,7 @@ fn child(path: &Path, round: u64) -> ! {
     } else {
         Heap::create(&config).unwrap()
     };
-    let (a, b) = open(&heap);
+    let Structures { a, b, map, queue } = open(&heap);
     let mut out = std::io::stdout().lock();
     writeln!(out, "MONTAGE ready").unwrap();
     out.flush().unwrap();
@@ -84,7 +125,22 @@ fn child(path: &Path, round: u64) -> ! {
             together(&heap, |tx| {
                 tx.log(&a, id)?;
                 tx.log_shard(&b.shard(&id)?, id)?;
-                Ok(())
+                let front = tx.queue(&queue, |q| {
+                    q.push_back(id)?;
+                    if takes_front(id) {
+                        q.pop_front()
+                    } else {
+                        Ok(None)
+                    }
+                })?;
+                tx.hash_map(&map, |m| {
+                    m.put(id, id)?;
+                    m.compute(&COUNT, |n| (Change::Set(n.unwrap_or(0) + 1), ()))?;
+                    match front {
+                        Some(front) => m.delete(&front).map(drop),
+                        None => Ok(()),
+                    }
+                })
             })
             .unwrap();
         } else {
@@ -145,7 +201,7 @@ fn every_acknowledged_logged_call_survives_sigkill() {
         total_acked += acked;
         // The next round's backend recovers what this one left.
         let heap = Heap::open(&config(&path, round + 1)).unwrap();
-        let (a, b) = open(&heap);
+        let Structures { a, b, map, queue } = open(&heap);
         let got = a.read(|h| h.0.clone()).unwrap();
         assert!(
             got.starts_with(&a_before),
@@ -166,6 +222,13 @@ fn every_acknowledged_logged_call_survives_sigkill() {
         assert_eq!(
             together_in_a, in_b,
             "round {round}: a call made together was torn"
+        );
+        let mut entries: Vec<(u64, u64)> = map.iter().map(Result::unwrap).collect();
+        entries.sort_unstable();
+        assert_eq!(
+            (entries, queue.to_vec().unwrap()),
+            derived(&got),
+            "round {round}: a together was torn in the map or the queue"
         );
         assert!(a.verify_replay().unwrap() && b.verify_replay().unwrap());
         a_before = got;

@@ -76,9 +76,7 @@
 
 mod core;
 mod found;
-mod together;
-
-pub use together::{Ticket, Together, together};
+mod staged;
 
 use std::sync::Arc;
 

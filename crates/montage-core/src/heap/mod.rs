@@ -281,21 +281,49 @@ impl Heap {
     /// space earlier deletes are about to return, and an insert right after deletes, fail
     /// for want of space only when the heap is full of live payloads.
     pub fn run_op<T>(&self, mut op: impl FnMut(&OpGuard<'_>) -> Result<T>) -> Result<T> {
+        self.run_op_holding(|guard| (op(guard), ()))
+    }
+
+    /// [`run_op`](Self::run_op) for a body that holds something past its return: `op`
+    /// returns its result and what it holds (lock guards, and how to take back the DRAM
+    /// changes it made), which is dropped only after the attempt's operation has ended,
+    /// committed or rolled back, and before the next attempt begins.
+    ///
+    /// A structure that changes its DRAM state before its operation can still fail keeps
+    /// its locks this way until the rollback has made the blocks it wrote unreachable and
+    /// the ones it replaced live again, and only then takes its DRAM changes back (in the
+    /// held value's `Drop`): no other operation sees its state name a block the rollback
+    /// changed. The clock advances that a full heap's retry makes come after the drop, so
+    /// no operation waiting for those locks holds the clock back meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// As [`run_op`](Self::run_op).
+    pub fn run_op_holding<T, H>(
+        &self,
+        mut op: impl FnMut(&OpGuard<'_>) -> (Result<T>, H),
+    ) -> Result<T> {
         let mut reclaim_rounds = 0;
         let mut retried_idle = false;
         loop {
             let guard = self.begin_op()?;
-            match op(&guard) {
+            let (result, held) = op(&guard);
+            let err = match result {
                 Ok(value) => {
                     drop(guard);
+                    drop(held);
                     return Ok(value);
                 }
-                Err(Error::Aborted) => {
-                    guard.abort()?;
-                    std::thread::yield_now();
+                Err(err) => {
+                    let aborted = guard.abort();
+                    drop(held);
+                    aborted?;
+                    err
                 }
-                Err(err @ Error::OutOfSpace { .. }) => {
-                    guard.abort()?;
+            };
+            match err {
+                Error::Aborted => std::thread::yield_now(),
+                Error::OutOfSpace { .. } => {
                     // Nothing waiting may also mean another thread's advances have just
                     // given the blocks back: one more attempt tells.
                     let waited = self.reclaim_all()?;
@@ -305,10 +333,7 @@ impl Heap {
                     retried_idle |= !waited;
                     reclaim_rounds += 1;
                 }
-                Err(err) => {
-                    guard.abort()?;
-                    return Err(err);
-                }
+                other => return Err(other),
             }
         }
     }
