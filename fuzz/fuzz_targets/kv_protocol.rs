@@ -24,8 +24,16 @@ fuzz_target!(|data: &[u8]| {
                 buf = &buf[used..];
             }
             Parsed::Incomplete => break,
-            Parsed::Invalid { error, skip } => {
-                assert!(!error.reply().is_empty());
+            Parsed::Invalid {
+                error,
+                skip,
+                unlink,
+                ..
+            } => {
+                // Every error has a reply, but the one that closes an HTTP request's
+                // connection silently.
+                assert!(!error.reply().is_empty() || skip == Skip::Close);
+                assert!(unlink.is_none_or(|key| !key.is_empty()));
                 match skip {
                     Skip::Bytes(n) => {
                         assert!(n > 0, "an error that skips nothing would loop");

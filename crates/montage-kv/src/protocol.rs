@@ -8,12 +8,17 @@
 //! panics and never consumes more than it was given, whatever the bytes (a property test
 //! checks both), so a bad client can cost only its own connection.
 //!
-//! What is accepted follows memcached's own parser: tokens separated by spaces, lines ended
-//! by `\r\n` (or a bare `\n`), keys of 1 to 250 bytes (any bytes but the space and line
-//! end that delimit them: the protocol asks clients not to send control characters, but
-//! memcached accepts them and load generators such as memcaslap send them),
-//! 32-bit flags, signed expiry times, and a data block of exactly the announced length
-//! followed by `\r\n`.
+//! What is accepted, and what each malformed request gets, follow memcached 1.6's own
+//! parser, reply for reply (the differential tests send the same scripts to memcached and
+//! compare): tokens separated by spaces, lines ended by `\r\n` (or a bare `\n`) and read up
+//! to a NUL, keys of 1 to 250 bytes (any bytes but the space: the protocol asks clients not
+//! to send control characters, but memcached accepts them and load generators such as
+//! memcaslap send them), numbers as the C library reads them (32-bit flags and expiry times
+//! keep the low bits of a larger number, as memcached's casts do), and a data block of
+//! exactly the announced length followed by `\r\n`. A known command with the wrong number
+//! of arguments is `ERROR`; a malformed argument is a `CLIENT_ERROR` that a final `noreply`
+//! silences; a data block of the wrong length is `CLIENT_ERROR bad data chunk`, and parsing
+//! goes on after the announced length.
 
 use thiserror::Error;
 
@@ -64,8 +69,10 @@ pub enum Request<'a> {
     Get {
         /// The keys, in request order.
         keys: Vec<&'a [u8]>,
-        /// `gets`: report each item's cas unique.
+        /// `gets` or `gats`: report each item's cas unique.
         with_cas: bool,
+        /// `gat` or `gats`: the new expiry of each item found (as in [`Request::Store`]).
+        touch: Option<i64>,
     },
     /// `set`, `add`, `replace`, `append`, `prepend` or `cas`.
     Store {
@@ -135,34 +142,52 @@ pub enum Request<'a> {
     Quit,
 }
 
-/// What a malformed request is, and the reply the protocol gives for it.
+/// What a malformed request is, and the reply the protocol gives for it: memcached's own
+/// strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum ProtocolError {
-    /// Not a command this server knows (`ERROR`).
+    /// Not a command this server knows, or a known one with too few or too many arguments
+    /// (`ERROR`).
     #[error("unknown command")]
     UnknownCommand,
-    /// A known command with missing, extra or malformed arguments, or a bad key.
+    /// A known command with malformed arguments, or a key longer than [`MAX_KEY_LEN`].
     #[error("bad command line format")]
     BadFormat,
+    /// `delete` with arguments other than a key, `0` and `noreply`.
+    #[error("bad command line format.  Usage: delete <key> [noreply]")]
+    BadDeleteFormat,
     /// A data block not followed by `\r\n`.
     #[error("bad data chunk")]
     BadDataChunk,
     /// `incr`/`decr` with a delta that is not a 64-bit unsigned integer.
     #[error("invalid numeric delta argument")]
     BadDelta,
+    /// `touch`, `gat`, `gats` or `flush_all` with an expiry that is not a number.
+    #[error("invalid exptime argument")]
+    BadExptime,
     /// A value larger than [`Limits::max_value`].
     #[error("object too large for cache")]
     TooLarge,
     /// A command line longer than [`Limits::max_line`] with no end in sight.
     #[error("line too long")]
     LineTooLong,
+    /// `shutdown`, which this server does not take from clients (as memcached without
+    /// `-A`).
+    #[error("shutdown not enabled")]
+    ShutdownDisabled,
+    /// An unknown command whose line ends like an HTTP request: memcached closes such a
+    /// connection without a reply, and so does this server.
+    #[error("an HTTP request")]
+    Http,
 }
 
 impl ProtocolError {
-    /// The reply line for this error, `\r\n` included.
+    /// The reply line for this error, `\r\n` included (empty for [`ProtocolError::Http`]).
     pub fn reply(self) -> String {
         match self {
             ProtocolError::UnknownCommand => "ERROR\r\n".to_owned(),
+            ProtocolError::ShutdownDisabled => format!("ERROR: {self}\r\n"),
+            ProtocolError::Http => String::new(),
             ProtocolError::TooLarge => format!("SERVER_ERROR {self}\r\n"),
             _ => format!("CLIENT_ERROR {self}\r\n"),
         }
@@ -186,212 +211,356 @@ pub enum Parsed<'a> {
     Request(Request<'a>, usize),
     /// The buffer holds only the start of a request.
     Incomplete,
-    /// A malformed request: send `error.reply()` and then apply `skip`.
+    /// A malformed request: send `error.reply()` (unless `noreply`) and then apply `skip`.
     Invalid {
         /// What was wrong.
         error: ProtocolError,
         /// What to discard.
         skip: Skip,
+        /// The request asked for no reply, and memcached sends none, even for this error.
+        noreply: bool,
+        /// A key whose item goes: that of a `set` too large to store (memcached removes
+        /// the older value rather than leave it stale).
+        unlink: Option<&'a [u8]>,
     },
 }
 
-/// Parses the first request in `buf` (see the module docs).
+/// Parses the first request in `buf` (see the module docs), as memcached 1.6 does: the
+/// command line's tokens are checked against each command's forms (a wrong number of them is
+/// `ERROR`), then its arguments, whose errors a `noreply` at the end of the line silences.
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
     let Some(newline) = buf.iter().position(|&b| b == b'\n') else {
         return if buf.len() > limits.max_line {
-            invalid(ProtocolError::LineTooLong, Skip::Close)
+            invalid(ProtocolError::LineTooLong, Skip::Close, false)
         } else {
             Parsed::Incomplete
         };
     };
     if newline > limits.max_line {
-        return invalid(ProtocolError::LineTooLong, Skip::Close);
+        return invalid(ProtocolError::LineTooLong, Skip::Close, false);
     }
     let line_len = newline + 1;
-    let line = buf[..newline]
-        .strip_suffix(b"\r")
-        .unwrap_or(&buf[..newline]);
+    let mut line = &buf[..newline];
+    // One carriage return before the line feed ends the line with it (not a line that is
+    // nothing else); memcached then reads the line as a C string, up to a NUL.
+    if line.len() > 1 {
+        line = line.strip_suffix(b"\r").unwrap_or(line);
+    }
+    if let Some(nul) = line.iter().position(|&b| b == 0) {
+        line = &line[..nul];
+    }
     let tokens: Vec<&[u8]> = line
         .split(|&b| b == b' ')
         .filter(|t| !t.is_empty())
         .collect();
     let skip_line = Skip::Bytes(line_len);
     let Some((&name, args)) = tokens.split_first() else {
-        return invalid(ProtocolError::UnknownCommand, skip_line);
+        return invalid(ProtocolError::UnknownCommand, skip_line, false);
     };
+    if name.len() < 2 {
+        return invalid(ProtocolError::UnknownCommand, skip_line, false);
+    }
+    // The forms each command has, by memcached's count of tokens: the command's, its
+    // arguments' and a terminator's (`args.len() + 2`). Another count is an unknown form.
+    let forms: &[usize] = match name {
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" => &[6, 7],
+        b"cas" => &[7, 8],
+        b"incr" | b"decr" | b"touch" => &[4, 5],
+        b"delete" => &[3, 4, 5],
+        b"flush_all" => &[2, 3, 4],
+        b"verbosity" => &[3, 4],
+        _ => &[],
+    };
+    let retrieval = matches!(name, b"get" | b"gets" | b"gat" | b"gats" | b"bget");
+    if (!forms.is_empty() && !forms.contains(&(args.len() + 2))) || (retrieval && args.is_empty()) {
+        return invalid(ProtocolError::UnknownCommand, skip_line, false);
+    }
+    let noreply = args.last() == Some(&&b"noreply"[..]);
+    let mode = match name {
+        b"set" => Some(StoreMode::Set),
+        b"add" => Some(StoreMode::Add),
+        b"replace" => Some(StoreMode::Replace),
+        b"append" => Some(StoreMode::Append),
+        b"prepend" => Some(StoreMode::Prepend),
+        b"cas" => Some(StoreMode::Cas),
+        _ => None,
+    };
+    if let Some(mode) = mode {
+        return store(buf, line_len, mode, args, noreply, limits);
+    }
     let request = match name {
-        b"get" | b"gets" => get(args, name == b"gets"),
-        b"set" => return store(buf, line_len, StoreMode::Set, args, limits),
-        b"add" => return store(buf, line_len, StoreMode::Add, args, limits),
-        b"replace" => return store(buf, line_len, StoreMode::Replace, args, limits),
-        b"append" => return store(buf, line_len, StoreMode::Append, args, limits),
-        b"prepend" => return store(buf, line_len, StoreMode::Prepend, args, limits),
-        b"cas" => return store(buf, line_len, StoreMode::Cas, args, limits),
-        b"delete" => delete(args),
-        b"incr" | b"decr" => arith(args, name == b"incr"),
-        b"touch" => touch(args),
-        b"flush_all" => flush_all(args),
+        b"get" | b"bget" => get(args, false, None),
+        b"gets" => get(args, true, None),
+        b"gat" | b"gats" => match number::c_long(args[0]) {
+            Some(exptime) => get(&args[1..], name == b"gats", Some(exptime)),
+            None => Err(ProtocolError::BadExptime),
+        },
+        // `noreply` counts only after the key (memcached looks for it only then).
+        b"delete" => delete(args, noreply && args.len() > 1),
+        b"incr" | b"decr" => arith(args, name == b"incr", noreply),
+        b"touch" => touch(args, noreply),
+        b"flush_all" => flush_all(args, noreply),
         // Arguments are refused, as memcached did before 1.6 (clients such as memccapable
         // expect this of a server whose version is below 1.6).
-        b"version" if args.is_empty() => Ok(Request::Version),
-        b"quit" if args.is_empty() => Ok(Request::Quit),
-        b"stats" => match args {
-            [] => Ok(Request::Stats { group: None }),
-            [group] => Ok(Request::Stats { group: Some(group) }),
-            _ => Err(ProtocolError::BadFormat),
+        b"version" | b"quit" if !args.is_empty() => Err(ProtocolError::BadFormat),
+        b"version" => Ok(Request::Version),
+        b"quit" => Ok(Request::Quit),
+        b"stats" => Ok(Request::Stats {
+            group: args.first().copied(),
+        }),
+        b"verbosity" => match number::c_ulong(args[0]) {
+            Some(_) => Ok(Request::Verbosity { noreply }),
+            None => Err(ProtocolError::BadFormat),
         },
-        b"verbosity" => match split_noreply(args) {
-            ([level], noreply) if number::<u32>(level).is_some() => {
-                Ok(Request::Verbosity { noreply })
-            }
-            // As memcached: without a level, `noreply` alone is accepted and a bare
-            // `verbosity` is not a known command form.
-            ([], true) => Ok(Request::Verbosity { noreply: true }),
-            ([], false) => Err(ProtocolError::UnknownCommand),
-            _ => Err(ProtocolError::BadFormat),
-        },
-        b"version" | b"quit" => Err(ProtocolError::BadFormat),
+        b"shutdown" => Err(ProtocolError::ShutdownDisabled),
+        // A command memcached answers by its first letter alone, or a meta command (not
+        // spoken here yet).
+        [b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't', ..] | [b'm', _] => {
+            Err(ProtocolError::UnknownCommand)
+        }
+        _ if tokens.last().is_some_and(|t| t.starts_with(b"HTTP/")) => {
+            return invalid(ProtocolError::Http, Skip::Close, false);
+        }
         _ => Err(ProtocolError::UnknownCommand),
     };
     match request {
         Ok(request) => Parsed::Request(request, line_len),
-        Err(error) => invalid(error, skip_line),
+        // Only the argument errors of a command that takes `noreply` are silenced by it.
+        Err(error @ (ProtocolError::UnknownCommand | ProtocolError::ShutdownDisabled)) => {
+            invalid(error, skip_line, false)
+        }
+        Err(error) => {
+            let takes_noreply = match name {
+                b"incr" | b"decr" | b"touch" | b"flush_all" | b"verbosity" => true,
+                b"delete" => args.len() > 1,
+                _ => false,
+            };
+            invalid(error, skip_line, noreply && takes_noreply)
+        }
     }
 }
 
-fn invalid<'a>(error: ProtocolError, skip: Skip) -> Parsed<'a> {
-    Parsed::Invalid { error, skip }
+fn invalid<'a>(error: ProtocolError, skip: Skip, noreply: bool) -> Parsed<'a> {
+    Parsed::Invalid {
+        error,
+        skip,
+        noreply,
+        unlink: None,
+    }
 }
 
-/// Whether `key` is a key this server accepts (module docs): a token of 1 to
-/// [`MAX_KEY_LEN`] bytes, none of them a space or a line end.
+/// Whether `key` is a key this server accepts (module docs): 1 to [`MAX_KEY_LEN`] bytes,
+/// none of them a space, a line feed or a NUL (which end memcached's tokens and lines).
 pub fn valid_key(key: &[u8]) -> bool {
     !key.is_empty()
         && key.len() <= MAX_KEY_LEN
-        && !key.iter().any(|&b| matches!(b, b' ' | b'\r' | b'\n'))
+        && !key.iter().any(|&b| matches!(b, b' ' | b'\n' | 0))
 }
 
 fn key(token: &[u8]) -> Result<&[u8], ProtocolError> {
-    if valid_key(token) {
+    if token.len() <= MAX_KEY_LEN {
         Ok(token)
     } else {
         Err(ProtocolError::BadFormat)
     }
 }
 
-/// A decimal number of type `T` (with a sign only where `T` has one).
-fn number<T: std::str::FromStr>(token: &[u8]) -> Option<T> {
-    if token.first() == Some(&b'+') {
-        return None;
+/// Numbers read as memcached reads them: with the C library's `strtoull` and `strtol`
+/// (leading white space and a sign allowed, the number ending at white space or the end of
+/// the token), then cast to the field's C type, which for 32-bit fields keeps the low bits.
+pub mod number {
+    /// C's `isspace` in the C locale.
+    fn space(b: u8) -> bool {
+        matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
     }
-    std::str::from_utf8(token).ok()?.parse().ok()
+
+    /// `token` as `strtoull`/`strtoll` read it: the sign, the magnitude (saturated past
+    /// `u128`'s range), and whether what follows the digits ends the number; `None` when
+    /// there are no digits.
+    fn read(token: &[u8]) -> Option<(bool, u128)> {
+        let mut rest = token;
+        while let [b, tail @ ..] = rest
+            && space(*b)
+        {
+            rest = tail;
+        }
+        let negative = rest.first() == Some(&b'-');
+        if let [b'+' | b'-', tail @ ..] = rest {
+            rest = tail;
+        }
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return None;
+        }
+        let magnitude = rest[..digits].iter().fold(0u128, |n, &d| {
+            n.saturating_mul(10).saturating_add(u128::from(d - b'0'))
+        });
+        // A NUL ends a C string: the number ends there too.
+        let ends = rest.get(digits).is_none_or(|&b| space(b) || b == 0);
+        ends.then_some((negative, magnitude))
+    }
+
+    /// memcached's `safe_strtoull`: an unsigned 64-bit number; a negative one only where
+    /// its two's complement is still below 2^63 (`-0`, or as `strtoull` wraps it).
+    pub fn c_ulonglong(token: &[u8]) -> Option<u64> {
+        let (negative, magnitude) = read(token)?;
+        let magnitude = u64::try_from(magnitude).ok()?;
+        let value = if negative {
+            magnitude.wrapping_neg()
+        } else {
+            magnitude
+        };
+        // A value that is negative as a signed number is refused if it was written with a
+        // minus sign.
+        if value.cast_signed() < 0 && token.contains(&b'-') {
+            return None;
+        }
+        Some(value)
+    }
+
+    /// memcached's `safe_strtoul` into a 32-bit field: as [`c_ulonglong`], then the low 32
+    /// bits.
+    pub fn c_ulong(token: &[u8]) -> Option<u32> {
+        #[allow(clippy::cast_possible_truncation)] // the C cast keeps the low bits
+        c_ulonglong(token).map(|value| value as u32)
+    }
+
+    /// memcached's `safe_strtoll`: a signed 64-bit number.
+    pub fn c_longlong(token: &[u8]) -> Option<i64> {
+        let (negative, magnitude) = read(token)?;
+        if negative {
+            let magnitude = u64::try_from(magnitude).ok()?;
+            0i64.checked_sub_unsigned(magnitude)
+        } else {
+            i64::try_from(magnitude).ok()
+        }
+    }
+
+    /// memcached's `safe_strtol` into a 32-bit field: as [`c_longlong`], then the low 32
+    /// bits.
+    pub fn c_long(token: &[u8]) -> Option<i64> {
+        #[allow(clippy::cast_possible_truncation)] // the C cast keeps the low bits
+        c_longlong(token).map(|value| i64::from(value as i32))
+    }
 }
 
-/// `args` without a trailing `noreply`, and whether it was there.
-fn split_noreply<'t, 'a>(args: &'t [&'a [u8]]) -> (&'t [&'a [u8]], bool) {
-    match args.split_last() {
-        Some((&b"noreply", rest)) => (rest, true),
-        _ => (args, false),
-    }
-}
-
-fn get<'a>(args: &[&'a [u8]], with_cas: bool) -> Result<Request<'a>, ProtocolError> {
-    if args.is_empty() {
-        // memcached answers a keyless get as an unknown command.
-        return Err(ProtocolError::UnknownCommand);
-    }
+fn get<'a>(
+    args: &[&'a [u8]],
+    with_cas: bool,
+    touch: Option<i64>,
+) -> Result<Request<'a>, ProtocolError> {
     let keys = args.iter().map(|t| key(t)).collect::<Result<_, _>>()?;
-    Ok(Request::Get { keys, with_cas })
+    Ok(Request::Get {
+        keys,
+        with_cas,
+        touch,
+    })
 }
 
-fn delete<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtocolError> {
-    match split_noreply(args) {
-        // memcached still accepts a legacy time argument of 0.
-        ([k] | [k, b"0"], noreply) => Ok(Request::Delete {
-            key: key(k)?,
-            noreply,
-        }),
-        _ => Err(ProtocolError::BadFormat),
+fn delete<'a>(args: &[&'a [u8]], noreply: bool) -> Result<Request<'a>, ProtocolError> {
+    // memcached still accepts a legacy time argument of 0.
+    let valid = match args {
+        [_] => true,
+        [_, hold] => *hold == b"0" || noreply,
+        [_, hold, _] => *hold == b"0" && noreply,
+        _ => false,
+    };
+    if !valid {
+        return Err(ProtocolError::BadDeleteFormat);
     }
+    Ok(Request::Delete {
+        key: key(args[0])?,
+        noreply,
+    })
 }
 
-fn arith<'a>(args: &[&'a [u8]], incr: bool) -> Result<Request<'a>, ProtocolError> {
-    match split_noreply(args) {
-        ([k, delta], noreply) => Ok(Request::Arith {
-            incr,
-            key: key(k)?,
-            delta: number(delta).ok_or(ProtocolError::BadDelta)?,
-            noreply,
-        }),
-        _ => Err(ProtocolError::BadFormat),
-    }
+fn arith<'a>(args: &[&'a [u8]], incr: bool, noreply: bool) -> Result<Request<'a>, ProtocolError> {
+    let key = key(args[0])?;
+    Ok(Request::Arith {
+        incr,
+        key,
+        delta: number::c_ulonglong(args[1]).ok_or(ProtocolError::BadDelta)?,
+        noreply,
+    })
 }
 
-fn touch<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtocolError> {
-    match split_noreply(args) {
-        ([k, exptime], noreply) => Ok(Request::Touch {
-            key: key(k)?,
-            exptime: number(exptime).ok_or(ProtocolError::BadFormat)?,
-            noreply,
-        }),
-        _ => Err(ProtocolError::BadFormat),
-    }
+fn touch<'a>(args: &[&'a [u8]], noreply: bool) -> Result<Request<'a>, ProtocolError> {
+    let key = key(args[0])?;
+    Ok(Request::Touch {
+        key,
+        exptime: number::c_long(args[1]).ok_or(ProtocolError::BadExptime)?,
+        noreply,
+    })
 }
 
-fn flush_all<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtocolError> {
-    match split_noreply(args) {
-        ([], noreply) => Ok(Request::FlushAll {
-            delay: None,
-            noreply,
-        }),
-        ([delay], noreply) => Ok(Request::FlushAll {
-            delay: Some(number(delay).ok_or(ProtocolError::BadFormat)?),
-            noreply,
-        }),
-        _ => Err(ProtocolError::BadFormat),
-    }
+fn flush_all<'a>(args: &[&'a [u8]], noreply: bool) -> Result<Request<'a>, ProtocolError> {
+    // The delay is the first argument, unless the only one is `noreply`; one of 0 or less
+    // flushes now.
+    let delay = if args.len() == usize::from(noreply) {
+        None
+    } else {
+        Some(number::c_long(args[0]).ok_or(ProtocolError::BadExptime)?)
+    };
+    Ok(Request::FlushAll {
+        delay: delay.filter(|&d| d > 0),
+        noreply,
+    })
 }
 
-/// A storage command: the line's arguments, then the data block after the line.
+/// A storage command (its number of tokens checked): the line's arguments, then the data
+/// block after the line.
 fn store<'a>(
     buf: &'a [u8],
     line_len: usize,
     mode: StoreMode,
     args: &[&'a [u8]],
+    noreply: bool,
     limits: &Limits,
 ) -> Parsed<'a> {
-    let skip_line = Skip::Bytes(line_len);
-    let (args, noreply) = split_noreply(args);
-    let (fixed, cas_unique) = match (mode, args) {
-        (StoreMode::Cas, [k, f, e, n, unique]) => ([*k, *f, *e, *n], number::<u64>(unique)),
-        (StoreMode::Cas, _) => return invalid(ProtocolError::BadFormat, skip_line),
-        (_, [k, f, e, n]) => ([*k, *f, *e, *n], Some(0)),
-        _ => return invalid(ProtocolError::BadFormat, skip_line),
+    let bad = || invalid(ProtocolError::BadFormat, Skip::Bytes(line_len), noreply);
+    let Ok(key) = key(args[0]) else {
+        return bad();
     };
-    let [k, flags, exptime, bytes] = fixed;
-    let (Ok(key), Some(flags), Some(exptime), Some(bytes), Some(unique)) = (
-        key(k),
-        number::<u32>(flags),
-        number::<i64>(exptime),
-        number::<usize>(bytes),
-        cas_unique,
+    let (Some(flags), Some(exptime), Some(bytes)) = (
+        number::c_ulong(args[1]),
+        number::c_long(args[2]),
+        number::c_long(args[3]),
     ) else {
-        return invalid(ProtocolError::BadFormat, skip_line);
+        return bad();
     };
-    let Some(total) = line_len.checked_add(bytes).and_then(|n| n.checked_add(2)) else {
-        return invalid(ProtocolError::BadFormat, skip_line);
+    let cas_unique = if mode == StoreMode::Cas {
+        match number::c_ulonglong(args[4]) {
+            Some(unique) => Some(unique),
+            None => return bad(),
+        }
+    } else {
+        None
     };
+    // Non-negative, and below `INT_MAX - 2` as the C cast left it.
+    let Some(bytes) = usize::try_from(bytes)
+        .ok()
+        .filter(|&b| b <= i32::MAX as usize - 2)
+    else {
+        return bad();
+    };
+    let total = line_len + bytes + 2;
     if bytes > limits.max_value {
         // memcached swallows the data block it will not store.
-        return invalid(ProtocolError::TooLarge, Skip::Bytes(total));
+        return Parsed::Invalid {
+            error: ProtocolError::TooLarge,
+            skip: Skip::Bytes(total),
+            noreply,
+            unlink: (mode == StoreMode::Set).then_some(key),
+        };
     }
     if buf.len() < total {
         return Parsed::Incomplete;
     }
     let data = &buf[line_len..line_len + bytes];
     if &buf[line_len + bytes..total] != b"\r\n" {
-        // Where the next request starts is unknown: the announced length was wrong.
-        return invalid(ProtocolError::BadDataChunk, Skip::Close);
+        // As memcached: the announced length is taken as it is, and parsing goes on after
+        // it.
+        return invalid(ProtocolError::BadDataChunk, Skip::Bytes(total), noreply);
     }
     Parsed::Request(
         Request::Store {
@@ -400,7 +569,7 @@ fn store<'a>(
             flags,
             exptime,
             data,
-            cas_unique: (mode == StoreMode::Cas).then_some(unique),
+            cas_unique,
             noreply,
         },
         total,
@@ -423,7 +592,8 @@ mod tests {
             Parsed::Request(
                 Request::Get {
                     keys: vec![b"a", b"bb", b"ccc"],
-                    with_cas: true
+                    with_cas: true,
+                    touch: None,
                 },
                 16
             )
@@ -433,7 +603,8 @@ mod tests {
             Parsed::Request(
                 Request::Get {
                     keys: vec![b"x"],
-                    with_cas: false
+                    with_cas: false,
+                    touch: None,
                 },
                 6
             )
@@ -561,64 +732,67 @@ mod tests {
     #[test]
     fn bad_input_gets_the_protocols_error_and_a_way_to_resynchronise() {
         let bad = |input: &[u8], error, skip| {
-            assert_eq!(one(input), Parsed::Invalid { error, skip }, "{input:?}");
+            assert_eq!(
+                one(input),
+                Parsed::Invalid {
+                    error,
+                    skip,
+                    noreply: false,
+                    unlink: None
+                },
+                "{input:?}"
+            );
         };
-        bad(
-            b"frobnicate\r\n",
-            ProtocolError::UnknownCommand,
-            Skip::Bytes(12),
-        );
-        bad(b"\r\n", ProtocolError::UnknownCommand, Skip::Bytes(2));
-        bad(b"get\r\n", ProtocolError::UnknownCommand, Skip::Bytes(5));
-        bad(
-            b"verbosity\r\n",
-            ProtocolError::UnknownCommand,
-            Skip::Bytes(11),
-        );
+        let unknown = ProtocolError::UnknownCommand;
+        bad(b"frobnicate\r\n", unknown, Skip::Bytes(12));
+        bad(b"\r\n", unknown, Skip::Bytes(2));
+        bad(b"x\r\n", unknown, Skip::Bytes(3));
+        bad(b"get\r\n", unknown, Skip::Bytes(5));
+        bad(b"verbosity\r\n", unknown, Skip::Bytes(11));
+        // A wrong number of arguments is an unknown command form.
+        bad(b"set k 0 0\r\n", unknown, Skip::Bytes(11));
+        bad(b"cas k 0 0 1\r\n", unknown, Skip::Bytes(13));
+        bad(b"incr n\r\n", unknown, Skip::Bytes(8));
+        bad(b"delete k 0 0 0\r\n", unknown, Skip::Bytes(16));
         let long_key = [b'k'; MAX_KEY_LEN + 1];
         bad(
             &[b"get ", &long_key[..], b"\r\n"].concat(),
             ProtocolError::BadFormat,
             Skip::Bytes(257),
         );
-        // A carriage return inside the line is not a key byte.
-        bad(b"get a\rb\r\n", ProtocolError::BadFormat, Skip::Bytes(9));
-        // Control characters are, as memcached has it.
-        assert_eq!(
-            one(b"get \x10\x00a\r\n"),
-            Parsed::Request(
-                Request::Get {
-                    keys: vec![b"\x10\x00a"],
-                    with_cas: false
-                },
-                9
-            )
-        );
-        bad(b"set k 0 0\r\n", ProtocolError::BadFormat, Skip::Bytes(11));
+        // Any byte but the space is a key byte, a carriage return inside the line too;
+        // a NUL ends the line, as it ends memcached's C string.
+        for (input, key) in [
+            (&b"get a\rb\r\n"[..], &b"a\rb"[..]),
+            (b"get \x10\x00a\r\n", b"\x10"),
+        ] {
+            assert_eq!(
+                one(input),
+                Parsed::Request(
+                    Request::Get {
+                        keys: vec![key],
+                        with_cas: false,
+                        touch: None,
+                    },
+                    input.len()
+                )
+            );
+        }
         bad(
             b"set k x 0 1\r\n",
             ProtocolError::BadFormat,
             Skip::Bytes(13),
         );
         bad(
-            b"set k 4294967296 0 1\r\n",
-            ProtocolError::BadFormat,
-            Skip::Bytes(22),
-        );
-        bad(
             b"set k 0 0 -1\r\n",
             ProtocolError::BadFormat,
             Skip::Bytes(14),
         );
-        bad(
-            b"cas k 0 0 1\r\n",
-            ProtocolError::BadFormat,
-            Skip::Bytes(13),
-        );
+        // A wrong data length: the announced length is taken, and parsing goes on after it.
         bad(
             b"set k 0 0 2\r\nabc\r\n",
             ProtocolError::BadDataChunk,
-            Skip::Close,
+            Skip::Bytes(17),
         );
         bad(b"incr n -1\r\n", ProtocolError::BadDelta, Skip::Bytes(11));
         bad(
@@ -626,29 +800,103 @@ mod tests {
             ProtocolError::BadDelta,
             Skip::Bytes(29),
         );
+        bad(b"touch k x\r\n", ProtocolError::BadExptime, Skip::Bytes(11));
+        bad(b"gat x k\r\n", ProtocolError::BadExptime, Skip::Bytes(9));
+        bad(
+            b"delete k 1\r\n",
+            ProtocolError::BadDeleteFormat,
+            Skip::Bytes(12),
+        );
         bad(b"version 2\r\n", ProtocolError::BadFormat, Skip::Bytes(11));
+        // `version` takes no `noreply`: its error is sent.
+        bad(
+            b"version noreply\r\n",
+            ProtocolError::BadFormat,
+            Skip::Bytes(17),
+        );
+        bad(
+            b"shutdown\r\n",
+            ProtocolError::ShutdownDisabled,
+            Skip::Bytes(10),
+        );
+        bad(b"GET / HTTP/1.1\r\n", ProtocolError::Http, Skip::Close);
+    }
+
+    #[test]
+    fn noreply_silences_argument_errors_and_limits_hold() {
+        let unknown = ProtocolError::UnknownCommand;
+        // `noreply` silences a command's argument errors, not an unknown form.
+        assert_eq!(
+            one(b"touch k x noreply\r\n"),
+            Parsed::Invalid {
+                error: ProtocolError::BadExptime,
+                skip: Skip::Bytes(19),
+                noreply: true,
+                unlink: None,
+            }
+        );
+        assert_eq!(
+            one(b"touch k 1 2 noreply\r\n"),
+            Parsed::Invalid {
+                error: unknown,
+                skip: Skip::Bytes(21),
+                noreply: false,
+                unlink: None,
+            }
+        );
+        // Without a level, `noreply` alone is taken as a malformed level, whose error it
+        // silences.
         assert_eq!(
             one(b"verbosity noreply\r\n"),
-            Parsed::Request(Request::Verbosity { noreply: true }, 19)
+            Parsed::Invalid {
+                error: ProtocolError::BadFormat,
+                skip: Skip::Bytes(19),
+                noreply: true,
+                unlink: None,
+            }
         );
         let limits = Limits {
             max_value: 4,
             max_line: 16,
         };
+        // A `set` too large to store takes the key's older item with it.
         assert_eq!(
             parse(b"set k 0 0 5\r\nabc", &limits),
             Parsed::Invalid {
                 error: ProtocolError::TooLarge,
-                skip: Skip::Bytes(13 + 5 + 2)
+                skip: Skip::Bytes(13 + 5 + 2),
+                noreply: false,
+                unlink: Some(b"k"),
             }
         );
         assert_eq!(
             parse(&[b'g'; 17], &limits),
             Parsed::Invalid {
                 error: ProtocolError::LineTooLong,
-                skip: Skip::Close
+                skip: Skip::Close,
+                noreply: false,
+                unlink: None,
             }
         );
+    }
+
+    #[test]
+    fn numbers_are_read_as_memcached_reads_them() {
+        use super::number::{c_long, c_ulong, c_ulonglong};
+        assert_eq!(c_ulonglong(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(c_ulonglong(b"18446744073709551616"), None);
+        assert_eq!(c_ulonglong(b"+5"), Some(5));
+        assert_eq!(c_ulonglong(b"-0"), Some(0));
+        assert_eq!(c_ulonglong(b"-5"), None);
+        assert_eq!(c_ulonglong(b"\t7"), Some(7));
+        assert_eq!(c_ulonglong(b"7\tx"), Some(7));
+        assert_eq!(c_ulonglong(b"7x"), None);
+        assert_eq!(c_ulonglong(b""), None);
+        // 32-bit fields keep the low bits, as the C casts do.
+        assert_eq!(c_ulong(b"4294967296"), Some(0));
+        assert_eq!(c_long(b"4294967295"), Some(-1));
+        assert_eq!(c_long(b"-2147483649"), Some(i64::from(i32::MAX)));
+        assert_eq!(c_long(b"99999999999999999999"), None);
     }
 
     #[test]

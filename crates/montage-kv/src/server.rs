@@ -340,11 +340,25 @@ impl Connection {
                     flow = execute(shared, &mut self.out, request).await?;
                     at += used;
                 }
-                Parsed::Invalid { error, skip } => {
+                Parsed::Invalid {
+                    error,
+                    skip,
+                    noreply,
+                    unlink,
+                } => {
                     if error == ProtocolError::TooLarge {
                         bump(&shared.stats.store_too_large);
                     }
-                    self.out.buf.extend_from_slice(error.reply().as_bytes());
+                    if let Some(key) = unlink {
+                        // A write like any other: the reply waits for its sync round.
+                        match shared.cache.store().delete(key) {
+                            Ok(_) => self.out.owed = true,
+                            Err(e) => server_error(&mut self.out, &e),
+                        }
+                    }
+                    if !noreply {
+                        self.out.buf.extend_from_slice(error.reply().as_bytes());
+                    }
                     match skip {
                         Skip::Bytes(n) => self.skip = n,
                         Skip::Close => flow = Flow::Close,
@@ -365,7 +379,11 @@ async fn execute(shared: &Shared, out: &mut Output, request: Request<'_>) -> Res
     let store = shared.cache.store();
     let stats = &shared.stats;
     match request {
-        Request::Get { keys, with_cas } => return get(shared, out, &keys, with_cas).await,
+        Request::Get {
+            keys,
+            with_cas,
+            touch,
+        } => return get(shared, out, &keys, with_cas, touch).await,
         Request::Store {
             mode,
             key,
@@ -442,19 +460,32 @@ async fn execute(shared: &Shared, out: &mut Output, request: Request<'_>) -> Res
     Ok(Flow::Continue)
 }
 
-/// `get` or `gets`: a reply line and data block per live item, then `END`.
+/// `get`, `gets`, `gat` or `gats` (`touch`, the new expiry): a reply line and data block
+/// per live item, then `END`.
 async fn get(
     shared: &Shared,
     out: &mut Output,
     keys: &[&[u8]],
     with_cas: bool,
+    touch: Option<i64>,
 ) -> Result<Flow, End> {
     let stats = &shared.stats;
     for &key in keys {
-        bump(&stats.cmd_get);
-        match shared.cache.store().get(key) {
+        let (found, hits, misses) = match touch {
+            None => {
+                bump(&stats.cmd_get);
+                let found = shared.cache.store().get(key);
+                (found, &stats.get_hits, &stats.get_misses)
+            }
+            Some(exptime) => {
+                bump(&stats.cmd_touch);
+                let found = shared.cache.store().get_and_touch(key, exptime);
+                (found, &stats.touch_hits, &stats.touch_misses)
+            }
+        };
+        match found {
             Ok(Some(item)) => {
-                bump(&stats.get_hits);
+                bump(hits);
                 out.buf.extend_from_slice(b"VALUE ");
                 out.buf.extend_from_slice(key);
                 let _ = write!(out.buf, " {} {}", item.flags, item.data.len());
@@ -464,7 +495,7 @@ async fn get(
                 out.buf.extend_from_slice(b"\r\n");
                 out.line(&item.data);
             }
-            Ok(None) => bump(&stats.get_misses),
+            Ok(None) => bump(misses),
             Err(e) => {
                 server_error(out, &e);
                 return Ok(Flow::Continue);

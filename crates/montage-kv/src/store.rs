@@ -16,7 +16,7 @@ use montage_collections::{Change, HashMap};
 use montage_core::payload::Fingerprint;
 use montage_core::{Codec, Heap, Result};
 
-use crate::protocol::StoreMode;
+use crate::protocol::{StoreMode, number};
 
 /// One cached item.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -335,10 +335,11 @@ impl<C: Clock> Store<C> {
             let Some(item) = current.filter(|item| self.live(item, now)) else {
                 return (Change::Keep, Outcome::NotFound);
             };
-            let Some(value) = std::str::from_utf8(&item.data)
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
+            // As memcached reads it: a number as `strtoull` takes it (white space before it,
+            // and anything after white space, allowed).
+            let Some(value) = Some(&item.data[..])
+                .filter(|data| !data.is_empty())
+                .and_then(number::c_ulonglong)
             else {
                 return (Change::Keep, Outcome::NonNumeric);
             };
@@ -347,14 +348,43 @@ impl<C: Clock> Store<C> {
             } else {
                 value.saturating_sub(delta)
             };
+            // A result no longer than the value overwrites it, padded with spaces to its
+            // length, as memcached does in place.
+            let mut data = new.to_string().into_bytes();
+            if data.len() < item.data.len() {
+                data.resize(item.data.len(), b' ');
+            }
             let item = Item {
                 stored: now,
                 cas: self.cas(),
-                data: new.to_string().into_bytes(),
+                data,
                 ..item
             };
             (Change::Set(item), Outcome::Value(new))
         })
+    }
+
+    /// `gat`: the live item stored under `key`, given the new expiry `exptime` (as
+    /// [`touch`](Self::touch)).
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub fn get_and_touch(&self, key: &[u8], exptime: i64) -> Result<Option<Item>> {
+        let now = self.clock.now();
+        let exptime = Self::absolute(exptime, now);
+        let mut touched = None;
+        self.change(key, |current| {
+            match current.filter(|item| self.live(item, now)) {
+                Some(item) => {
+                    let item = Item { exptime, ..item };
+                    touched = Some(item.clone());
+                    (Change::Set(item), Outcome::Touched)
+                }
+                None => (Change::Keep, Outcome::NotFound),
+            }
+        })?;
+        Ok(touched)
     }
 
     /// `touch`: a new expiry for a live item.
@@ -491,9 +521,23 @@ mod tests {
         set(&store, StoreMode::Set, b"n", b"18446744073709551615");
         assert_eq!(store.arith(b"n", true, 2).unwrap(), Outcome::Value(1));
         assert_eq!(store.arith(b"n", false, 5).unwrap(), Outcome::Value(0));
-        assert_eq!(store.get(b"n").unwrap().unwrap().data, b"0");
-        set(&store, StoreMode::Set, b"s", b"12a");
-        assert_eq!(store.arith(b"s", true, 1).unwrap(), Outcome::NonNumeric);
+        // A shorter result is padded with spaces to the value's length, as memcached
+        // writes it in place; a longer one takes the room it needs.
+        assert_eq!(
+            store.get(b"n").unwrap().unwrap().data,
+            format!("{:<20}", 0).as_bytes()
+        );
+        set(&store, StoreMode::Set, b"m", b"99");
+        assert_eq!(store.arith(b"m", true, 1).unwrap(), Outcome::Value(100));
+        assert_eq!(store.get(b"m").unwrap().unwrap().data, b"100");
+        // As `strtoull` reads it: white space before and after the digits.
+        set(&store, StoreMode::Set, b"w", b" 12 x");
+        assert_eq!(store.arith(b"w", true, 1).unwrap(), Outcome::Value(13));
+        assert_eq!(store.get(b"w").unwrap().unwrap().data, b"13   ");
+        for bad in [&b"12a"[..], b"", b"-1"] {
+            set(&store, StoreMode::Set, b"s", bad);
+            assert_eq!(store.arith(b"s", true, 1).unwrap(), Outcome::NonNumeric);
+        }
     }
 
     #[test]
