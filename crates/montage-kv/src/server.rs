@@ -61,7 +61,7 @@ use tokio::task::JoinSet;
 use crate::cache::Cache;
 use crate::commit::{Committer, SyncFailed};
 use crate::protocol::{self, Limits, Parsed, ProtocolError, Request, Skip, StoreMode};
-use crate::store::{Outcome, SystemClock};
+use crate::store::{Lookup, Outcome, SystemClock};
 
 /// Replies are written once this many bytes have built up.
 pub const OUT_HIGH: usize = 64 << 10;
@@ -395,6 +395,9 @@ async fn execute(shared: &Shared, out: &mut Output, request: Request<'_>) -> Res
         } => {
             bump(&stats.cmd_set);
             let result = store.store(mode, key, flags, exptime, data, cas_unique);
+            if matches!(result, Ok(Outcome::Stored)) {
+                bump(&stats.total_items);
+            }
             if mode == StoreMode::Cas {
                 match result {
                     Ok(Outcome::Stored) => bump(&stats.cas_hits),
@@ -474,15 +477,32 @@ async fn get(
         let (found, hits, misses) = match touch {
             None => {
                 bump(&stats.cmd_get);
-                let found = shared.cache.store().get(key);
+                let found = shared.cache.store().lookup(key);
                 (found, &stats.get_hits, &stats.get_misses)
             }
             Some(exptime) => {
                 bump(&stats.cmd_touch);
-                let found = shared.cache.store().get_and_touch(key, exptime);
+                let found = shared
+                    .cache
+                    .store()
+                    .get_and_touch(key, exptime)
+                    .map(|item| item.map_or(Lookup::Miss, Lookup::Hit));
                 (found, &stats.touch_hits, &stats.touch_misses)
             }
         };
+        // Why a get missed, as memcached counts it.
+        let found = found.map(|lookup| match lookup {
+            Lookup::Hit(item) => Some(item),
+            Lookup::Miss => None,
+            Lookup::Expired => {
+                bump(&stats.get_expired);
+                None
+            }
+            Lookup::Flushed => {
+                bump(&stats.get_flushed);
+                None
+            }
+        });
         match found {
             Ok(Some(item)) => {
                 bump(hits);
@@ -597,6 +617,8 @@ counters! {
     cmd_touch,
     get_hits,
     get_misses,
+    get_expired,
+    get_flushed,
     delete_misses,
     delete_hits,
     incr_misses,
@@ -612,6 +634,8 @@ counters! {
     store_no_memory,
     bytes_read,
     bytes_written,
+    /// Items stored (by the storage commands) since the start.
+    total_items,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -621,6 +645,20 @@ fn bump(counter: &AtomicU64) {
 fn add(counter: &AtomicU64, n: usize) {
     // ORDERING: a statistic.
     counter.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+/// The process's user and system CPU time, as `stats` shows them (seconds, six decimals;
+/// zero if the system cannot tell).
+#[allow(unsafe_code)] // `getrusage`, which the standard library does not wrap
+fn rusage() -> (String, String) {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` writes one `rusage` through the pointer, which is to room for one
+    // that lives for the call; on failure it writes nothing and the zeroes stand.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    // SAFETY: `rusage` is a C struct of integers, valid as zeroes or as `getrusage` wrote it.
+    let usage = unsafe { usage.assume_init() };
+    let time = |t: libc::timeval| format!("{}.{:06}", t.tv_sec, t.tv_usec);
+    (time(usage.ru_utime), time(usage.ru_stime))
 }
 
 fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {
@@ -637,14 +675,20 @@ fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {
             stat("time", &now);
             stat("version", &env!("CARGO_PKG_VERSION"));
             stat("pointer_size", &(usize::BITS));
+            let (user, system) = rusage();
+            stat("rusage_user", &user);
+            stat("rusage_system", &system);
             stat("max_connections", &shared.options.max_connections);
             for (name, value) in shared.stats.counters() {
                 stat(name, &value);
             }
+            stat("accepting_conns", &1);
             stat("limit_maxbytes", &heap.size());
             stat("threads", &shared.options.threads);
             stat("curr_items", &cache.store().len());
             stat("bytes", &cache.store().bytes());
+            // A full heap refuses writes: nothing is evicted.
+            stat("evictions", &0);
             // What is ours: the heap, its recovery and its clock.
             stat(
                 "heap_backend",

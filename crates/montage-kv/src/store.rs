@@ -113,6 +113,19 @@ const RELATIVE_LIMIT: i64 = 60 * 60 * 24 * 30;
 /// The key of the `flush_all` marker: spaces keep it out of clients' reach.
 const FLUSH_KEY: &[u8] = b"montage-kv flush_all marker";
 
+/// What a lookup found: the item, or why it has none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup<T> {
+    /// A live item.
+    Hit(T),
+    /// No item.
+    Miss,
+    /// An item past its expiry time.
+    Expired,
+    /// An item that a `flush_all` invalidated.
+    Flushed,
+}
+
 /// The items of one cache, on one heap.
 pub struct Store<C = SystemClock> {
     map: HashMap<Vec<u8>, Item>,
@@ -234,14 +247,21 @@ impl<C: Clock> Store<C> {
 
     /// Whether `item` is visible at `now`: not expired and not flushed.
     fn live(&self, item: &Item, now: i64) -> bool {
+        self.state(item, now) == Lookup::Hit(())
+    }
+
+    /// Whether `item` is visible at `now`, or why not.
+    fn state(&self, item: &Item, now: i64) -> Lookup<()> {
         if item.exptime != 0 && item.exptime <= now {
-            return false;
+            return Lookup::Expired;
         }
         // ORDERING: the flush fields are set before the marker's operation returns.
         let at = self.flush_at.load(Ordering::Acquire);
         let cas = self.flush_cas.load(Ordering::Acquire);
-        let flushed = item.cas <= cas || (at != 0 && at <= now && item.stored < at);
-        !flushed
+        if item.cas <= cas || (at != 0 && at <= now && item.stored < at) {
+            return Lookup::Flushed;
+        }
+        Lookup::Hit(())
     }
 
     /// The item stored under `key`, if it is live.
@@ -250,8 +270,34 @@ impl<C: Clock> Store<C> {
     ///
     /// A heap error.
     pub fn get(&self, key: &[u8]) -> Result<Option<Item>> {
+        Ok(match self.lookup(key)? {
+            Lookup::Hit(item) => Some(item),
+            _ => None,
+        })
+    }
+
+    /// The item stored under `key` if it is live, or why there is none (for `stats`).
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub fn lookup(&self, key: &[u8]) -> Result<Lookup<Item>> {
         let now = self.clock.now();
-        Ok(self.map.get(key)?.filter(|item| self.live(item, now)))
+        let Some(item) = self.map.get(key)? else {
+            return Ok(Lookup::Miss);
+        };
+        let dead = match self.state(&item, now) {
+            Lookup::Hit(()) => return Ok(Lookup::Hit(item)),
+            Lookup::Miss => return Ok(Lookup::Miss),
+            Lookup::Expired => Lookup::Expired,
+            Lookup::Flushed => Lookup::Flushed,
+        };
+        // As memcached, an item found dead goes (unless a write replaced it meanwhile).
+        self.change(key, |current| match current {
+            Some(item) if !self.live(&item, now) => (Change::Remove, Outcome::NotFound),
+            _ => (Change::Keep, Outcome::NotFound),
+        })?;
+        Ok(dead)
     }
 
     /// A storage command (`set`, `add`, `replace`, `append`, `prepend`, `cas`).
@@ -588,8 +634,10 @@ mod tests {
         assert!(store.get(b"old").unwrap().is_none());
         set(&store, StoreMode::Set, b"newer", b"3");
         assert!(store.get(b"newer").unwrap().is_some());
-        // Flushed items still take their bytes until a write removes them.
-        assert_eq!(store.bytes(), 4 + 4 + 6);
+        // A flushed item goes when a read finds it, as in memcached: the two live ones keep
+        // their bytes.
+        assert_eq!(store.bytes(), 4 + 6);
+        assert_eq!(store.len(), 2);
         drop(store);
         heap.sync().unwrap();
         let image = heap.simulator().unwrap().crash(3);
@@ -597,7 +645,7 @@ mod tests {
         let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
         let heap = Heap::open_image(image, &config).unwrap();
         let store = Store::open(&heap, "cache", clock.clone()).unwrap();
-        assert_eq!(store.bytes(), 4 + 4 + 6);
+        assert_eq!(store.bytes(), 4 + 6);
         assert!(store.get(b"new").unwrap().is_some());
         assert!(store.get(b"old").unwrap().is_none());
         clock.0.store(1010, Ordering::Relaxed);

@@ -493,3 +493,73 @@ fn generated_scripts_get_memcached_s_replies() {
         panic!("{err}");
     }
 }
+
+/// The `stats` counters that monitoring reads, after the same requests: hits, misses (and
+/// why: expired, flushed), each command's counts, items. (`bytes` is left out: each server
+/// counts an item's overhead in its own way; so is `curr_connections`, which depends on when
+/// each server notices that the script's connection closed. The script reads every item it
+/// leaves flushed, so that `curr_items` does not depend on when memcached's background
+/// crawler reclaims them.)
+#[test]
+fn stats_counters_match_memcached_s() {
+    let Some(pair) = pair() else { return };
+    let script = b"set @a 0 0 1\r\nx\r\nset @b 0 -1 1\r\ny\r\nget @a @b @c\r\ngets @a\r\n\
+        add @a 0 0 1\r\nz\r\nreplace @c 0 0 1\r\nz\r\nappend @a 0 0 1\r\nz\r\n\
+        cas @a 0 0 1 1\r\nq\r\ncas @c 0 0 1 1\r\nq\r\ntouch @a 100\r\ntouch @c 100\r\n\
+        gat 100 @a @c\r\nset @n 0 0 1\r\n5\r\nincr @n 2\r\ndecr @n 1\r\nincr @c 1\r\n\
+        decr @c 1\r\ndelete @n\r\ndelete @n\r\nset @f 0 0 1\r\nf\r\nflush_all\r\nget @f @a\r\n\
+        set @g 0 0 1\r\ng\r\nget @g\r\n";
+    let prefix = prefix();
+    let script: Vec<u8> = script
+        .iter()
+        .flat_map(|&b| {
+            if b == b'@' {
+                prefix.as_bytes().to_vec()
+            } else {
+                vec![b]
+            }
+        })
+        .collect();
+    let counters = |addr: SocketAddr| {
+        exchange(addr, &script);
+        let reply = exchange(addr, b"stats\r\n");
+        let wanted = [
+            "cmd_get",
+            "cmd_set",
+            "cmd_flush",
+            "cmd_touch",
+            "get_hits",
+            "get_misses",
+            "get_expired",
+            "get_flushed",
+            "delete_misses",
+            "delete_hits",
+            "incr_misses",
+            "incr_hits",
+            "decr_misses",
+            "decr_hits",
+            "cas_misses",
+            "cas_hits",
+            "cas_badval",
+            "touch_hits",
+            "touch_misses",
+            "curr_items",
+            "total_items",
+            "evictions",
+        ];
+        let values: std::collections::BTreeMap<String, String> = String::from_utf8(reply)
+            .unwrap()
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.strip_prefix("STAT ")?.splitn(2, ' ');
+                let (name, value) = (words.next()?, words.next()?);
+                wanted
+                    .contains(&name)
+                    .then(|| (name.to_owned(), value.to_owned()))
+            })
+            .collect();
+        assert_eq!(values.len(), wanted.len(), "{values:?}");
+        values
+    };
+    assert_eq!(counters(pair.memcached.addr), counters(pair.montage.addr));
+}
