@@ -648,17 +648,24 @@ fn add(counter: &AtomicU64, n: usize) {
 }
 
 /// The process's user and system CPU time, as `stats` shows them (seconds, six decimals;
-/// zero if the system cannot tell).
-#[allow(unsafe_code)] // `getrusage`, which the standard library does not wrap
+/// zero where `/proc` cannot tell). Linux counts them in `/proc/self/stat` in ticks of
+/// `USER_HZ`, a hundredth of a second on every architecture this server builds for.
 fn rusage() -> (String, String) {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `getrusage` writes one `rusage` through the pointer, which is to room for one
-    // that lives for the call; on failure it writes nothing and the zeroes stand.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-    // SAFETY: `rusage` is a C struct of integers, valid as zeroes or as `getrusage` wrote it.
-    let usage = unsafe { usage.assume_init() };
-    let time = |t: libc::timeval| format!("{}.{:06}", t.tv_sec, t.tv_usec);
-    (time(usage.ru_utime), time(usage.ru_stime))
+    const TICKS_PER_SECOND: u64 = 100;
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // The fields after the command name (which may hold spaces, inside parentheses):
+            // state is the first, utime the 12th, stime the 13th.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
+        })
+        .unwrap_or((0u64, 0u64));
+    let time = |t: u64| {
+        let micros = t * (1_000_000 / TICKS_PER_SECOND);
+        format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
+    };
+    (time(ticks.0), time(ticks.1))
 }
 
 fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {

@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 /// How long a server may take to start (recovery included) or stop.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-/// The server on `heap`, on a free port of the loopback interface.
-fn command(heap: &Path) -> Command {
+/// The server on `heap`, on a free port of the loopback interface unless `extra` names one.
+fn command(heap: &Path, extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_montage-kv"));
-    command
-        .arg("--heap")
-        .arg(heap)
-        .args(["--listen", "127.0.0.1:0"]);
+    command.arg("--heap").arg(heap);
+    if !extra.contains(&"--listen") {
+        command.args(["--listen", "127.0.0.1:0"]);
+    }
     command
 }
 
@@ -36,7 +36,7 @@ impl Server {
     /// Starts the server on `heap` on a free port, with `extra` arguments, and waits until
     /// it listens.
     pub(crate) fn start(heap: &Path, extra: &[&str]) -> Server {
-        let mut command = command(heap);
+        let mut command = command(heap, extra);
         if !extra.contains(&"--size") {
             command.args(["--size", "64MiB"]);
         }
@@ -75,7 +75,7 @@ impl Server {
 
     /// Runs the server on `heap` expecting it to refuse to start; returns what it said.
     pub(crate) fn refused(heap: &Path) -> String {
-        let output = command(heap).output().unwrap();
+        let output = command(heap, &[]).output().unwrap();
         assert!(!output.status.success());
         String::from_utf8_lossy(&output.stderr).into_owned()
     }
