@@ -43,7 +43,7 @@
 mod common;
 
 use std::io::{Read as _, Write as _};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -72,28 +72,10 @@ struct Pair {
     _heap: tempfile::TempDir,
 }
 
-/// The memcached binary, if installed.
-fn memcached_binary() -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain([std::path::PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join("memcached"))
-        .find(|candidate| candidate.is_file())
-}
-
-/// A free port on the loopback interface.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts memcached with the limits `montage-kv` has (64 MiB, 1 MiB items, 1024
 /// connections), on a free port, and waits until it accepts connections.
 fn start_memcached(binary: &std::path::Path) -> Memcached {
-    let port = free_port();
+    let port = common::free_port();
     let mut command = Command::new(binary);
     command.args([
         "-l",
@@ -135,7 +117,7 @@ fn is_root() -> bool {
 
 /// The servers, or `None` (said so) when memcached is missing.
 fn pair() -> Option<Pair> {
-    let Some(binary) = memcached_binary() else {
+    let Some(binary) = common::installed("memcached") else {
         eprintln!(
             "skipped: memcached is not installed (apt-get install memcached); \
              the differential tests need the real server"

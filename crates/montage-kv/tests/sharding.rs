@@ -10,7 +10,7 @@
 mod common;
 
 use std::fmt::Write as _;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,24 +28,6 @@ impl Drop for Proxy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The nutcracker binary, if installed.
-fn nutcracker() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/usr/bin".into()])
-        .map(|dir| dir.join("nutcracker"))
-        .find(|candidate| candidate.is_file())
-}
-
-/// A free port on the loopback interface.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The configuration README's "Scaling out" gives, for these servers and this listening
@@ -68,7 +50,7 @@ fn start_proxy(binary: &Path, dir: &Path, listen: SocketAddr, servers: &[SocketA
     let child = Command::new(binary)
         .arg("-c")
         .arg(&conf)
-        .args(["-s", &free_port().to_string(), "-a", "127.0.0.1"])
+        .args(["-s", &common::free_port().to_string(), "-a", "127.0.0.1"])
         .arg("-o")
         .arg(dir.join("nutcracker.log"))
         .arg("-p")
@@ -103,7 +85,7 @@ const KEYS: u64 = 3_000;
 
 #[test]
 fn acknowledged_writes_through_nutcracker_survive_a_sigkilled_shard() {
-    let Some(binary) = nutcracker() else {
+    let Some(binary) = common::installed("nutcracker") else {
         eprintln!(
             "skipped: nutcracker is not installed (apt-get install nutcracker); the sharding \
              test needs the real proxy"
@@ -115,14 +97,14 @@ fn acknowledged_writes_through_nutcracker_survive_a_sigkilled_shard() {
         .map(|i| dir.path().join(format!("kv{i}.heap")))
         .collect();
     let addrs: Vec<SocketAddr> = (0..3)
-        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+        .map(|_| SocketAddr::from(([127, 0, 0, 1], common::free_port())))
         .collect();
     let start = |i: usize| {
         let listen = addrs[i].to_string();
         Server::start(&heaps[i], &["--listen", &listen])
     };
     let mut servers: Vec<Option<Server>> = (0..3).map(|i| Some(start(i))).collect();
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let listen = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
     let proxy = start_proxy(&binary, dir.path(), listen, &addrs);
     let value = |key: u64| format!("value of {key}");
 

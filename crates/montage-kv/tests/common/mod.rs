@@ -190,3 +190,21 @@ pub(crate) fn read_until(stream: &mut TcpStream, end: &[u8]) -> Vec<u8> {
     }
     reply
 }
+
+/// A free port on the loopback interface (for a server that must be told its port).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The program `name`, if installed: on the `PATH`, or in `/usr/sbin` or `/usr/bin`.
+pub(crate) fn installed(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/bin".into()])
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
