@@ -6,7 +6,8 @@
 //! where the log's own cost shows whole; a third, a call that works for about 2 us (the
 //! kind of method the 0.9x target is about), with the default snapshot policy on its
 //! thread. The first two take a snapshot every 100,000 calls (in the measured loop, so its
-//! cost is counted), which keeps their logs short.
+//! cost is counted), which keeps their logs short. A last pair makes a counter's call and a
+//! `HashMap` update in one `together`, and apart.
 
 #![forbid(unsafe_code)]
 #![allow(missing_docs)] // criterion_group! generates undocumented public functions
@@ -17,7 +18,7 @@ use std::hint::black_box;
 use std::sync::Mutex;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use montage_collections::{Logged, Replay};
+use montage_collections::{HashMap, Logged, Replay, together};
 use montage_core::{BackendKind, Heap, HeapConfig};
 use montage_testkit::fresh_bench_path;
 
@@ -217,8 +218,36 @@ fn logging(c: &mut Criterion) {
             black_box(plain.lock().unwrap().stir(i, STIR_ROUNDS))
         });
     });
+    // A logged call and a map update in one `together`, against the two made apart: what
+    // failure atomicity across structures costs.
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "map").unwrap();
+    let mut i = 0u64;
+    group.bench_function("counter_add_and_map_put_together", |b| {
+        b.iter(|| {
+            i += 1;
+            if i.is_multiple_of(COMPACT_EVERY) {
+                counter.compact().unwrap();
+            }
+            together(&heap, |tx| {
+                tx.log(&counter, 1)?;
+                tx.hash_map(&map, |m| m.put(i % 1024, i))
+            })
+            .unwrap()
+        });
+    });
+    let mut i = 0u64;
+    group.bench_function("counter_add_and_map_put_apart", |b| {
+        b.iter(|| {
+            i += 1;
+            if i.is_multiple_of(COMPACT_EVERY) {
+                counter.compact().unwrap();
+            }
+            black_box(counter.apply(1).unwrap());
+            map.put(i % 1024, i).unwrap()
+        });
+    });
     group.finish();
-    drop((book, counter, table));
+    drop((book, counter, table, map));
     heap.close().unwrap();
     Heap::remove(&path).unwrap();
 }

@@ -280,8 +280,22 @@ impl Heap {
     /// back (a few epochs; a few rounds at most). So a delete, whose anti-block may need the
     /// space earlier deletes are about to return, and an insert right after deletes, fail
     /// for want of space only when the heap is full of live payloads.
+    #[inline]
     pub fn run_op<T>(&self, mut op: impl FnMut(&OpGuard<'_>) -> Result<T>) -> Result<T> {
-        self.run_op_holding(|guard| (op(guard), ()))
+        let mut retry = Retry::default();
+        loop {
+            let guard = self.begin_op()?;
+            match op(&guard) {
+                Ok(value) => {
+                    drop(guard);
+                    return Ok(value);
+                }
+                Err(err) => {
+                    guard.abort()?;
+                    self.again(err, &mut retry)?;
+                }
+            }
+        }
     }
 
     /// [`run_op`](Self::run_op) for a body that holds something past its return: `op`
@@ -299,16 +313,16 @@ impl Heap {
     /// # Errors
     ///
     /// As [`run_op`](Self::run_op).
+    #[inline]
     pub fn run_op_holding<T, H>(
         &self,
         mut op: impl FnMut(&OpGuard<'_>) -> (Result<T>, H),
     ) -> Result<T> {
-        let mut reclaim_rounds = 0;
-        let mut retried_idle = false;
+        let mut retry = Retry::default();
         loop {
             let guard = self.begin_op()?;
             let (result, held) = op(&guard);
-            let err = match result {
+            match result {
                 Ok(value) => {
                     drop(guard);
                     drop(held);
@@ -318,23 +332,33 @@ impl Heap {
                     let aborted = guard.abort();
                     drop(held);
                     aborted?;
-                    err
+                    self.again(err, &mut retry)?;
                 }
-            };
-            match err {
-                Error::Aborted => std::thread::yield_now(),
-                Error::OutOfSpace { .. } => {
-                    // Nothing waiting may also mean another thread's advances have just
-                    // given the blocks back: one more attempt tells.
-                    let waited = self.reclaim_all()?;
-                    if reclaim_rounds == RECLAIM_ROUNDS || (!waited && retried_idle) {
-                        return Err(err);
-                    }
-                    retried_idle |= !waited;
-                    reclaim_rounds += 1;
-                }
-                other => return Err(other),
             }
+        }
+    }
+
+    /// After an attempt of [`run_op`](Self::run_op) failed with `err` and was rolled back:
+    /// `Ok` to run it again (after yielding, or after reclaiming space), or the error to
+    /// return.
+    fn again(&self, err: Error, retry: &mut Retry) -> Result<()> {
+        match err {
+            Error::Aborted => {
+                std::thread::yield_now();
+                Ok(())
+            }
+            Error::OutOfSpace { .. } => {
+                // Nothing waiting may also mean another thread's advances have just
+                // given the blocks back: one more attempt tells.
+                let waited = self.reclaim_all()?;
+                if retry.reclaim_rounds == RECLAIM_ROUNDS || (!waited && retry.retried_idle) {
+                    return Err(err);
+                }
+                retry.retried_idle |= !waited;
+                retry.reclaim_rounds += 1;
+                Ok(())
+            }
+            other => Err(other),
         }
     }
 
@@ -363,6 +387,14 @@ impl Heap {
 /// How many times [`Heap::run_op`] retries an operation that found no space while freed
 /// blocks waited for reclamation.
 const RECLAIM_ROUNDS: u32 = 4;
+
+/// How far [`Heap::run_op`]'s retries after a full heap have gone.
+#[derive(Debug, Default)]
+struct Retry {
+    reclaim_rounds: u32,
+    retried_idle: bool,
+}
+
 /// The most advances one such round makes: a block retired in epoch `e` is invalidated at
 /// the advance to `e + 3` and reused after the next, an anti-block one advance later.
 const RECLAIM_ADVANCES: u32 = 8;
