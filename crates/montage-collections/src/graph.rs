@@ -21,9 +21,13 @@ use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::PoisonError;
 
+use montage_core::stamped::StampedWriteGuard;
 use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result, StampedRwLock};
 
 use crate::structure::{self, lock};
+#[cfg(doc)]
+use crate::together;
+use crate::together::{Staged, StagedId, Together};
 
 /// One vertex in the index.
 #[derive(Debug, Default)]
@@ -39,6 +43,97 @@ struct Vertex {
 struct State {
     vertices: HashMap<u64, Vertex>,
     edges: usize,
+}
+
+impl State {
+    /// The value of vertex `id`, read in `op`.
+    fn vertex<V: Codec>(op: &OpGuard<'_>, state: &State, id: u64) -> Result<Option<V>> {
+        match state.vertices.get(&id).and_then(|v| v.block) {
+            Some(block) => Ok(Some(value(&op.read(block)?, 8, block.offset())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The value of edge `src -> dst`, read in `op`.
+    fn edge<E: Codec>(op: &OpGuard<'_>, state: &State, src: u64, dst: u64) -> Result<Option<E>> {
+        match state.vertices.get(&src).and_then(|v| v.out.get(&dst)) {
+            Some(&block) => Ok(Some(value(&op.read(block)?, 16, block.offset())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The destinations of `id`'s outgoing edges, in increasing order.
+    fn neighbours(&self, id: u64) -> Option<Vec<u64>> {
+        self.vertices.get(&id).map(|v| {
+            let mut out: Vec<u64> = v.out.keys().copied().collect();
+            out.sort_unstable();
+            out
+        })
+    }
+
+    /// Takes back a change `undo` describes (the later changes taken back first).
+    fn undo(&mut self, undo: Undo) {
+        match undo {
+            Undo::AddedVertex(id) => {
+                self.vertices.remove(&id);
+            }
+            Undo::RemovedVertex {
+                id,
+                vertex,
+                incoming,
+            } => {
+                // A self-loop is among the outgoing edges and in the vertex's own incoming.
+                for &dst in vertex.out.keys().filter(|&&dst| dst != id) {
+                    if let Some(target) = self.vertices.get_mut(&dst) {
+                        target.incoming.insert(id);
+                    }
+                }
+                for &(src, block) in &incoming {
+                    if let Some(source) = self.vertices.get_mut(&src) {
+                        source.out.insert(id, block);
+                    }
+                }
+                self.edges += vertex.out.len() + incoming.len();
+                self.vertices.insert(id, vertex);
+            }
+            Undo::AddedEdge { src, dst } => {
+                if let Some(source) = self.vertices.get_mut(&src) {
+                    source.out.remove(&dst);
+                }
+                if let Some(target) = self.vertices.get_mut(&dst) {
+                    target.incoming.remove(&src);
+                }
+                self.edges -= 1;
+            }
+            Undo::RemovedEdge { src, dst, block } => {
+                if let Some(source) = self.vertices.get_mut(&src) {
+                    source.out.insert(dst, block);
+                }
+                if let Some(target) = self.vertices.get_mut(&dst) {
+                    target.incoming.insert(src);
+                }
+                self.edges += 1;
+            }
+        }
+    }
+}
+
+/// A change of a graph, as a [`together`] takes it back.
+#[derive(Debug)]
+enum Undo {
+    /// This vertex was added (with no edges, once the later changes are taken back).
+    AddedVertex(u64),
+    /// This vertex was removed, as it was, with its incoming edges from other vertices
+    /// (source, payload).
+    RemovedVertex {
+        id: u64,
+        vertex: Vertex,
+        incoming: Vec<(u64, PBlock)>,
+    },
+    /// This edge was added.
+    AddedEdge { src: u64, dst: u64 },
+    /// This edge (with this payload) was removed.
+    RemovedEdge { src: u64, dst: u64, block: PBlock },
 }
 
 /// A concurrent directed graph whose vertices and edges survive crashes (module docs).
@@ -182,20 +277,32 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     pub fn add_vertex(&self, id: u64, value: &V) -> Result<bool> {
         let bytes = encode(&[id], value)?;
         self.attached.heap().run_op(|op| {
-            let mut state = self.state.write(op)?;
-            if state.vertices.contains_key(&id) {
-                return Ok(false);
-            }
-            let block = op.alloc(self.attached.owner(), self.vertex_type, &bytes)?;
-            state.vertices.insert(
-                id,
-                Vertex {
-                    block: Some(block),
-                    ..Vertex::default()
-                },
-            );
-            Ok(true)
+            let undo = self.add_vertex_locked(op, &mut self.state.write(op)?, id, &bytes)?;
+            Ok(undo.is_some())
         })
+    }
+
+    /// [`add_vertex`](Self::add_vertex)'s step with the graph locked (`state`); returns how
+    /// to take the change back, or `None` if the vertex exists.
+    fn add_vertex_locked(
+        &self,
+        op: &OpGuard<'_>,
+        state: &mut StampedWriteGuard<'_, State>,
+        id: u64,
+        bytes: &[u8],
+    ) -> Result<Option<Undo>> {
+        if state.vertices.contains_key(&id) {
+            return Ok(None);
+        }
+        let block = op.alloc(self.attached.owner(), self.vertex_type, bytes)?;
+        state.vertices.insert(
+            id,
+            Vertex {
+                block: Some(block),
+                ..Vertex::default()
+            },
+        );
+        Ok(Some(Undo::AddedVertex(id)))
     }
 
     /// Removes vertex `id` and every edge into or out of it; returns its value.
@@ -210,7 +317,17 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     }
 
     fn remove_vertex_in(&self, op: &OpGuard<'_>, id: u64) -> Result<Option<V>> {
-        let mut state = self.state.write(op)?;
+        let removed = Self::remove_vertex_locked(op, &mut self.state.write(op)?, id)?;
+        Ok(removed.map(|(value, _)| value))
+    }
+
+    /// [`remove_vertex`](Self::remove_vertex)'s step with the graph locked (`state`); also
+    /// returns how to take the change back.
+    fn remove_vertex_locked(
+        op: &OpGuard<'_>,
+        state: &mut StampedWriteGuard<'_, State>,
+        id: u64,
+    ) -> Result<Option<(V, Undo)>> {
         let Some(vertex) = state.vertices.get(&id) else {
             return Ok(None);
         };
@@ -240,13 +357,18 @@ impl<V: Codec, E: Codec> Graph<V, E> {
                 target.incoming.remove(&id);
             }
         }
-        for (src, _) in incoming {
+        for &(src, _) in &incoming {
             if let Some(source) = state.vertices.get_mut(&src) {
                 source.out.remove(&id);
             }
         }
         state.edges -= removed_edges;
-        Ok(Some(old))
+        let undo = Undo::RemovedVertex {
+            id,
+            vertex,
+            incoming,
+        };
+        Ok(Some((old, undo)))
     }
 
     /// Adds the edge `src -> dst` with `value`; false (and nothing changes) if the edge
@@ -258,25 +380,38 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     pub fn add_edge(&self, src: u64, dst: u64, value: &E) -> Result<bool> {
         let bytes = encode(&[src, dst], value)?;
         self.attached.heap().run_op(|op| {
-            let mut state = self.state.write(op)?;
-            if !state.vertices.contains_key(&dst)
-                || state
-                    .vertices
-                    .get(&src)
-                    .is_none_or(|v| v.out.contains_key(&dst))
-            {
-                return Ok(false);
-            }
-            let block = op.alloc(self.attached.owner(), self.edge_type, &bytes)?;
-            if let Some(source) = state.vertices.get_mut(&src) {
-                source.out.insert(dst, block);
-            }
-            if let Some(target) = state.vertices.get_mut(&dst) {
-                target.incoming.insert(src);
-            }
-            state.edges += 1;
-            Ok(true)
+            let undo = self.add_edge_locked(op, &mut self.state.write(op)?, src, dst, &bytes)?;
+            Ok(undo.is_some())
         })
+    }
+
+    /// [`add_edge`](Self::add_edge)'s step with the graph locked (`state`); returns how to
+    /// take the change back, or `None` if nothing changed.
+    fn add_edge_locked(
+        &self,
+        op: &OpGuard<'_>,
+        state: &mut StampedWriteGuard<'_, State>,
+        src: u64,
+        dst: u64,
+        bytes: &[u8],
+    ) -> Result<Option<Undo>> {
+        if !state.vertices.contains_key(&dst)
+            || state
+                .vertices
+                .get(&src)
+                .is_none_or(|v| v.out.contains_key(&dst))
+        {
+            return Ok(None);
+        }
+        let block = op.alloc(self.attached.owner(), self.edge_type, bytes)?;
+        if let Some(source) = state.vertices.get_mut(&src) {
+            source.out.insert(dst, block);
+        }
+        if let Some(target) = state.vertices.get_mut(&dst) {
+            target.incoming.insert(src);
+        }
+        state.edges += 1;
+        Ok(Some(Undo::AddedEdge { src, dst }))
     }
 
     /// Removes the edge `src -> dst`; returns its value.
@@ -286,21 +421,32 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// A heap error.
     pub fn remove_edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
         self.attached.heap().run_op(|op| {
-            let mut state = self.state.write(op)?;
-            let Some(&block) = state.vertices.get(&src).and_then(|v| v.out.get(&dst)) else {
-                return Ok(None);
-            };
-            let old = value::<E>(&op.read(block)?, 16, block.offset())?;
-            op.delete(block)?;
-            if let Some(source) = state.vertices.get_mut(&src) {
-                source.out.remove(&dst);
-            }
-            if let Some(target) = state.vertices.get_mut(&dst) {
-                target.incoming.remove(&src);
-            }
-            state.edges -= 1;
-            Ok(Some(old))
+            let removed = Self::remove_edge_locked(op, &mut self.state.write(op)?, src, dst)?;
+            Ok(removed.map(|(value, _)| value))
         })
+    }
+
+    /// [`remove_edge`](Self::remove_edge)'s step with the graph locked (`state`); also
+    /// returns how to take the change back.
+    fn remove_edge_locked(
+        op: &OpGuard<'_>,
+        state: &mut StampedWriteGuard<'_, State>,
+        src: u64,
+        dst: u64,
+    ) -> Result<Option<(E, Undo)>> {
+        let Some(&block) = state.vertices.get(&src).and_then(|v| v.out.get(&dst)) else {
+            return Ok(None);
+        };
+        let old = value::<E>(&op.read(block)?, 16, block.offset())?;
+        op.delete(block)?;
+        if let Some(source) = state.vertices.get_mut(&src) {
+            source.out.remove(&dst);
+        }
+        if let Some(target) = state.vertices.get_mut(&dst) {
+            target.incoming.remove(&src);
+        }
+        state.edges -= 1;
+        Ok(Some((old, Undo::RemovedEdge { src, dst, block })))
     }
 
     /// The value of vertex `id`.
@@ -309,13 +455,9 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn vertex(&self, id: u64) -> Result<Option<V>> {
-        self.attached.heap().run_op(|op| {
-            let state = self.state.read(op)?;
-            match state.vertices.get(&id).and_then(|v| v.block) {
-                Some(block) => Ok(Some(value(&op.read(block)?, 8, block.offset())?)),
-                None => Ok(None),
-            }
-        })
+        self.attached
+            .heap()
+            .run_op(|op| State::vertex(op, &*self.state.read(op)?, id))
     }
 
     /// The value of edge `src -> dst`.
@@ -324,13 +466,9 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
-        self.attached.heap().run_op(|op| {
-            let state = self.state.read(op)?;
-            match state.vertices.get(&src).and_then(|v| v.out.get(&dst)) {
-                Some(&block) => Ok(Some(value(&op.read(block)?, 16, block.offset())?)),
-                None => Ok(None),
-            }
-        })
+        self.attached
+            .heap()
+            .run_op(|op| State::edge(op, &*self.state.read(op)?, src, dst))
     }
 
     /// The destinations of `id`'s outgoing edges, in increasing order; `None` if there is no
@@ -340,14 +478,9 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn neighbours(&self, id: u64) -> Result<Option<Vec<u64>>> {
-        self.attached.heap().run_op(|op| {
-            let state = self.state.read(op)?;
-            Ok(state.vertices.get(&id).map(|v| {
-                let mut out: Vec<u64> = v.out.keys().copied().collect();
-                out.sort_unstable();
-                out
-            }))
-        })
+        self.attached
+            .heap()
+            .run_op(|op| Ok(self.state.read(op)?.neighbours(id)))
     }
 
     /// Every vertex id, in increasing order.
@@ -383,6 +516,165 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     /// The heap the graph lives in.
     pub fn heap(&self) -> &Heap {
         self.attached.heap()
+    }
+}
+
+impl<'h, 'o> Together<'h, '_, 'o> {
+    /// Changes `graph` in this [`together`]: `f` gets a view of it whose methods read and
+    /// write as the graph's own do, and see the changes made before them; they are kept
+    /// (and a crash keeps them) with the together's other changes, or taken back with
+    /// them. The graph stays locked for writing until the together ends.
+    /// [`Together::hash_map`](crate::Together::hash_map) has an example.
+    ///
+    /// # Errors
+    ///
+    /// What `f` returns; [`Error::Unsupported`] for a graph of another heap or one taken
+    /// already in this together; [`Error::Aborted`] when the together must run again (it
+    /// does, if the closure returns it).
+    pub fn graph<V, E, R>(
+        &mut self,
+        graph: &'h Graph<V, E>,
+        f: impl FnOnce(&mut TogetherGraph<'_, 'o, 'h, V, E>) -> Result<R>,
+    ) -> Result<R>
+    where
+        V: Codec + 'h,
+        E: Codec + 'h,
+    {
+        self.check_new(graph.heap(), (std::ptr::from_ref(graph).cast(), 0))?;
+        let state = graph.state.write(self.op())?;
+        let part = GraphPart {
+            graph,
+            state,
+            undo: Vec::new(),
+        };
+        self.with_part(part, |part, op| f(&mut TogetherGraph { part, op }))
+    }
+}
+
+/// A graph one [`together`] locked, and how to take back its changes.
+struct GraphPart<'h, V, E> {
+    graph: &'h Graph<V, E>,
+    state: StampedWriteGuard<'h, State>,
+    /// The changes, in order.
+    undo: Vec<Undo>,
+}
+
+impl<'h, V, E> Staged<'h> for GraphPart<'h, V, E> {
+    fn id(&self) -> StagedId {
+        (std::ptr::from_ref(self.graph).cast(), 0)
+    }
+
+    fn commit(&mut self) {
+        self.undo.clear();
+    }
+}
+
+/// Takes the changes back, last first, unless they were kept: the operation was rolled
+/// back, and the graph is still locked.
+impl<V, E> Drop for GraphPart<'_, V, E> {
+    fn drop(&mut self) {
+        while let Some(undo) = self.undo.pop() {
+            self.state.undo(undo);
+        }
+    }
+}
+
+/// A [`Graph`] changed in a [`together`] ([`Together::graph`]).
+pub struct TogetherGraph<'a, 'o, 'h, V, E> {
+    part: &'a mut GraphPart<'h, V, E>,
+    op: &'a OpGuard<'o>,
+}
+
+impl<V, E> std::fmt::Debug for TogetherGraph<'_, '_, '_, V, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TogetherGraph")
+            .field("owner", &self.part.graph.attached.owner())
+            .field("vertices", &self.part.state.vertices.len())
+            .field("changes", &self.part.undo.len())
+            .finish()
+    }
+}
+
+impl<V: Codec, E: Codec> TogetherGraph<'_, '_, '_, V, E> {
+    /// As [`Graph::add_vertex`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Graph::add_vertex`].
+    pub fn add_vertex(&mut self, id: u64, value: &V) -> Result<bool> {
+        let bytes = encode(&[id], value)?;
+        let part = &mut *self.part;
+        let undo = part
+            .graph
+            .add_vertex_locked(self.op, &mut part.state, id, &bytes)?;
+        let added = undo.is_some();
+        part.undo.extend(undo);
+        Ok(added)
+    }
+
+    /// As [`Graph::remove_vertex`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Graph::remove_vertex`].
+    pub fn remove_vertex(&mut self, id: u64) -> Result<Option<V>> {
+        let removed = Graph::<V, E>::remove_vertex_locked(self.op, &mut self.part.state, id)?;
+        Ok(removed.map(|(value, undo)| {
+            self.part.undo.push(undo);
+            value
+        }))
+    }
+
+    /// As [`Graph::add_edge`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Graph::add_edge`].
+    pub fn add_edge(&mut self, src: u64, dst: u64, value: &E) -> Result<bool> {
+        let bytes = encode(&[src, dst], value)?;
+        let part = &mut *self.part;
+        let undo = part
+            .graph
+            .add_edge_locked(self.op, &mut part.state, src, dst, &bytes)?;
+        let added = undo.is_some();
+        part.undo.extend(undo);
+        Ok(added)
+    }
+
+    /// As [`Graph::remove_edge`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Graph::remove_edge`].
+    pub fn remove_edge(&mut self, src: u64, dst: u64) -> Result<Option<E>> {
+        let removed = Graph::<V, E>::remove_edge_locked(self.op, &mut self.part.state, src, dst)?;
+        Ok(removed.map(|(value, undo)| {
+            self.part.undo.push(undo);
+            value
+        }))
+    }
+
+    /// As [`Graph::vertex`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Graph::vertex`].
+    pub fn vertex(&self, id: u64) -> Result<Option<V>> {
+        State::vertex(self.op, &self.part.state, id)
+    }
+
+    /// As [`Graph::edge`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Graph::edge`].
+    pub fn edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
+        State::edge(self.op, &self.part.state, src, dst)
+    }
+
+    /// As [`Graph::neighbours`].
+    pub fn neighbours(&self, id: u64) -> Option<Vec<u64>> {
+        self.part.state.neighbours(id)
     }
 }
 

@@ -19,7 +19,8 @@
 //!   chooses.
 //!
 //! [`together`] makes changes of several structures (calls on logged ones, updates of
-//! [`HashMap`]s and [`Queue`]s) in one operation, so that a crash keeps all of them or none.
+//! [`HashMap`]s, [`Queue`]s and [`Graph`]s) in one operation, so that a crash keeps all of
+//! them or none.
 
 #![forbid(unsafe_code)]
 

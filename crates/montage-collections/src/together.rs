@@ -1,6 +1,6 @@
 //! [`together`]: changes of several structures in one heap operation, so that a crash keeps
 //! all of them or none: calls on logged structures (and shards), and updates of
-//! [`HashMap`]s and [`Queue`]s.
+//! [`HashMap`]s, [`Queue`]s and [`Graph`]s.
 //!
 //! # How a change waits for the others
 //!
@@ -34,7 +34,7 @@ use montage_core::{Error, Heap, OpGuard, Result};
 use crate::structure::lock;
 // Named by the docs.
 #[cfg(doc)]
-use crate::{HashMap, Queue};
+use crate::{Graph, HashMap, Queue};
 
 /// Held by each [`together`] from before its operation begins to after it ends: one
 /// operation at a time holds the locks of several structures, so no two wait for each
@@ -52,7 +52,8 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 ///   inside `calls`: `log` returns a [`Ticket`] that gives it once `together` has
 ///   returned. To decide what to log from the structure's own state, use
 ///   [`Together::log_with`], which locks it first.
-/// * [`Together::hash_map`] and [`Together::queue`] change a [`HashMap`] or a [`Queue`]
+/// * [`Together::hash_map`], [`Together::queue`] and [`Together::graph`] change a
+///   [`HashMap`], a [`Queue`] or a [`Graph`]
 ///   through a view whose methods return at once, and see the changes made before them.
 ///
 /// Each structure (or shard) is locked from its first change to the end of the operation.

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use montage_collections::logged::SnapshotPolicy;
 use montage_collections::{
-    Change, HashMap, Logged, LoggedShards, Queue, Replay, Together, together,
+    Change, Graph, HashMap, Logged, LoggedShards, Queue, Replay, Together, together,
 };
 use montage_core::sim::SimMode;
 use montage_core::sim::SplitMix64;
@@ -1045,6 +1045,90 @@ fn map_and_queue_changes_made_together_are_kept_or_taken_back_together() {
     heap.close().unwrap();
 }
 
+/// A graph's whole state: each vertex's value and its outgoing edges with their values.
+type GraphState = Vec<(u64, u64, Vec<(u64, u64)>)>;
+
+fn graph_state(graph: &Graph<u64, u64>) -> (GraphState, usize) {
+    let state = graph
+        .vertices()
+        .into_iter()
+        .map(|id| {
+            let edges = graph
+                .neighbours(id)
+                .unwrap()
+                .unwrap()
+                .into_iter()
+                .map(|dst| (dst, graph.edge(id, dst).unwrap().unwrap()))
+                .collect();
+            (id, graph.vertex(id).unwrap().unwrap(), edges)
+        })
+        .collect();
+    (state, graph.edge_count())
+}
+
+/// The graph changes of [`graph_changes_made_together_are_kept_or_taken_back_together`].
+fn change_graph<'h>(
+    tx: &mut Together<'h, '_, '_>,
+    graph: &'h Graph<u64, u64>,
+) -> montage_core::Result<()> {
+    tx.graph(graph, |g| {
+        assert_eq!(g.remove_vertex(2)?, Some(20));
+        assert_eq!((g.vertex(2)?, g.neighbours(1)), (None, Some(vec![])));
+        assert!(g.add_vertex(7, &70)? && !g.add_vertex(7, &71)?);
+        assert!(g.add_edge(7, 0, &700)? && g.add_edge(0, 7, &7)?);
+        assert!(g.add_edge(7, 7, &777)?);
+        assert_eq!(g.remove_edge(0, 1)?, Some(1));
+        assert!(g.add_edge(0, 1, &11)?);
+        assert!(!g.add_edge(0, 2, &2)?);
+        assert_eq!(g.edge(0, 1)?, Some(11));
+        assert_eq!(g.remove_vertex(5)?, Some(50));
+        Ok(())
+    })
+}
+
+/// Graph changes in a together (a vertex with edges both ways and a self-loop removed, one
+/// added with edges, an edge removed and added again): the view sees them, an error takes
+/// them all back, in DRAM and in the heap, and a commit keeps them.
+#[test]
+fn graph_changes_made_together_are_kept_or_taken_back_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HeapConfig::new(dir.path().join("graph.heap"))
+        .size(8 << 20)
+        .max_size(8 << 20);
+    let heap = Heap::create(&config).unwrap();
+    let graph: Graph<u64, u64> = Graph::open(&heap, "graph").unwrap();
+    for id in 0..6 {
+        graph.add_vertex(id, &(id * 10)).unwrap();
+    }
+    for (src, dst) in [(0, 1), (1, 2), (2, 0), (2, 2), (3, 2), (2, 4), (5, 0)] {
+        graph.add_edge(src, dst, &(src * 100 + dst)).unwrap();
+    }
+    let before = graph_state(&graph);
+    let failed = together(&heap, |tx| {
+        change_graph(tx, &graph)?;
+        Err::<(), _>(Error::Unsupported { what: "refused" })
+    });
+    assert!(matches!(failed, Err(Error::Unsupported { .. })));
+    assert_eq!(graph_state(&graph), before);
+    together(&heap, |tx| change_graph(tx, &graph)).unwrap();
+    let after = graph_state(&graph);
+    let expected: GraphState = vec![
+        (0, 0, vec![(1, 11), (7, 7)]),
+        (1, 10, vec![]),
+        (3, 30, vec![]),
+        (4, 40, vec![]),
+        (7, 70, vec![(0, 700), (7, 777)]),
+    ];
+    assert_eq!(after, (expected, 4));
+    drop(graph);
+    heap.close().unwrap();
+    let heap = Heap::open(&config).unwrap();
+    let graph: Graph<u64, u64> = Graph::open(&heap, "graph").unwrap();
+    assert_eq!(graph_state(&graph), after);
+    drop(graph);
+    heap.close().unwrap();
+}
+
 /// A together that fails for want of space while other threads wait for the stripe it
 /// holds: the heap's retry advances the clock only after the stripe is released (no
 /// deadlock), and nothing of the failed together is kept.
@@ -1116,11 +1200,12 @@ fn derived(history: &[u64]) -> (Vec<(u64, u64)>, Vec<u64>) {
     (map, queue)
 }
 
-/// Threads produce (log an id, put it in a map, bump a count there, push it on a queue),
-/// consume (pop the queue's front, remove it from the map, log) and make togethers that
-/// fail after changing all three, all as togethers, while the clock moves and the policy
-/// takes snapshots: live and after the crash, the map and the queue are exactly what the
-/// logged history (a prefix with the recovered epochs' calls) says, so no together is torn.
+/// Threads produce (log an id, put it in a map, bump a count there, push it on a queue, add
+/// it to a graph with a self-loop), consume (pop the queue's front, remove it from the map
+/// and the graph, log) and make togethers that fail after changing all four, all as
+/// togethers, while the clock moves and the policy takes snapshots: live and after the
+/// crash, the map, the queue and the graph are exactly what the logged history (a prefix
+/// with the recovered epochs' calls) says, so no together is torn.
 fn run_collections_seed(seed: u64) {
     let (config, mut rng) = simulated(seed);
     let mut heap = Heap::create(&config).unwrap();
@@ -1128,9 +1213,11 @@ fn run_collections_seed(seed: u64) {
         let log = Logged::<History>::open(&heap, "log").unwrap();
         let map: HashMap<u64, u64> = HashMap::open(&heap, "map").unwrap();
         let queue: Queue<u64> = Queue::open(&heap, "queue").unwrap();
+        let graph: Graph<u64, u64> = Graph::open(&heap, "graph").unwrap();
         log.set_snapshot_policy(SnapshotPolicy::log_bytes(128).relative_to_snapshot(0));
         let before = log.read(|h| h.0.clone()).unwrap();
         assert_eq!(contents(&map, &queue), derived(&before));
+        assert_eq!(graph_of(&graph), graph_derived(&before));
         let (crashed, epochs) = crash_calls(&heap, &mut rng, seed, generation, |_, _, id| {
             let done = together(&heap, |tx| {
                 if consumes(id) {
@@ -1139,6 +1226,7 @@ fn run_collections_seed(seed: u64) {
                     let popped = tx.queue(&queue, |q| q.pop_front())?;
                     if let Some(front) = popped {
                         assert_eq!(tx.hash_map(&map, |m| m.remove(&front))?, Some(front + 1));
+                        assert_eq!(tx.graph(&graph, |g| g.remove_vertex(front))?, Some(front));
                         tx.log(&log, id)?;
                     }
                     return Ok(());
@@ -1149,6 +1237,10 @@ fn run_collections_seed(seed: u64) {
                     m.compute(&PRODUCED, |n| (Change::Set(n.unwrap_or(0) + 1), ()))
                 })?;
                 tx.queue(&queue, |q| q.push_back(id))?;
+                tx.graph(&graph, |g| {
+                    g.add_vertex(id, &id)?;
+                    g.add_edge(id, id, &id)
+                })?;
                 if refused(id) {
                     return Err(Error::Unsupported { what: "refused" });
                 }
@@ -1162,14 +1254,16 @@ fn run_collections_seed(seed: u64) {
             derived(&live),
             "generation {generation}: live"
         );
+        assert_eq!(graph_of(&graph), graph_derived(&live));
         assert!(live.iter().all(|&id| !refused(id)));
         assert!(log.verify_replay().unwrap());
-        drop((log, map, queue));
+        drop((log, map, queue, graph));
         drop(heap);
         heap = Heap::open_image(crashed.image, &config).unwrap();
         let log = Logged::<History>::open(&heap, "log").unwrap();
         let map: HashMap<u64, u64> = HashMap::open(&heap, "map").unwrap();
         let queue: Queue<u64> = Queue::open(&heap, "queue").unwrap();
+        let graph: Graph<u64, u64> = Graph::open(&heap, "graph").unwrap();
         let got = log.read(|h| h.0.clone()).unwrap();
         check_recovered(generation, &before, &live, &got, &epochs, crashed.cut.get());
         assert_eq!(
@@ -1177,11 +1271,35 @@ fn run_collections_seed(seed: u64) {
             derived(&got),
             "generation {generation}: torn together"
         );
+        assert_eq!(
+            graph_of(&graph),
+            graph_derived(&got),
+            "generation {generation}: torn together (graph)"
+        );
     }
 }
 
+/// A graph's vertices (each with its value) and its edge count.
+fn graph_of(graph: &Graph<u64, u64>) -> (Vec<(u64, u64)>, usize) {
+    let vertices = graph
+        .vertices()
+        .into_iter()
+        .map(|id| (id, graph.vertex(id).unwrap().unwrap()))
+        .collect();
+    (vertices, graph.edge_count())
+}
+
+/// The graph the togethers of `history` leave: a vertex (valued with its id, with a
+/// self-loop) for each element of the queue.
+fn graph_derived(history: &[u64]) -> (Vec<(u64, u64)>, usize) {
+    let mut queue = derived(history).1;
+    queue.sort_unstable();
+    let len = queue.len();
+    (queue.into_iter().map(|id| (id, id)).collect(), len)
+}
+
 #[test]
-fn map_and_queue_changes_made_together_survive_a_crash_together() {
+fn collection_changes_made_together_survive_a_crash_together() {
     for_each_seed("together-collections", 24, run_collections_seed);
 }
 
