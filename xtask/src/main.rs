@@ -74,11 +74,18 @@ fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result {
     run(cargo_command(args, env), args)
 }
 
-/// Runs `command` (a cargo invocation with `args`) and fails if it does.
+/// Runs `command` (a cargo invocation with `args`) and fails if it does; says how long it
+/// took (CI has a time limit, and this shows where the time goes).
 fn run(mut command: Command, args: &[&str]) -> Result {
+    let started = std::time::Instant::now();
     let status = command
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
+    println!(
+        "  (cargo {}: {:.0} s)",
+        args.first().copied().unwrap_or_default(),
+        started.elapsed().as_secs_f64()
+    );
     if status.success() {
         Ok(())
     } else {
@@ -119,6 +126,13 @@ fn release_core_test<'a>(test: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
 }
 
 fn ci() -> Result {
+    let started = std::time::Instant::now();
+    let result = ci_steps();
+    println!("xtask ci: {:.0} s in all", started.elapsed().as_secs_f64());
+    result
+}
+
+fn ci_steps() -> Result {
     let deny = [
         ("RUSTFLAGS", "-D warnings"),
         ("RUSTDOCFLAGS", "-D warnings"),
