@@ -540,14 +540,16 @@ impl<'h, 'o> Together<'h, '_, 'o> {
         V: Codec + 'h,
         E: Codec + 'h,
     {
-        self.check_new(graph.heap(), (std::ptr::from_ref(graph).cast(), 0))?;
-        let state = graph.state.write(self.op())?;
-        let part = GraphPart {
-            graph,
-            state,
-            undo: Vec::new(),
+        let part = |op| {
+            Ok(GraphPart {
+                graph,
+                state: graph.state.write(op)?,
+                undo: Vec::new(),
+            })
         };
-        self.with_part(part, |part, op| f(&mut TogetherGraph { part, op }))
+        self.with_part(graph.heap(), graph, part, |part, op| {
+            f(&mut TogetherGraph { part, op })
+        })
     }
 }
 

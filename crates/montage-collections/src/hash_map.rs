@@ -696,13 +696,16 @@ impl<'h, 'o> Together<'h, '_, 'o> {
         K: Codec + Hash + Eq + Clone + 'h,
         V: Codec + 'h,
     {
-        self.check_new(map.heap(), (std::ptr::from_ref(map).cast(), 0))?;
-        let part = MapPart {
-            map,
-            stripes: Vec::new(),
-            undo: Vec::new(),
+        let part = |_: &OpGuard<'_>| {
+            Ok(MapPart {
+                map,
+                stripes: Vec::new(),
+                undo: Vec::new(),
+            })
         };
-        self.with_part(part, |part, op| f(&mut TogetherMap { part, op }))
+        self.with_part(map.heap(), map, part, |part, op| {
+            f(&mut TogetherMap { part, op })
+        })
     }
 }
 

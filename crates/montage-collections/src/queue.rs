@@ -302,14 +302,16 @@ impl<'h, 'o> Together<'h, '_, 'o> {
     where
         T: Codec + 'h,
     {
-        self.check_new(queue.heap(), (std::ptr::from_ref(queue).cast(), 0))?;
-        let state = queue.state.lock(self.op())?;
-        let part = QueuePart {
-            queue,
-            state,
-            undo: Vec::new(),
+        let part = |op| {
+            Ok(QueuePart {
+                queue,
+                state: queue.state.lock(op)?,
+                undo: Vec::new(),
+            })
         };
-        self.with_part(part, |part, op| f(&mut TogetherQueue { part, op }))
+        self.with_part(queue.heap(), queue, part, |part, op| {
+            f(&mut TogetherQueue { part, op })
+        })
     }
 }
 

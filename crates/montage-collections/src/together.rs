@@ -225,14 +225,20 @@ impl<'h, 'g, 'o> Together<'h, 'g, 'o> {
         self.staged.push(staged);
     }
 
-    /// Runs `f` on the changes `part` of a collection, then adds them, even if `f` panics:
-    /// they are taken back only after the operation's rollback (module docs).
-    pub(crate) fn with_part<P: Staged<'h> + 'h, R>(
+    /// Takes the collection at `structure` (of heap `heap`) into this together: checks it as
+    /// [`check_new`](Self::check_new) does, makes its record of changes with `part` (which
+    /// may lock it), runs `f` on that record, then adds it, even if `f` panics: the changes
+    /// are taken back only after the operation's rollback (module docs).
+    pub(crate) fn with_part<S, P: Staged<'h> + 'h, R>(
         &mut self,
-        mut part: P,
-        f: impl FnOnce(&mut P, &'g OpGuard<'o>) -> R,
-    ) -> R {
+        heap: &Heap,
+        structure: &S,
+        part: impl FnOnce(&'g OpGuard<'o>) -> Result<P>,
+        f: impl FnOnce(&mut P, &'g OpGuard<'o>) -> Result<R>,
+    ) -> Result<R> {
+        self.check_new(heap, (std::ptr::from_ref(structure).cast(), 0))?;
         let op = self.op;
+        let mut part = part(op)?;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut part, op)));
         self.stage(Box::new(part));
         result.unwrap_or_else(|payload| std::panic::resume_unwind(payload))

@@ -477,32 +477,27 @@ async fn get(
         let (found, hits, misses) = match touch {
             None => {
                 bump(&stats.cmd_get);
-                let found = shared.cache.store().lookup(key);
+                // Why a get missed, as memcached counts it.
+                let found = shared.cache.store().lookup(key).map(|lookup| match lookup {
+                    Lookup::Hit(item) => Some(item),
+                    Lookup::Miss => None,
+                    Lookup::Expired => {
+                        bump(&stats.get_expired);
+                        None
+                    }
+                    Lookup::Flushed => {
+                        bump(&stats.get_flushed);
+                        None
+                    }
+                });
                 (found, &stats.get_hits, &stats.get_misses)
             }
             Some(exptime) => {
                 bump(&stats.cmd_touch);
-                let found = shared
-                    .cache
-                    .store()
-                    .get_and_touch(key, exptime)
-                    .map(|item| item.map_or(Lookup::Miss, Lookup::Hit));
+                let found = shared.cache.store().get_and_touch(key, exptime);
                 (found, &stats.touch_hits, &stats.touch_misses)
             }
         };
-        // Why a get missed, as memcached counts it.
-        let found = found.map(|lookup| match lookup {
-            Lookup::Hit(item) => Some(item),
-            Lookup::Miss => None,
-            Lookup::Expired => {
-                bump(&stats.get_expired);
-                None
-            }
-            Lookup::Flushed => {
-                bump(&stats.get_flushed);
-                None
-            }
-        });
         match found {
             Ok(Some(item)) => {
                 bump(hits);

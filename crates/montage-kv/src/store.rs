@@ -247,21 +247,19 @@ impl<C: Clock> Store<C> {
 
     /// Whether `item` is visible at `now`: not expired and not flushed.
     fn live(&self, item: &Item, now: i64) -> bool {
-        self.state(item, now) == Lookup::Hit(())
+        self.why_dead(item, now).is_none()
     }
 
-    /// Whether `item` is visible at `now`, or why not.
-    fn state(&self, item: &Item, now: i64) -> Lookup<()> {
+    /// Why `item` is not visible at `now` ([`Lookup::Expired`] or [`Lookup::Flushed`]), or
+    /// `None` if it is.
+    fn why_dead(&self, item: &Item, now: i64) -> Option<Lookup<Item>> {
         if item.exptime != 0 && item.exptime <= now {
-            return Lookup::Expired;
+            return Some(Lookup::Expired);
         }
         // ORDERING: the flush fields are set before the marker's operation returns.
         let at = self.flush_at.load(Ordering::Acquire);
         let cas = self.flush_cas.load(Ordering::Acquire);
-        if item.cas <= cas || (at != 0 && at <= now && item.stored < at) {
-            return Lookup::Flushed;
-        }
-        Lookup::Hit(())
+        (item.cas <= cas || (at != 0 && at <= now && item.stored < at)).then_some(Lookup::Flushed)
     }
 
     /// The item stored under `key`, if it is live.
@@ -286,11 +284,8 @@ impl<C: Clock> Store<C> {
         let Some(item) = self.map.get(key)? else {
             return Ok(Lookup::Miss);
         };
-        let dead = match self.state(&item, now) {
-            Lookup::Hit(()) => return Ok(Lookup::Hit(item)),
-            Lookup::Miss => return Ok(Lookup::Miss),
-            Lookup::Expired => Lookup::Expired,
-            Lookup::Flushed => Lookup::Flushed,
+        let Some(dead) = self.why_dead(&item, now) else {
+            return Ok(Lookup::Hit(item));
         };
         // As memcached, an item found dead goes (unless a write replaced it meanwhile).
         self.change(key, |current| match current {

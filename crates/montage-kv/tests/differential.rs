@@ -163,26 +163,22 @@ fn normalised(reply: &[u8]) -> Vec<u8> {
             continue;
         }
         let words: Vec<&[u8]> = line.trim_ascii_end().split(|&b| b == b' ').collect();
-        if let [b"VALUE", key, flags, bytes, _cas] = words[..] {
-            let len: usize = std::str::from_utf8(bytes).unwrap().parse().unwrap();
+        let (b"VALUE", [key, flags, bytes, cas @ ..]) = (words[0], &words[1..]) else {
+            out.extend_from_slice(line);
+            continue;
+        };
+        if cas.is_empty() {
+            out.extend_from_slice(line);
+        } else {
             for part in [&b"VALUE "[..], key, b" ", flags, b" ", bytes, b" #\r\n"] {
                 out.extend_from_slice(part);
             }
-            // The data block goes through as it is (it may hold anything).
-            let data = rest.len().min(len + 2);
-            out.extend_from_slice(&rest[..data]);
-            rest = &rest[data..];
-            continue;
         }
-        if let [b"VALUE", _, _, bytes] = words[..] {
-            let len: usize = std::str::from_utf8(bytes).unwrap().parse().unwrap();
-            out.extend_from_slice(line);
-            let data = rest.len().min(len + 2);
-            out.extend_from_slice(&rest[..data]);
-            rest = &rest[data..];
-            continue;
-        }
-        out.extend_from_slice(line);
+        // The data block goes through as it is (it may hold anything).
+        let len: usize = std::str::from_utf8(bytes).unwrap().parse().unwrap();
+        let data = rest.len().min(len + 2);
+        out.extend_from_slice(&rest[..data]);
+        rest = &rest[data..];
     }
     out
 }
