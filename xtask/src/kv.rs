@@ -4,7 +4,8 @@
 //!   `montage-kv` on a fresh heap; part of CI.
 //! * [`bench()`]: `memcaslap` against `montage-kv` (durable and not, on both backends) and
 //!   against a real `memcached`, on loopback with the same settings, interleaved and
-//!   repeated; prints each throughput and its ratio to memcached's.
+//!   repeated; prints each throughput and its ratio to memcached's. With `--evict`, the
+//!   eviction benchmark instead (see [`evict_bench()`]).
 
 use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader};
@@ -212,6 +213,9 @@ struct Contender {
 
 /// `cargo xtask bench-kv`: memcaslap against memcached and montage-kv (module docs).
 pub(crate) fn bench(args: &[String]) -> Result {
+    if args.first().is_some_and(|a| a == "--evict") {
+        return evict_bench(&args[1..]);
+    }
     let args = BenchArgs::parse(args)?;
     require("memcaslap", "libmemcached-tools")?;
     require("memcached", "memcached")?;
@@ -288,7 +292,7 @@ fn write_memcaslap_config(path: &Path, value: u32, sets: f64) -> Result {
 fn measure(binary: &Path, contender: &Contender, args: &BenchArgs, config: &Path) -> Result<f64> {
     let threads = args.server_threads.to_string();
     let server = match &contender.montage {
-        None => start_memcached(&threads)?,
+        None => start_memcached(&threads, "2048")?,
         Some((backend, dir, ack_early)) => {
             let heap = dir.join("bench.heap");
             let _ = std::fs::remove_file(&heap);
@@ -336,14 +340,15 @@ fn measure(binary: &Path, contender: &Contender, args: &BenchArgs, config: &Path
     Ok(tps)
 }
 
-fn start_memcached(threads: &str) -> Result<Running> {
+/// Starts memcached with `threads` threads and a memory limit of `megabytes` MiB.
+fn start_memcached(threads: &str, megabytes: &str) -> Result<Running> {
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free port: {e}"))?
         .port();
     let mut command = Command::new("memcached");
     command.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"]);
-    command.args(["-t", threads, "-m", "2048", "-c", "4096"]);
+    command.args(["-t", threads, "-m", megabytes, "-c", "4096"]);
     // memcached refuses to run as root unless told which user to be.
     let root = Command::new("id")
         .arg("-u")
@@ -375,15 +380,7 @@ fn report(
     contenders: &[Contender],
     table: &mut [(f64, Vec<Vec<f64>>)],
 ) -> String {
-    let machine = Command::new("sh")
-        .args([
-            "-c",
-            "echo \"$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, \
-             Linux $(uname -r)\"",
-        ])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let machine = machine();
     let mut out = format!(
         "# montage-kv against memcached (memcaslap)\n\nMachine: {machine}.\n\
          memcaslap: {} s per run, {} client threads, concurrency {}, 64-byte keys, {}-byte \
@@ -433,4 +430,238 @@ fn report(
         }
     }
     out
+}
+
+/// Settings of a `bench-kv --evict` run.
+struct EvictArgs {
+    memory_mib: u64,
+    value: u64,
+    seconds: u64,
+    warmup: u64,
+    repeats: usize,
+    connections: u32,
+    server_threads: u32,
+}
+
+impl EvictArgs {
+    fn parse(args: &[String]) -> Result<EvictArgs> {
+        let usage = || {
+            "usage: cargo xtask bench-kv --evict [--memory MIB] [--value BYTES] [--seconds S] \
+             [--warmup S] [--repeats R] [--connections C] [--server-threads T]"
+                .to_owned()
+        };
+        let mut parsed = EvictArgs {
+            memory_mib: 64,
+            value: 1000,
+            seconds: 10,
+            warmup: 10,
+            repeats: 3,
+            connections: 32,
+            server_threads: 2,
+        };
+        let mut rest = args.iter();
+        while let Some(flag) = rest.next() {
+            let value = rest.next().ok_or_else(usage)?;
+            let number = || value.parse::<u64>().map_err(|_| usage());
+            match flag.as_str() {
+                "--memory" => parsed.memory_mib = number()?,
+                "--value" => parsed.value = number()?,
+                "--seconds" => parsed.seconds = number()?,
+                "--warmup" => parsed.warmup = number()?,
+                "--repeats" => parsed.repeats = usize::try_from(number()?).map_err(|_| usage())?,
+                "--connections" => {
+                    parsed.connections = u32::try_from(number()?).map_err(|_| usage())?;
+                }
+                "--server-threads" => {
+                    parsed.server_threads = u32::try_from(number()?).map_err(|_| usage())?;
+                }
+                _ => return Err(usage()),
+            }
+        }
+        if parsed.repeats == 0 || parsed.seconds == 0 || parsed.memory_mib == 0 {
+            return Err(usage());
+        }
+        Ok(parsed)
+    }
+
+    /// Keys whose items (a 24-byte key and the value) take four times the memory limit.
+    fn keys(&self) -> u64 {
+        4 * (self.memory_mib << 20) / (24 + self.value)
+    }
+}
+
+/// One run of the cache-aside load: requests per second and hit ratio.
+#[derive(Debug, Clone, Copy)]
+struct LoadRun {
+    requests_per_second: f64,
+    hit_ratio: f64,
+}
+
+/// `cargo xtask bench-kv --evict`: `montage-kv-load` (a cache-aside client over a scrambled
+/// Zipfian key distribution, whose items take four times the memory limit) against memcached
+/// with `-m` the limit, montage-kv with `--size` the limit (so it evicts), and montage-kv with
+/// room for every item (no eviction); interleaved, repeated, medians reported with the hit
+/// ratio against memcached's and the throughput against montage-kv's own without eviction.
+fn evict_bench(args: &[String]) -> Result {
+    let args = EvictArgs::parse(args)?;
+    require("memcached", "memcached")?;
+    cargo(&["build", "--release", "--package", "montage-kv"], &[])?;
+    cargo(
+        &[
+            "build",
+            "--release",
+            "--package",
+            "montage-bench",
+            "--bin",
+            "montage-kv-load",
+        ],
+        &[],
+    )?;
+    let release = project_root().join("target/release");
+    let (server, load) = (release.join("montage-kv"), release.join("montage-kv-load"));
+    let disk = scratch("bench-kv")?;
+    let memory = args.memory_mib.to_string();
+    let limit = format!("{}MiB", args.memory_mib);
+    // Room for every item, block and span overhead included.
+    let roomy = format!("{}MiB", 8 * args.memory_mib);
+    let contenders: [(&str, Option<&str>); 3] = [
+        ("memcached", None),
+        (
+            "montage-kv, evicting (journal, durable replies)",
+            Some(&limit),
+        ),
+        ("montage-kv, room for every item", Some(&roomy)),
+    ];
+    let threads = args.server_threads.to_string();
+    let mut runs: Vec<Vec<LoadRun>> = vec![Vec::new(); contenders.len()];
+    for repeat in 0..args.repeats {
+        for ((name, size), runs) in contenders.iter().zip(&mut runs) {
+            let running = match size {
+                None => start_memcached(&threads, &memory)?,
+                Some(size) => {
+                    let heap = disk.join("evict.heap");
+                    let _ = std::fs::remove_file(&heap);
+                    let _ = std::fs::remove_file(disk.join("evict.heap.journal"));
+                    let extra = ["--threads", &threads, "--size", size];
+                    start_montage_kv(&server, &heap, &extra)?
+                }
+            };
+            let run = run_load(&load, running.port, &args)?;
+            println!(
+                "repeat {}: {name:<48} {:>8.0} requests/s, hit ratio {:.4}",
+                repeat + 1,
+                run.requests_per_second,
+                run.hit_ratio
+            );
+            runs.push(run);
+            match size {
+                None => drop(running),
+                Some(_) => running.terminate()?,
+            }
+        }
+    }
+    let report = evict_report(&args, &contenders, &mut runs);
+    println!("\n{report}");
+    let out = project_root().join("target/bench-kv/evict.md");
+    std::fs::write(&out, &report).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    println!("written to {}", out.display());
+    Ok(())
+}
+
+/// One `montage-kv-load` run against the server on `port`.
+fn run_load(load: &Path, port: u16, args: &EvictArgs) -> Result<LoadRun> {
+    let output = Command::new(load)
+        .args(["--server", &format!("127.0.0.1:{port}")])
+        .args(["--keys", &args.keys().to_string()])
+        .args(["--value", &args.value.to_string()])
+        .args(["--connections", &args.connections.to_string()])
+        .args(["--warmup", &args.warmup.to_string()])
+        .args(["--seconds", &args.seconds.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", load.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "montage-kv-load failed: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let field = |name: &str| -> Result<f64> {
+        text.split_whitespace()
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .ok_or_else(|| format!("no {name} in montage-kv-load's output: {text}"))
+    };
+    // A store refused for want of memory would make the hit ratio meaningless.
+    if field("errors")? != 0.0 {
+        return Err(format!("the server refused stores: {text}"));
+    }
+    Ok(LoadRun {
+        requests_per_second: field("requests_per_second")?,
+        hit_ratio: field("hit_ratio")?,
+    })
+}
+
+/// The eviction benchmark's report: medians, ratios, then every run.
+fn evict_report(
+    args: &EvictArgs,
+    contenders: &[(&str, Option<&str>)],
+    runs: &mut [Vec<LoadRun>],
+) -> String {
+    let mut out = format!(
+        "# montage-kv's eviction against memcached's (montage-kv-load)\n\nMachine: {}.\n\
+         A cache-aside load (get; on a miss, set) over {} keys drawn from a scrambled Zipfian \
+         distribution (0.99), {}-byte values: items of four times the {} MiB limit; {} \
+         connections, {} s of warm-up, then {} s measured; servers with {} threads; median \
+         of {} interleaved runs, each on a fresh server.\n\n\
+         | server | requests/s | hit ratio | hit ratio vs memcached | requests/s vs no eviction |\n\
+         |---|---:|---:|---:|---:|\n",
+        machine(),
+        args.keys(),
+        args.value,
+        args.memory_mib,
+        args.connections,
+        args.warmup,
+        args.seconds,
+        args.server_threads,
+        args.repeats
+    );
+    let medians: Vec<(f64, f64)> = runs
+        .iter()
+        .map(|runs| {
+            let mut rates: Vec<f64> = runs.iter().map(|r| r.requests_per_second).collect();
+            let mut ratios: Vec<f64> = runs.iter().map(|r| r.hit_ratio).collect();
+            (median(&mut rates), median(&mut ratios))
+        })
+        .collect();
+    for (i, (name, _)) in contenders.iter().enumerate() {
+        let (rate, hits) = medians[i];
+        let _ = writeln!(
+            out,
+            "| {name} | {rate:.0} | {hits:.4} | {:.3}x | {:.2}x |",
+            hits / medians[0].1,
+            rate / medians[2].0
+        );
+    }
+    out.push_str("\nEvery run (requests/s, hit ratio):\n\n");
+    for ((name, _), runs) in contenders.iter().zip(runs.iter()) {
+        let runs: Vec<String> = runs
+            .iter()
+            .map(|r| format!("{:.0} ({:.4})", r.requests_per_second, r.hit_ratio))
+            .collect();
+        let _ = writeln!(out, "* {name}: {}", runs.join(", "));
+    }
+    out
+}
+
+/// The CPU model, its count and the kernel, for a report.
+fn machine() -> String {
+    Command::new("sh")
+        .args([
+            "-c",
+            "echo \"$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, \
+             Linux $(uname -r)\"",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
 }

@@ -17,6 +17,7 @@
 
 mod report;
 mod run;
+mod scramble;
 mod stores;
 mod workload;
 

@@ -6,6 +6,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 
+use crate::scramble::scramble;
+
 /// One measured operation mix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Workload {
@@ -146,17 +148,6 @@ pub(crate) fn trace(workload: Workload, dist: KeyDist, key_range: u64, thread: u
             }
         })
         .collect()
-}
-
-/// Spreads Zipfian rank `rank` over the key range (YCSB's scrambled Zipfian: the hot keys are
-/// not neighbours).
-fn scramble(rank: u64, key_range: u64) -> u64 {
-    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
-    for byte in rank.to_le_bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash % key_range
 }
 
 /// The keys a store holds before measuring: every other key, half the range.

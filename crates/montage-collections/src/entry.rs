@@ -47,6 +47,13 @@ pub(crate) fn encode_into<K: Codec, V: Codec, Q: EncodeAs<V> + ?Sized>(
     value.encode_as(out)
 }
 
+/// The length of an entry whose key and value encode to `key_bytes` and `value_bytes`
+/// bytes.
+pub(crate) fn len(key_bytes: usize, value_bytes: usize) -> u64 {
+    let len = 4usize.saturating_add(key_bytes).saturating_add(value_bytes);
+    u64::try_from(len).unwrap_or(u64::MAX)
+}
+
 /// Runs `f` with the entry's bytes, encoded into this thread's encoding buffer (one buffer
 /// per thread rather than an allocation per write; a nested call gets a buffer of its own).
 ///
@@ -141,6 +148,7 @@ mod tests {
             decode::<Vec<u8>, u64>(&bytes).unwrap(),
             (b"key".to_vec(), 42)
         );
+        assert_eq!(u64::try_from(bytes.len()).unwrap(), len(3, 8));
         assert!(decode::<Vec<u8>, u64>(&bytes[..5]).is_err());
         assert!(decode::<Vec<u8>, u64>(&[9, 0, 0, 0, 1]).is_err());
         assert_ne!(

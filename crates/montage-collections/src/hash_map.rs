@@ -196,6 +196,17 @@ impl<K, V> std::fmt::Debug for HashMap<K, V> {
     }
 }
 
+impl<K, V> HashMap<K, V> {
+    /// The payload length of an entry whose key and value encode to `key_bytes` and
+    /// `value_bytes` bytes: with [`block_size`](montage_core::limits::block_size), the room
+    /// the entry takes in the heap (a cache that evicts to make room for an entry frees
+    /// entries of the same block size).
+    #[must_use]
+    pub fn entry_len(key_bytes: usize, value_bytes: usize) -> u64 {
+        entry::len(key_bytes, value_bytes)
+    }
+}
+
 impl<K, V> HashMap<K, V>
 where
     K: Codec + Hash + Eq + Clone,

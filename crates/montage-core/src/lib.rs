@@ -99,6 +99,7 @@ pub mod stamped {
 
 /// The fixed sizes and limits of the heap format and the runtime.
 pub mod limits {
+    pub use crate::alloc::size_class::block_size;
     pub use crate::base::layout::{
         CACHE_LINE, DIRECTORY_CAPACITY, HEADER_LEN, MAX_HEAP_SIZE, MIN_HEAP_SIZE, NAME_MAX,
         PAGE_SIZE, REGISTRY_CAPACITY, SPAN_SIZE, TRAILER_LEN,

@@ -34,6 +34,7 @@ fn a_full_heap_grows_to_its_limit_and_no_further() {
 
     let heap = Heap::create(&HeapConfig::in_memory(MIN_HEAP_SIZE).max_size(limit)).unwrap();
     assert_eq!(heap.size(), MIN_HEAP_SIZE);
+    assert_eq!(heap.max_size(), limit);
     let owner = heap.register("fill").unwrap();
     let blocks = fill(&heap, owner, 4000);
     let stats = heap.stats();
@@ -56,6 +57,7 @@ fn a_full_heap_grows_to_its_limit_and_no_further() {
     }
     // A heap in memory without a limit does not grow.
     let fixed = Heap::create(&HeapConfig::in_memory(MIN_HEAP_SIZE)).unwrap();
+    assert_eq!(fixed.max_size(), MIN_HEAP_SIZE);
     fill(&fixed, fixed.register("fill").unwrap(), 4000);
     assert_eq!(fixed.size(), MIN_HEAP_SIZE);
     assert_eq!(fixed.stats().growths, 0);

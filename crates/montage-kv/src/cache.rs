@@ -44,6 +44,16 @@ impl Cache {
         })
     }
 
+    /// The cache without evictions: a full heap refuses writes (see
+    /// [`Store::without_evictions`]).
+    #[must_use]
+    pub fn without_evictions(self) -> Cache {
+        Cache {
+            store: self.store.without_evictions(),
+            ..self
+        }
+    }
+
     /// The heap.
     pub fn heap(&self) -> &Heap {
         &self.heap

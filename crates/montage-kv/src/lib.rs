@@ -4,6 +4,8 @@
 //! * [`protocol`]: the memcached text protocol's request parser, independent of storage and
 //!   I/O.
 //! * [`store`]: the items and memcached's storage semantics on the persistent hash map.
+//! * [`recency`]: the least-recently-used order, per block size, that eviction follows when
+//!   the heap is full.
 //! * [`cache`]: the heap and the store in it, opened and recovered as one value.
 //! * [`commit`]: group commit, so that replies wait for durability without each connection
 //!   paying its own `sync`.
@@ -15,5 +17,6 @@
 pub mod cache;
 pub mod commit;
 pub mod protocol;
+pub mod recency;
 pub mod server;
 pub mod store;

@@ -30,7 +30,8 @@ struct Cli {
     #[arg(long, default_value = "montage-kv.heap")]
     heap: PathBuf,
     /// The most the heap may grow to, in bytes (suffixes K, M, G, KiB, MiB, GiB allowed). A
-    /// new heap starts at 64 MiB (or this, if smaller) and grows as items need room.
+    /// new heap starts at 64 MiB (or this, if smaller) and grows as items need room; at this
+    /// size, writes evict the least recently used items (see `--disable-evictions`).
     #[arg(long, value_parser = parse_size, default_value = "1GiB")]
     size: u64,
     /// How writes reach the medium.
@@ -46,6 +47,10 @@ struct Cli {
     /// The most connections served at once.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Refuse writes when the heap is full (`SERVER_ERROR out of memory storing object`)
+    /// instead of evicting the least recently used items, as memcached's `-M`.
+    #[arg(short = 'M', long, visible_alias = "no-evict")]
+    disable_evictions: bool,
     /// The largest value a client may store, in bytes (suffixes allowed, as for `--size`).
     #[arg(long, value_parser = parse_size, default_value = "1MiB")]
     max_value: u64,
@@ -118,7 +123,12 @@ fn run(cli: &Cli) -> Result<(), String> {
         .on_recovery_progress(log_recovery());
     let heap_name = cli.heap.display();
     let opened = Cache::open(&config).map_err(|e| format!("cannot open heap {heap_name}: {e}"))?;
-    let cache = Arc::new(opened.cache);
+    let cache = if cli.disable_evictions {
+        opened.cache.without_evictions()
+    } else {
+        opened.cache
+    };
+    let cache = Arc::new(cache);
     let store = cache.store();
     if opened.created {
         eprintln!(

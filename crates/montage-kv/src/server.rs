@@ -13,6 +13,11 @@
 //! serving other connections meanwhile. Concurrent connections share rounds, so the cost
 //! of durability is paid once per round, not once per write.
 //!
+//! One write does wait on its worker: one that finds the heap full, whose eviction waits for
+//! the clock to give the freed blocks back (a few epoch advances, each a write-back). Each
+//! eviction frees room for the next writes too (1/256 of the heap's limit), so this happens
+//! once per a few hundred writes of a full heap, not per write.
+//!
 //! # The durability rule
 //!
 //! A reply to a command that changes the cache (`set` and the other storage commands,
@@ -685,12 +690,12 @@ fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {
                 stat(name, &value);
             }
             stat("accepting_conns", &1);
-            stat("limit_maxbytes", &heap.size());
+            // The most the heap may grow to, as memcached's `-m`.
+            stat("limit_maxbytes", &heap.max_size());
             stat("threads", &shared.options.threads);
             stat("curr_items", &cache.store().len());
             stat("bytes", &cache.store().bytes());
-            // A full heap refuses writes: nothing is evicted.
-            stat("evictions", &0);
+            stat("evictions", &cache.store().evictions());
             // What is ours: the heap, its recovery and its clock.
             stat(
                 "heap_backend",
@@ -713,6 +718,12 @@ fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {
             stat("num_threads", &shared.options.threads);
             stat("cas_enabled", &"yes");
             stat("flush_enabled", &"yes");
+            let evictions = if shared.cache.store().evicts() {
+                "on"
+            } else {
+                "off"
+            };
+            stat("evictions", &evictions);
         }
         // We keep no slabs or per-size statistics: these groups are empty.
         Some(b"items" | b"slabs" | b"sizes" | b"conns") => {}

@@ -6,6 +6,11 @@
 //! expired or flushed item is treated as absent by every command and overwritten or
 //! removed by the next write to its key.
 //!
+//! When the heap is full, a write evicts the least recently used items of the block size it
+//! needs (see [`Recency`]) and tries again, as memcached does at its memory limit; an eviction
+//! is a delete, as durable as any other. [`Store::without_evictions`] turns that off: a full
+//! heap then refuses writes.
+//!
 //! `flush_all` is itself durable: it writes a marker entry under a key no client can send
 //! (it holds spaces, which end a key in the protocol), read back when the store opens.
 
@@ -13,10 +18,12 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use montage_collections::{Change, HashMap};
+use montage_core::limits::{SPAN_SIZE, block_size};
 use montage_core::payload::Fingerprint;
-use montage_core::{Codec, Heap, Result};
+use montage_core::{Codec, Error, Heap, Result};
 
 use crate::protocol::{StoreMode, number};
+use crate::recency::Recency;
 
 /// One cached item.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +74,42 @@ impl Codec for Item {
 fn size(key: &[u8], item: &Item) -> i64 {
     i64::try_from(key.len() + item.data.len()).unwrap_or(i64::MAX)
 }
+
+/// The bytes of the block an item takes in the heap (the lists [`Recency`] keeps are per
+/// block size).
+fn block(key: &[u8], item: &Item) -> u64 {
+    block_size(HashMap::<Vec<u8>, Item>::entry_len(
+        key.len(),
+        ITEM_HEADER + item.data.len(),
+    ))
+}
+
+/// What a change does to the recency lists.
+enum Recent {
+    /// Nothing: the item did not change.
+    Same,
+    /// A new version, in a block of `size` bytes (`previous`: the replaced one's).
+    Used {
+        size: u64,
+        cas: u64,
+        previous: Option<u64>,
+    },
+    /// The item, in a block of this many bytes, was removed.
+    Gone(u64),
+}
+
+/// How many times a write that finds the heap full evicts and tries again before it gives up
+/// (a size no span is carved for may take several spans' worth of others; see
+/// [`Store::evict`]).
+const EVICTION_ROUNDS: u32 = 16;
+
+/// One eviction frees at least this fraction of the heap's limit (in items of the size the
+/// write needs): each eviction waits for the clock to give the freed blocks back, so it frees
+/// room for the next writes too.
+const EVICTION_SHARE: u64 = 256;
+
+/// The most items one eviction removes.
+const EVICTION_MAX_ITEMS: u64 = 4096;
 
 /// What a command did, as the protocol reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +181,13 @@ pub struct Store<C = SystemClock> {
     flush_cas: AtomicU64,
     /// Serializes `flush_all`s, so the marker and the two fields above agree.
     flushing: Mutex<()>,
+    /// The items' recency, for eviction (`None`: a full heap refuses writes).
+    recency: Option<Recency>,
+    /// One eviction at a time: writes that find the heap full meanwhile wait for it and then
+    /// try again.
+    evicting: Mutex<()>,
+    /// Live items evicted since the store was opened.
+    evictions: AtomicU64,
     clock: C,
 }
 
@@ -160,18 +210,30 @@ impl<C: Clock> Store<C> {
         let max_cas = AtomicU64::new(0);
         let bytes = AtomicI64::new(0);
         let flush = Mutex::new((0, 0));
+        // Every item's last store time, key, block size and cas unique: the recency order
+        // after a restart is the order the items were last stored in.
+        let ages = Mutex::new(Vec::new());
         let map = HashMap::open_with(heap, name, |key: &Vec<u8>, item: &Item| {
             // ORDERING: the scan's threads are joined before `open_with` returns.
             if key == FLUSH_KEY {
                 *flush.lock().unwrap_or_else(PoisonError::into_inner) = (item.exptime, item.cas);
             } else {
                 bytes.fetch_add(size(key, item), Ordering::Relaxed);
+                let age = (item.stored, item.cas, key.clone(), block(key, item));
+                ages.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(age);
             }
             // New items must get uniques above every stored one and above an immediate
             // flush's threshold, or the flush would hide them.
             max_cas.fetch_max(item.cas, Ordering::Relaxed);
         })?;
         let (flush_at, flush_cas) = flush.into_inner().unwrap_or_else(PoisonError::into_inner);
+        let mut ages = ages.into_inner().unwrap_or_else(PoisonError::into_inner);
+        // Oldest first; within a second, by cas unique (the order they were stored in).
+        ages.sort_unstable_by_key(|&(stored, cas, _, _)| (stored, cas));
+        let recency =
+            Recency::rebuilt(ages.into_iter().map(|(_, cas, key, size)| (key, size, cas)));
         Ok(Store {
             map,
             bytes,
@@ -179,8 +241,32 @@ impl<C: Clock> Store<C> {
             flush_at: AtomicI64::new(flush_at),
             flush_cas: AtomicU64::new(flush_cas),
             flushing: Mutex::new(()),
+            recency: Some(recency),
+            evicting: Mutex::new(()),
+            evictions: AtomicU64::new(0),
             clock,
         })
+    }
+
+    /// The store without evictions: a write that finds the heap full fails with
+    /// [`Error::OutOfSpace`] and changes nothing (memcached's `-M`).
+    #[must_use]
+    pub fn without_evictions(self) -> Self {
+        Store {
+            recency: None,
+            ..self
+        }
+    }
+
+    /// Whether a full heap evicts items (see [`without_evictions`](Self::without_evictions)).
+    pub fn evicts(&self) -> bool {
+        self.recency.is_some()
+    }
+
+    /// Live items evicted to make room since the store was opened (memcached's `evictions`).
+    pub fn evictions(&self) -> u64 {
+        // ORDERING: a statistic.
+        self.evictions.load(Ordering::Relaxed)
     }
 
     /// The heap the items live in (to `sync` it).
@@ -209,25 +295,143 @@ impl<C: Clock> Store<C> {
     }
 
     /// Runs `f` on `key`'s item (or its absence) in one [`HashMap::compute`], keeping the
-    /// byte count in step with the change that took effect.
+    /// byte count and the recency lists in step with the change that took effect. When the
+    /// heap is full, evicts (unless turned off) and tries again.
     fn change(
         &self,
         key: &[u8],
         mut f: impl FnMut(Option<Item>) -> (Change<Item>, Outcome),
     ) -> Result<Outcome> {
-        let (outcome, delta) = self.map.compute(&key.to_vec(), |current| {
-            let old = current.as_ref().map_or(0, |item| size(key, item));
-            let (change, outcome) = f(current);
-            let delta = match &change {
-                Change::Keep => 0,
-                Change::Set(new) => size(key, new) - old,
-                Change::Remove => -old,
+        let mut rounds = 0;
+        loop {
+            let result = self.change_once(key, &mut f);
+            let Err(Error::OutOfSpace { requested, .. }) = result else {
+                return result;
             };
-            (change, (outcome, delta))
+            // A delete's anti-block (`requested` 0) comes from the delete reserve, which no
+            // eviction refills sooner.
+            if requested == 0 || rounds == EVICTION_ROUNDS || !self.evict(requested)? {
+                return result;
+            }
+            rounds += 1;
+        }
+    }
+
+    /// One attempt of [`change`](Self::change).
+    fn change_once(
+        &self,
+        key: &[u8],
+        f: &mut impl FnMut(Option<Item>) -> (Change<Item>, Outcome),
+    ) -> Result<Outcome> {
+        let (outcome, delta, recent) = self.map.compute(&key.to_vec(), |current| {
+            let old = current
+                .as_ref()
+                .map(|item| (size(key, item), block(key, item)));
+            let old_size = old.map_or(0, |(bytes, _)| bytes);
+            let previous = old.map(|(_, block)| block);
+            let (change, outcome) = f(current);
+            let (delta, recent) = match &change {
+                Change::Keep => (0, Recent::Same),
+                Change::Set(new) => (
+                    size(key, new) - old_size,
+                    Recent::Used {
+                        size: block(key, new),
+                        cas: new.cas,
+                        previous,
+                    },
+                ),
+                Change::Remove => (-old_size, previous.map_or(Recent::Same, Recent::Gone)),
+            };
+            (change, (outcome, delta, recent))
         })?;
         // ORDERING: a statistic.
         self.bytes.fetch_add(delta, Ordering::Relaxed);
+        if let Some(recency) = &self.recency {
+            match recent {
+                Recent::Used {
+                    size,
+                    cas,
+                    previous,
+                } => recency.used(key, size, cas, previous),
+                Recent::Gone(size) => recency.forget(key, size),
+                Recent::Same => {}
+            }
+        }
         Ok(outcome)
+    }
+
+    /// Makes room for a payload of `requested` bytes by removing the least recently used
+    /// items of its block size: at least one, and enough for a share of the heap (see
+    /// [`EVICTION_SHARE`]). When no item has that block size (a size first written after
+    /// the heap filled, whose blocks no span is carved for), it removes a span's worth of the
+    /// items of the block size whose least recently used item is the oldest of all, as
+    /// memcached moves a page between slab classes: the oldest items of a size were mostly
+    /// written together, into the same spans, and a span whose blocks are all free serves any
+    /// size again. Returns whether it removed any item (dead ones count: they free room too,
+    /// but not as evictions); `false` when evictions are off or the store holds nothing it
+    /// could remove.
+    fn evict(&self, requested: u64) -> Result<bool> {
+        let Some(recency) = &self.recency else {
+            return Ok(false);
+        };
+        let _one = self.evicting.lock().unwrap_or_else(PoisonError::into_inner);
+        let needed = block_size(requested);
+        let limit = self.heap().max_size();
+        let share = (limit / EVICTION_SHARE / needed.max(1)).clamp(1, EVICTION_MAX_ITEMS);
+        let mut size = needed;
+        let mut count = share;
+        loop {
+            let victims = recency.oldest(size, usize::try_from(count).unwrap_or(1));
+            if victims.is_empty() {
+                if size != needed {
+                    return Ok(false);
+                }
+                let Some(other) = recency.oldest_size(needed) else {
+                    return Ok(false);
+                };
+                size = other;
+                count = (SPAN_SIZE / other).max(1);
+                continue;
+            }
+            // Entries the lists kept of items already gone remove nothing: take more.
+            if self.remove_victims(victims)? {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Removes each of `victims` (key and the cas unique the recency lists saw) that still
+    /// holds that version; returns whether it removed any.
+    fn remove_victims(&self, victims: Vec<(Box<[u8]>, u64)>) -> Result<bool> {
+        let mut removed = false;
+        for (key, cas) in victims {
+            let now = self.clock.now();
+            let outcome = self.change_once(&key, &mut |current| match current {
+                // Only the version the lists saw: a newer one was just stored.
+                Some(item) if item.cas == cas => {
+                    let evicted = if self.live(&item, now) {
+                        Outcome::Deleted
+                    } else {
+                        Outcome::NotFound
+                    };
+                    (Change::Remove, evicted)
+                }
+                _ => (Change::Keep, Outcome::NotStored),
+            });
+            match outcome {
+                Ok(Outcome::Deleted) => {
+                    // ORDERING: a statistic.
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                    removed = true;
+                }
+                Ok(Outcome::NotFound) => removed = true,
+                Ok(_) => {}
+                // The delete reserve ran out: what was removed so far frees room.
+                Err(Error::OutOfSpace { .. }) if removed => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(removed)
     }
 
     fn cas(&self) -> u64 {
@@ -285,6 +489,9 @@ impl<C: Clock> Store<C> {
             return Ok(Lookup::Miss);
         };
         let Some(dead) = self.why_dead(&item, now) else {
+            if let Some(recency) = &self.recency {
+                recency.read(key, block(key, &item));
+            }
             return Ok(Lookup::Hit(item));
         };
         // As memcached, an item found dead goes (unless a write replaced it meanwhile).
@@ -484,7 +691,7 @@ mod tests {
 
     use super::*;
     use montage_core::HeapConfig;
-    use montage_core::sim::SimMode;
+    use montage_core::sim::{SimMode, SplitMix64};
     use std::sync::Arc;
 
     /// A clock the test moves by hand.
@@ -669,6 +876,302 @@ mod tests {
         clock.0.store(1200, Ordering::Relaxed);
         assert!(store.get(b"k").unwrap().is_some());
         assert_eq!(store.len(), 1);
+    }
+
+    /// A heap of 1 MiB: a few thousand items of a few hundred bytes fill it.
+    fn small_heap(mode: SimMode) -> Heap {
+        Heap::create(&HeapConfig::simulated(1 << 20, mode)).unwrap()
+    }
+
+    fn key(i: u64) -> Vec<u8> {
+        format!("key{i}").into_bytes()
+    }
+
+    #[test]
+    fn a_full_heap_evicts_the_least_recently_used_items_of_the_size_needed() {
+        let heap = small_heap(SimMode::Prefix);
+        let store = Store::open(&heap, "cache", clock_at(1000)).unwrap();
+        let value = [7u8; 200];
+        // Items of another size, never read: none of them goes, as no write needs their
+        // block size.
+        for i in 0..50 {
+            set(&store, StoreMode::Set, &key(1_000_000 + i), &[1; 600]);
+        }
+        set(&store, StoreMode::Set, b"hot", &value);
+        let writes = 20_000;
+        for i in 0..writes {
+            assert_eq!(
+                set(&store, StoreMode::Set, &key(i), &value),
+                Outcome::Stored
+            );
+            if i % 50 == 0 {
+                assert!(store.get(b"hot").unwrap().is_some(), "hot key gone at {i}");
+            }
+        }
+        let evictions = store.evictions();
+        assert!(evictions > writes / 2, "{evictions} evictions");
+        // The newest items are all there, the oldest all gone.
+        let held = u64::try_from(store.len()).unwrap() - 51;
+        for i in writes - held / 2..writes {
+            assert!(store.get(&key(i)).unwrap().is_some(), "recent {i} evicted");
+        }
+        for i in 0..writes / 2 {
+            assert!(store.get(&key(i)).unwrap().is_none(), "old {i} kept");
+        }
+        for i in 0..50 {
+            assert!(store.get(&key(1_000_000 + i)).unwrap().is_some());
+        }
+        // Every write is held or was evicted; the byte count agrees with what is held.
+        assert_eq!(held + evictions, writes);
+        let bytes: usize = contents(&store)
+            .iter()
+            .map(|(key, data)| key.len() + data.len())
+            .sum();
+        assert_eq!(store.bytes(), u64::try_from(bytes).unwrap());
+    }
+
+    #[test]
+    fn without_evictions_a_full_heap_refuses_writes_and_keeps_every_item() {
+        let heap = small_heap(SimMode::Prefix);
+        let store = Store::open(&heap, "cache", clock_at(1000))
+            .unwrap()
+            .without_evictions();
+        let value = [7u8; 200];
+        let mut stored = 0;
+        let refused = loop {
+            match store.store(StoreMode::Set, &key(stored), 0, 0, &value, None) {
+                Ok(outcome) => assert_eq!(outcome, Outcome::Stored),
+                Err(e) => break e,
+            }
+            stored += 1;
+        };
+        assert!(matches!(refused, Error::OutOfSpace { .. }), "{refused}");
+        assert_eq!(store.evictions(), 0);
+        assert_eq!(u64::try_from(store.len()).unwrap(), stored);
+        for i in 0..stored {
+            assert_eq!(store.get(&key(i)).unwrap().unwrap().data, value);
+        }
+    }
+
+    #[test]
+    fn a_reopened_store_evicts_in_the_order_items_were_last_stored() {
+        let heap = small_heap(SimMode::Prefix);
+        let clock = clock_at(1000);
+        let store = Store::open(&heap, "cache", clock.clone()).unwrap();
+        let value = [7u8; 200];
+        let mut i = 0;
+        // Fill the heap until the first eviction, a second apart every 100 items.
+        while store.evictions() == 0 {
+            set(&store, StoreMode::Set, &key(i), &value);
+            i += 1;
+            if i % 100 == 0 {
+                clock.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // Store the oldest surviving items again: they become the newest.
+        let first = (0..i)
+            .find(|&k| store.get(&key(k)).unwrap().is_some())
+            .unwrap();
+        for k in first..first + 100 {
+            clock.0.fetch_add(1, Ordering::Relaxed);
+            set(&store, StoreMode::Set, &key(k), &value);
+        }
+        drop(store);
+        heap.sync().unwrap();
+        let image = heap.simulator().unwrap().crash(1);
+        drop(heap);
+        let heap =
+            Heap::open_image(image, &HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
+        let store = Store::open(&heap, "cache", clock.clone()).unwrap();
+        let before = store.evictions();
+        let mut j = 0;
+        while store.evictions() < before + 200 {
+            set(&store, StoreMode::Set, &key(1_000_000 + j), &value);
+            j += 1;
+        }
+        for k in first..first + 100 {
+            assert!(
+                store.get(&key(k)).unwrap().is_some(),
+                "restored {k} evicted"
+            );
+        }
+        assert!(store.get(&key(first + 100)).unwrap().is_none());
+    }
+
+    /// Every item the store holds: key to value.
+    fn contents<C: Clock>(store: &Store<C>) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+        store
+            .map
+            .iter()
+            .map(Result::unwrap)
+            .filter(|(key, _)| key != FLUSH_KEY)
+            .map(|(key, item)| (key, item.data))
+            .collect()
+    }
+
+    /// Threads write and read their own keys while others' writes evict: a read sees the
+    /// version its thread wrote last or nothing (evicted), never an older one; no write
+    /// fails; the counts agree with the items held at the end.
+    #[test]
+    fn concurrent_writes_evict_without_losing_order_or_count() {
+        let heap = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let store = Store::open(&heap, "cache", clock_at(1000)).unwrap();
+        let threads = 4u64;
+        let keys_each = 1500u64;
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let store = &store;
+                scope.spawn(move || {
+                    let mut rng = SplitMix64::new(t);
+                    let mut last = vec![None; usize::try_from(keys_each).unwrap()];
+                    for n in 0..6000u64 {
+                        let k = rng.below_or_equal(keys_each - 1);
+                        let name = key(t * keys_each + k);
+                        let slot = usize::try_from(k).unwrap();
+                        if rng.below_or_equal(2) == 0 {
+                            let got = store.get(&name).unwrap().map(|item| item.data);
+                            assert!(got.is_none() || got == last[slot], "{got:?}");
+                        } else {
+                            let mut value = format!("{t}:{n}").into_bytes();
+                            value.resize(200, b'.');
+                            assert_eq!(set(store, StoreMode::Set, &name, &value), Outcome::Stored);
+                            last[slot] = Some(value);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(store.evictions() > 0);
+        let items = contents(&store);
+        assert_eq!(store.len(), items.len());
+        let bytes: usize = items.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert_eq!(store.bytes(), u64::try_from(bytes).unwrap());
+        // The lists know exactly the items held.
+        assert_eq!(store.recency.as_ref().unwrap().len(), items.len());
+    }
+
+    type Items = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
+
+    /// Whether `recovered` is what a crash may leave while a write of `key` took `before` to
+    /// `after`: either, or `before` less some of the items the write evicted (each eviction
+    /// is an operation of its own, ahead of the write's).
+    fn during(before: &Items, after: &Items, key: &[u8], recovered: &Items) -> bool {
+        recovered == after
+            || (recovered.iter().all(|(k, v)| before.get(k) == Some(v))
+                && before
+                    .keys()
+                    .filter(|k| !recovered.contains_key(*k))
+                    .all(|k| k == key || !after.contains_key(k)))
+    }
+
+    /// Writes with evictions, syncs now and then, and crashes at a random point: the
+    /// recovered items are exactly what some prefix of the writes and the evictions they
+    /// made left, at least up to the last sync that returned before the crash. So an
+    /// eviction never takes an item it did not choose, and is as durable as a delete.
+    #[test]
+    fn a_crash_among_evictions_recovers_a_prefix_of_the_writes() {
+        montage_testkit::for_each_seed("montage-kv evictions", 6, |seed| {
+            let mode = montage_testkit::crash_mode(seed);
+            let heap = small_heap(mode);
+            let store = Store::open(&heap, "cache", clock_at(1000)).unwrap();
+            let mut rng = SplitMix64::new(seed);
+            let mut written = 0u64;
+            let mut write = |rng: &mut SplitMix64| {
+                let k = rng.below_or_equal(4999);
+                let written_key = key(k);
+                // Two block sizes, so that a write evicts only its own size.
+                let len = if rng.below_or_equal(3) == 0 { 600 } else { 200 };
+                let mut value = format!("{written}:").into_bytes();
+                value.resize(len, b'.');
+                written += 1;
+                store
+                    .store(StoreMode::Set, &written_key, 0, 0, &value, None)
+                    .unwrap();
+                written_key
+            };
+            while store.evictions() < 300 {
+                write(&mut rng);
+            }
+            heap.sync().unwrap();
+            let sim = heap.simulator().unwrap();
+            let step = sim.events() + rng.below_or_equal(40_000);
+            sim.crash_at(step);
+            let mut states = vec![contents(&store)];
+            let mut keys = Vec::new();
+            // (index of the state it covers, event count when it returned)
+            let mut syncs = Vec::new();
+            for _ in 0..40 {
+                keys.push(write(&mut rng));
+                states.push(contents(&store));
+                if rng.below_or_equal(9) == 0 {
+                    heap.sync().unwrap();
+                    syncs.push((states.len() - 1, sim.events()));
+                }
+            }
+            let evictions = store.evictions();
+            drop(store);
+            let image = sim.crash(seed);
+            drop(heap);
+            let heap = Heap::open_image(image, &HeapConfig::simulated(1 << 20, mode)).unwrap();
+            let store = Store::open(&heap, "cache", clock_at(1000)).unwrap();
+            let recovered = contents(&store);
+            // The writes the recovered items include all of.
+            let prefix = states
+                .iter()
+                .position(|state| *state == recovered)
+                .or_else(|| {
+                    (0..keys.len())
+                        .find(|&i| during(&states[i], &states[i + 1], &keys[i], &recovered))
+                })
+                .unwrap_or_else(|| {
+                    let diff = |state: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>| {
+                        let keys: std::collections::BTreeSet<&Vec<u8>> =
+                            state.keys().chain(recovered.keys()).collect();
+                        keys.into_iter()
+                            .filter(|k| state.get(*k) != recovered.get(*k))
+                            .map(|k| {
+                                let short = |v: Option<&Vec<u8>>| {
+                                    v.map(|v| String::from_utf8_lossy(&v[..8]).into_owned())
+                                };
+                                (
+                                    String::from_utf8_lossy(k).into_owned(),
+                                    short(state.get(k)),
+                                    short(recovered.get(k)),
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                    };
+                    panic!(
+                        "seed {seed}: the recovered items are no prefix; against the first \
+                         state: {:?}; against the last: {:?}",
+                        diff(&states[0]),
+                        diff(&states[states.len() - 1])
+                    )
+                });
+            for &(covers, returned_at) in &syncs {
+                assert!(
+                    returned_at > step || prefix >= covers,
+                    "seed {seed}: a sync returned at event {returned_at} before the crash at \
+                     {step}, but the recovered items are those of write {prefix} < {covers}"
+                );
+            }
+            assert!(evictions > 300);
+            // The recovered store counts its items and evicts again.
+            assert_eq!(store.len(), recovered.len());
+            let bytes: usize = recovered.iter().map(|(k, v)| k.len() + v.len()).sum();
+            assert_eq!(store.bytes(), u64::try_from(bytes).unwrap());
+            let mut rng = SplitMix64::new(!seed);
+            let mut written = 0u64;
+            while store.evictions() < 50 {
+                let mut value = format!("{written}").into_bytes();
+                value.resize(200, b'.');
+                written += 1;
+                let k = 10_000 + rng.below_or_equal(4999);
+                store
+                    .store(StoreMode::Set, &key(k), 0, 0, &value, None)
+                    .unwrap();
+            }
+        });
     }
 
     #[test]

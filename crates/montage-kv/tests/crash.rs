@@ -24,6 +24,7 @@ use common::Server;
 use montage_core::sim::SplitMix64;
 
 const CLIENTS: u64 = 4;
+/// Keys per client with small values; large ones take 16 times as many.
 const KEYS_PER_CLIENT: u64 = 64;
 
 /// A key's state as a client can observe it.
@@ -77,6 +78,17 @@ fn every_acknowledged_write_survives_a_power_cut_on_a_journaled_file() {
     });
 }
 
+/// A heap too small for the keys' values (32 MB of them, in 20 block sizes): writes evict.
+/// A key may then read as absent (evicted) after a crash, but never as an older value than
+/// its last acknowledged one.
+#[test]
+fn no_acknowledged_write_is_lost_but_to_eviction_on_a_full_heap() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--backend", "journal", "--size", "16MiB"];
+    let evicted = crash_rounds_with(&dir.path().join("kv.heap"), &args, Values::Large, |_| {});
+    assert!(evicted > 0, "no key was evicted: the heap never filled");
+}
+
 #[test]
 fn every_acknowledged_write_survives_sigkill_on_pmem() {
     // tmpfs, the pmem backend's medium when there is no DAX device.
@@ -90,20 +102,41 @@ fn every_acknowledged_write_survives_sigkill_on_pmem() {
     crash_rounds(&dir.path().join("kv.heap"), &["--backend", "pmem"], |_| {});
 }
 
+/// The values the clients write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Values {
+    /// Up to 200 bytes: the keys fit in any heap.
+    Small,
+    /// Up to 16,000 bytes, on 16 times as many keys: 32 MB in all, so a small heap evicts.
+    Large,
+}
+
 /// Runs the crash rounds (module docs) on `heap`, the server started with `args`; `after_kill`
 /// runs after each SIGKILL (a power cut, say).
-fn crash_rounds(
+fn crash_rounds(heap: &std::path::Path, args: &[&str], after_kill: impl FnMut(&mut SplitMix64)) {
+    let evicted = crash_rounds_with(heap, args, Values::Small, after_kill);
+    assert_eq!(evicted, 0, "keys went missing");
+}
+
+/// [`crash_rounds`] with `values`; returns how many times a key whose last acknowledged
+/// state was a value read as absent (evicted: allowed only with [`Values::Large`]).
+fn crash_rounds_with(
     heap: &std::path::Path,
     args: &[&str],
+    values: Values,
     mut after_kill: impl FnMut(&mut SplitMix64),
-) {
+) -> u64 {
     let rounds = env_u64("MONTAGE_KV_CRASH_ROUNDS", 10);
     let seed = env_u64("MONTAGE_KV_CRASH_SEED", 0x6b76_6372_6173_6821);
     eprintln!("crash test {args:?}: {rounds} rounds, seed {seed:#x}");
     let mut rng = SplitMix64::new(seed);
     let mut models: Vec<Model> = (0..CLIENTS)
         .map(|c| {
-            (0..KEYS_PER_CLIENT)
+            let keys = match values {
+                Values::Small => KEYS_PER_CLIENT,
+                Values::Large => 16 * KEYS_PER_CLIENT,
+            };
+            (0..keys)
                 .map(|k| {
                     let state = KeyState {
                         acked: Val::Absent,
@@ -115,11 +148,12 @@ fn crash_rounds(
         })
         .collect();
     let mut next_write = 1;
+    let mut evicted = 0;
     for round in 0..rounds {
         let mut server = Server::start(heap, args);
         if round > 0 {
             server.wait_for("after a crash");
-            check(&server, &mut models, round);
+            evicted += check(&server, &mut models, round, values);
         }
         let clients: Vec<_> = models
             .drain(..)
@@ -128,7 +162,7 @@ fn crash_rounds(
                 let stream = server.connect();
                 let first = next_write + c as u64 * 1_000_000;
                 let seed = rng.next_u64();
-                std::thread::spawn(move || write_until_killed(stream, model, first, seed))
+                std::thread::spawn(move || write_until_killed(stream, model, first, seed, values))
             })
             .collect();
         next_write += CLIENTS * 1_000_000;
@@ -145,26 +179,32 @@ fn crash_rounds(
         assert!(acked > 0, "round {round}: the clients got no write through");
     }
     let server = Server::start(heap, args);
-    check(&server, &mut models, rounds);
+    evicted + check(&server, &mut models, rounds, values)
 }
 
-/// Every key reads as its last acknowledged state or its write in flight; the state read
-/// becomes the acknowledged one.
-fn check(server: &Server, models: &mut [Model], round: u64) {
+/// Every key reads as its last acknowledged state or its write in flight (or, with
+/// [`Values::Large`], as absent: evicted); the state read becomes the acknowledged one.
+/// Returns how many keys read as evicted.
+fn check(server: &Server, models: &mut [Model], round: u64, values: Values) -> u64 {
     let mut stream = server.connect();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut survived_in_flight = 0;
+    let mut evicted = 0;
     for model in models.iter_mut() {
         for (key, state) in model.iter_mut() {
             let found = get(&mut stream, &mut reader, key);
-            let allowed = found == state.acked || Some(found) == state.in_flight;
+            let gone = values == Values::Large && found == Val::Absent;
+            let allowed = found == state.acked || Some(found) == state.in_flight || gone;
             assert!(
                 allowed,
                 "after crash {round}: {key} reads {found:?}, but its last acknowledged state \
                  is {:?} and the write in flight was {:?}",
                 state.acked, state.in_flight
             );
-            if found != state.acked {
+            if found == state.acked {
+            } else if gone {
+                evicted += 1;
+            } else {
                 survived_in_flight += 1;
             }
             state.acked = found;
@@ -172,8 +212,10 @@ fn check(server: &Server, models: &mut [Model], round: u64) {
         }
     }
     eprintln!(
-        "after crash {round}: all keys as acknowledged; {survived_in_flight} unanswered writes survived"
+        "after crash {round}: all keys as acknowledged; {survived_in_flight} unanswered writes \
+         survived, {evicted} keys evicted"
     );
+    evicted
 }
 
 fn get(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, key: &str) -> Val {
@@ -197,7 +239,13 @@ fn get(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, key: &str) -> 
 
 /// Sets and deletes this client's keys, one request at a time, until the server dies.
 /// Returns the model and how many writes were acknowledged.
-fn write_until_killed(stream: TcpStream, mut model: Model, first: u64, seed: u64) -> (Model, u64) {
+fn write_until_killed(
+    stream: TcpStream,
+    mut model: Model,
+    first: u64,
+    seed: u64,
+    values: Values,
+) -> (Model, u64) {
     let mut rng = SplitMix64::new(seed);
     let mut keys: Vec<String> = model.keys().cloned().collect();
     keys.sort();
@@ -211,7 +259,11 @@ fn write_until_killed(stream: TcpStream, mut model: Model, first: u64, seed: u64
             (format!("delete {key}\r\n"), Val::Absent)
         } else {
             // Values of varied sizes, ending in the write's number.
-            let pad = "x".repeat(rng.below_or_equal(200) as usize);
+            let most = match values {
+                Values::Small => 200,
+                Values::Large => 16_000,
+            };
+            let pad = "x".repeat(rng.below_or_equal(most) as usize);
             let value = format!("{pad}-{n}");
             (
                 format!("set {key} 0 0 {}\r\n{value}\r\n", value.len()),

@@ -268,17 +268,56 @@ fn large_multi_gets_and_long_pipelines_are_served_whole() {
     assert!(text.ends_with("VALUE p0 0 1\r\n0\r\nVALUE p4999 0 4\r\n4999\r\nEND\r\n"));
 }
 
+/// Sets `key` to 100,000 bytes of `v`; returns the reply.
+fn set_large(stream: &mut std::net::TcpStream, key: &str) -> Vec<u8> {
+    let mut request = format!("set {key} 0 0 100000\r\n").into_bytes();
+    request.extend(std::iter::repeat_n(b'v', 100_000));
+    request.extend_from_slice(b"\r\n");
+    exchange(stream, &request, b"\r\n")
+}
+
 #[test]
-fn a_full_heap_refuses_writes_and_keeps_its_items() {
+fn a_full_heap_evicts_the_least_recently_used_items() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("kv.heap"), &["--size", "2MiB"]);
     let mut stream = server.connect();
-    let set = |stream: &mut std::net::TcpStream, key: &str| {
-        let mut request = format!("set {key} 0 0 100000\r\n").into_bytes();
-        request.extend(std::iter::repeat_n(b'v', 100_000));
-        request.extend_from_slice(b"\r\n");
-        exchange(stream, &request, b"\r\n")
-    };
+    for i in 0..100 {
+        assert_eq!(
+            set_large(&mut stream, &format!("k{i}")),
+            b"STORED\r\n",
+            "k{i}"
+        );
+        // k0 is read after every write: it stays the most recently used.
+        let reply = exchange(&mut stream, b"get k0\r\n", b"END\r\n");
+        assert!(
+            reply.starts_with(b"VALUE k0 0 100000\r\n"),
+            "k0 gone at {i}"
+        );
+    }
+    let stats = server.stats();
+    let evictions: u64 = stats["evictions"].parse().unwrap();
+    let items: u64 = stats["curr_items"].parse().unwrap();
+    assert_eq!(evictions + items, 100, "{stats:?}");
+    assert!(evictions >= 80, "{stats:?}");
+    assert_eq!(stats["limit_maxbytes"], (2 << 20).to_string());
+    // The newest items are there, the oldest (but k0) gone.
+    let reply = exchange(&mut stream, b"get k99 k1\r\n", b"END\r\n");
+    assert!(reply.starts_with(b"VALUE k99 0 100000\r\n"));
+    assert!(reply.ends_with(b"\r\nEND\r\n") && !reply.windows(9).any(|w| w == b"VALUE k1 "));
+    let settings = exchange(&mut stream, b"stats settings\r\n", b"END\r\n");
+    assert!(
+        String::from_utf8(settings)
+            .unwrap()
+            .contains("STAT evictions on\r\n")
+    );
+}
+
+#[test]
+fn without_evictions_a_full_heap_refuses_writes_and_keeps_its_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("kv.heap"), &["--size", "2MiB", "-M"]);
+    let mut stream = server.connect();
+    let set = set_large;
     let mut stored = 0;
     loop {
         let reply = set(&mut stream, &format!("k{stored}"));
@@ -315,6 +354,13 @@ fn a_full_heap_refuses_writes_and_keeps_its_items() {
         false
     });
     assert!(room, "no room after deletes");
+    assert_eq!(server.stats()["evictions"], "0");
+    let settings = exchange(&mut stream, b"stats settings\r\n", b"END\r\n");
+    assert!(
+        String::from_utf8(settings)
+            .unwrap()
+            .contains("STAT evictions off\r\n")
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@
     clippy::cast_possible_truncation
 )]
 
-use crate::base::layout::SPAN_SIZE;
+use crate::base::layout::{HEADER_LEN, SPAN_SIZE, TRAILER_LEN};
 
 /// Block sizes (header included), all multiples of the 64-byte cache line so that blocks
 /// never share a line: 64 B to 1 KiB in 64-byte steps, then four steps per doubling to 16 KiB.
@@ -102,6 +102,22 @@ pub(crate) fn spans_for(total: u64) -> u64 {
     total.div_ceil(SPAN_SIZE)
 }
 
+/// The bytes the block for a payload of `payload_len` bytes takes in the heap, its header and
+/// trailer included: the block size of its size class, or whole spans for a payload larger
+/// than the largest class.
+///
+/// Payloads whose blocks have the same size share spans, and a freed block holds only a
+/// payload of its own size: a cache that must free room for a payload frees payloads of
+/// the same block size (or whole spans).
+#[must_use]
+pub fn block_size(payload_len: u64) -> u64 {
+    let total = payload_len.saturating_add(HEADER_LEN + TRAILER_LEN);
+    match class_for(total) {
+        Some(class) => class_size(class),
+        None => spans_for(total).saturating_mul(SPAN_SIZE),
+    }
+}
+
 #[cfg(test)]
 #[allow(
     clippy::arithmetic_side_effects,
@@ -111,6 +127,24 @@ pub(crate) fn spans_for(total: u64) -> u64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_payload_takes_the_smallest_block_that_holds_it_with_its_header_and_trailer() {
+        let overhead = HEADER_LEN + TRAILER_LEN;
+        assert_eq!(block_size(0), 64);
+        assert_eq!(block_size(64 - overhead), 64);
+        assert_eq!(block_size(64 - overhead + 1), 128);
+        assert_eq!(block_size(1024 - overhead + 1), 1280);
+        assert_eq!(block_size(MAX_CLASS_SIZE - overhead), MAX_CLASS_SIZE);
+        assert_eq!(block_size(MAX_CLASS_SIZE - overhead + 1), SPAN_SIZE);
+        assert_eq!(block_size(SPAN_SIZE - overhead + 1), 2 * SPAN_SIZE);
+        for len in 0..3 * SPAN_SIZE {
+            let size = block_size(len);
+            assert!(size >= len + overhead, "{len}");
+            let smaller = CLASS_SIZES.iter().any(|&c| c >= len + overhead && c < size);
+            assert!(!smaller, "{len}: a smaller class holds it");
+        }
+    }
 
     #[test]
     fn block_starts_are_exactly_the_multiples_of_the_class_size_inside_the_span() {

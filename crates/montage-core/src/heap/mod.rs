@@ -111,6 +111,17 @@ impl Heap {
         self.shared().runtime.alloc.geometry().len()
     }
 
+    /// The most bytes the heap may grow to (see
+    /// [`HeapConfig::max_size`](crate::HeapConfig::max_size), rounded down to whole spans):
+    /// its [`size`](Self::size) when it does not grow.
+    pub fn max_size(&self) -> u64 {
+        let alloc = &self.shared().runtime.alloc;
+        let geometry = alloc.geometry();
+        geometry
+            .len_with(alloc.stats().spans_limit)
+            .unwrap_or_else(|| geometry.len())
+    }
+
     /// The version of the on-media format the heap file has (see `docs/design.md`).
     pub fn format_version(&self) -> u32 {
         self.shared().geometry.version
