@@ -186,13 +186,7 @@ impl BenchArgs {
                 "--client-threads" => parsed.client_threads = value.parse().map_err(bad)?,
                 "--server-threads" => parsed.server_threads = value.parse().map_err(bad)?,
                 "--value" => parsed.value = value.parse().map_err(bad)?,
-                "--set-ratios" => {
-                    parsed.set_ratios = value
-                        .split(',')
-                        .map(|r| r.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r)))
-                        .collect::<Option<_>>()
-                        .ok_or_else(usage)?;
-                }
+                "--set-ratios" => parsed.set_ratios = ratios(value).ok_or_else(usage)?,
                 _ => return Err(usage()),
             }
         }
@@ -215,6 +209,9 @@ struct Contender {
 pub(crate) fn bench(args: &[String]) -> Result {
     if args.first().is_some_and(|a| a == "--evict") {
         return evict_bench(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "--meta") {
+        return meta_bench(&args[1..]);
     }
     let args = BenchArgs::parse(args)?;
     require("memcaslap", "libmemcached-tools")?;
@@ -393,9 +390,17 @@ fn report(
         args.server_threads,
         args.repeats
     );
-    out.push_str("| server | ");
+    let names: Vec<&str> = contenders.iter().map(|c| c.name).collect();
+    out.push_str(&ratio_table(&names, "ops/s", table));
+    out
+}
+
+/// A table of each contender's median (and its ratio to the first contender's) per set
+/// ratio, then every run: `table` holds, per set ratio, each contender's runs (sorted here).
+fn ratio_table(names: &[&str], unit: &str, table: &mut [(f64, Vec<Vec<f64>>)]) -> String {
+    let mut out = String::from("| server | ");
     for (ratio, _) in table.iter() {
-        let _ = write!(out, "{:.0}% sets: ops/s | vs memcached | ", ratio * 100.0);
+        let _ = write!(out, "{:.0}% sets: {unit} | vs memcached | ", ratio * 100.0);
     }
     out.push_str("\n|---|");
     out.push_str(&"---:|---:|".repeat(table.len()));
@@ -404,8 +409,8 @@ fn report(
         .iter_mut()
         .map(|(_, runs)| runs.iter_mut().map(|r| median(r)).collect())
         .collect();
-    for (i, contender) in contenders.iter().enumerate() {
-        let _ = write!(out, "| {} | ", contender.name);
+    for (i, name) in names.iter().enumerate() {
+        let _ = write!(out, "| {name} | ");
         for medians in &medians {
             let _ = write!(
                 out,
@@ -416,15 +421,14 @@ fn report(
         }
         out.push('\n');
     }
-    out.push_str("\nEvery run (ops/s, sorted):\n\n");
+    let _ = write!(out, "\nEvery run ({unit}, sorted):\n\n");
     for (ratio, runs) in table.iter() {
-        for (contender, runs) in contenders.iter().zip(runs) {
+        for (name, runs) in names.iter().zip(runs) {
             let runs: Vec<String> = runs.iter().map(|r| format!("{r:.0}")).collect();
             let _ = writeln!(
                 out,
-                "* {:.0}% sets, {}: {}",
+                "* {:.0}% sets, {name}: {}",
                 ratio * 100.0,
-                contender.name,
                 runs.join(", ")
             );
         }
@@ -432,39 +436,39 @@ fn report(
     out
 }
 
-/// Settings of a `bench-kv --evict` run.
-struct EvictArgs {
+/// Settings of a `bench-kv --evict` or `--meta` run.
+struct LoadArgs {
+    /// The memory limit (`--evict`), in MiB.
     memory_mib: u64,
+    /// Distinct keys (`--evict` derives them from the limit unless given).
+    keys: Option<u64>,
     value: u64,
     seconds: u64,
     warmup: u64,
     repeats: usize,
     connections: u32,
     server_threads: u32,
+    set_ratios: Vec<f64>,
 }
 
-impl EvictArgs {
-    fn parse(args: &[String]) -> Result<EvictArgs> {
+impl LoadArgs {
+    /// `args` over `defaults`; `usage` names the command for the error.
+    fn parse(args: &[String], defaults: LoadArgs, usage: &str) -> Result<LoadArgs> {
         let usage = || {
-            "usage: cargo xtask bench-kv --evict [--memory MIB] [--value BYTES] [--seconds S] \
-             [--warmup S] [--repeats R] [--connections C] [--server-threads T]"
-                .to_owned()
+            format!(
+                "usage: cargo xtask bench-kv {usage} [--memory MIB] [--keys N] [--value BYTES] \
+                 [--seconds S] [--warmup S] [--repeats R] [--connections C] \
+                 [--server-threads T] [--set-ratios 0.1,0.5]"
+            )
         };
-        let mut parsed = EvictArgs {
-            memory_mib: 64,
-            value: 1000,
-            seconds: 10,
-            warmup: 10,
-            repeats: 3,
-            connections: 32,
-            server_threads: 2,
-        };
+        let mut parsed = defaults;
         let mut rest = args.iter();
         while let Some(flag) = rest.next() {
             let value = rest.next().ok_or_else(usage)?;
             let number = || value.parse::<u64>().map_err(|_| usage());
             match flag.as_str() {
                 "--memory" => parsed.memory_mib = number()?,
+                "--keys" => parsed.keys = Some(number()?),
                 "--value" => parsed.value = number()?,
                 "--seconds" => parsed.seconds = number()?,
                 "--warmup" => parsed.warmup = number()?,
@@ -475,18 +479,38 @@ impl EvictArgs {
                 "--server-threads" => {
                     parsed.server_threads = u32::try_from(number()?).map_err(|_| usage())?;
                 }
+                "--set-ratios" => parsed.set_ratios = ratios(value).ok_or_else(usage)?,
                 _ => return Err(usage()),
             }
         }
-        if parsed.repeats == 0 || parsed.seconds == 0 || parsed.memory_mib == 0 {
+        if parsed.repeats == 0
+            || parsed.seconds == 0
+            || parsed.memory_mib == 0
+            || parsed.set_ratios.is_empty()
+        {
             return Err(usage());
         }
         Ok(parsed)
     }
 
-    /// Keys whose items (a 24-byte key and the value) take four times the memory limit.
+    /// The keys: as given, or enough that their items (a 24-byte key and the value) take
+    /// four times the memory limit.
     fn keys(&self) -> u64 {
-        4 * (self.memory_mib << 20) / (24 + self.value)
+        self.keys
+            .unwrap_or(4 * (self.memory_mib << 20) / (24 + self.value))
+    }
+
+    /// What each run does, at set ratio `set_ratio`.
+    fn load(&self, set_ratio: f64, meta: bool) -> Load {
+        Load {
+            keys: self.keys(),
+            value: self.value,
+            connections: self.connections,
+            warmup: self.warmup,
+            seconds: self.seconds,
+            set_ratio,
+            meta,
+        }
     }
 }
 
@@ -503,22 +527,19 @@ struct LoadRun {
 /// room for every item (no eviction); interleaved, repeated, medians reported with the hit
 /// ratio against memcached's and the throughput against montage-kv's own without eviction.
 fn evict_bench(args: &[String]) -> Result {
-    let args = EvictArgs::parse(args)?;
-    require("memcached", "memcached")?;
-    cargo(&["build", "--release", "--package", "montage-kv"], &[])?;
-    cargo(
-        &[
-            "build",
-            "--release",
-            "--package",
-            "montage-bench",
-            "--bin",
-            "montage-kv-load",
-        ],
-        &[],
-    )?;
-    let release = project_root().join("target/release");
-    let (server, load) = (release.join("montage-kv"), release.join("montage-kv-load"));
+    let defaults = LoadArgs {
+        memory_mib: 64,
+        keys: None,
+        value: 1000,
+        seconds: 10,
+        warmup: 10,
+        repeats: 3,
+        connections: 32,
+        server_threads: 2,
+        set_ratios: vec![0.0],
+    };
+    let args = LoadArgs::parse(args, defaults, "--evict")?;
+    let (server, load) = build_for_load()?;
     let disk = scratch("bench-kv")?;
     let memory = args.memory_mib.to_string();
     let limit = format!("{}MiB", args.memory_mib);
@@ -546,7 +567,7 @@ fn evict_bench(args: &[String]) -> Result {
                     start_montage_kv(&server, &heap, &extra)?
                 }
             };
-            let run = run_load(&load, running.port, &args)?;
+            let run = run_load(&load, running.port, &args.load(0.0, false))?;
             println!(
                 "repeat {}: {name:<48} {:>8.0} requests/s, hit ratio {:.4}",
                 repeat + 1,
@@ -568,15 +589,32 @@ fn evict_bench(args: &[String]) -> Result {
     Ok(())
 }
 
+/// What one `montage-kv-load` run does.
+struct Load {
+    keys: u64,
+    value: u64,
+    connections: u32,
+    warmup: u64,
+    seconds: u64,
+    set_ratio: f64,
+    meta: bool,
+}
+
 /// One `montage-kv-load` run against the server on `port`.
-fn run_load(load: &Path, port: u16, args: &EvictArgs) -> Result<LoadRun> {
-    let output = Command::new(load)
+fn run_load(load: &Path, port: u16, args: &Load) -> Result<LoadRun> {
+    let mut command = Command::new(load);
+    command
         .args(["--server", &format!("127.0.0.1:{port}")])
-        .args(["--keys", &args.keys().to_string()])
+        .args(["--keys", &args.keys.to_string()])
         .args(["--value", &args.value.to_string()])
         .args(["--connections", &args.connections.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--seconds", &args.seconds.to_string()])
+        .args(["--set-ratio", &args.set_ratio.to_string()]);
+    if args.meta {
+        command.arg("--meta");
+    }
+    let output = command
         .output()
         .map_err(|e| format!("cannot run {}: {e}", load.display()))?;
     let text = String::from_utf8_lossy(&output.stdout);
@@ -603,7 +641,7 @@ fn run_load(load: &Path, port: u16, args: &EvictArgs) -> Result<LoadRun> {
 
 /// The eviction benchmark's report: medians, ratios, then every run.
 fn evict_report(
-    args: &EvictArgs,
+    args: &LoadArgs,
     contenders: &[(&str, Option<&str>)],
     runs: &mut [Vec<LoadRun>],
 ) -> String {
@@ -664,4 +702,113 @@ fn machine() -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default()
+}
+
+/// Builds the server and the load generator, optimised; returns their paths. Needs
+/// memcached, which the load benchmarks compare with.
+fn build_for_load() -> Result<(PathBuf, PathBuf)> {
+    require("memcached", "memcached")?;
+    cargo(&["build", "--release", "--package", "montage-kv"], &[])?;
+    cargo(
+        &[
+            "build",
+            "--release",
+            "--package",
+            "montage-bench",
+            "--bin",
+            "montage-kv-load",
+        ],
+        &[],
+    )?;
+    let release = project_root().join("target/release");
+    Ok((release.join("montage-kv"), release.join("montage-kv-load")))
+}
+
+/// `cargo xtask bench-kv --meta`: `montage-kv-load --meta` (`mg` and `ms`; a miss is stored
+/// after it; `--set-ratios` of the requests are stores) against memcached and montage-kv
+/// (durable replies, the default, and `--ack-before-durable`), every key fitting in memory;
+/// interleaved, repeated, medians and ratios to memcached's.
+fn meta_bench(args: &[String]) -> Result {
+    let defaults = LoadArgs {
+        memory_mib: 2048,
+        keys: Some(100_000),
+        value: 256,
+        seconds: 5,
+        warmup: 3,
+        repeats: 3,
+        connections: 32,
+        server_threads: 2,
+        set_ratios: vec![0.1, 0.5],
+    };
+    let args = LoadArgs::parse(args, defaults, "--meta")?;
+    let (server, load) = build_for_load()?;
+    let disk = scratch("bench-kv")?;
+    let threads = args.server_threads.to_string();
+    let contenders: [(&str, Option<bool>); 3] = [
+        ("memcached", None),
+        ("montage-kv (journal), durable replies", Some(false)),
+        ("montage-kv (journal), --ack-before-durable", Some(true)),
+    ];
+    let mut table = Vec::new();
+    for &ratio in &args.set_ratios {
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
+        for repeat in 0..args.repeats {
+            for ((name, ack_early), runs) in contenders.iter().zip(&mut runs) {
+                let running = match ack_early {
+                    None => start_memcached(&threads, "2048")?,
+                    Some(ack_early) => {
+                        let heap = disk.join("meta.heap");
+                        let _ = std::fs::remove_file(&heap);
+                        let _ = std::fs::remove_file(disk.join("meta.heap.journal"));
+                        let mut extra = vec!["--threads", &threads, "--size", "2GiB"];
+                        if *ack_early {
+                            extra.push("--ack-before-durable");
+                        }
+                        start_montage_kv(&server, &heap, &extra)?
+                    }
+                };
+                let run = run_load(&load, running.port, &args.load(ratio, true))?;
+                println!(
+                    "sets {ratio:.2}, repeat {}: {name:<44} {:>8.0} requests/s",
+                    repeat + 1,
+                    run.requests_per_second
+                );
+                runs.push(run.requests_per_second);
+                match ack_early {
+                    None => drop(running),
+                    Some(_) => running.terminate()?,
+                }
+            }
+        }
+        table.push((ratio, runs));
+    }
+    let mut out = format!(
+        "# montage-kv's meta protocol against memcached's (montage-kv-load --meta)\n\n\
+         Machine: {}.\n`mg <key> v` over {} keys from a scrambled Zipfian distribution (0.99), \
+         `ms` of {}-byte values after a miss and for the set ratio's share of requests; {} \
+         connections, {} s of warm-up, then {} s measured; servers with {} threads; median of \
+         {} interleaved runs, each on a fresh server.\n\n",
+        machine(),
+        args.keys(),
+        args.value,
+        args.connections,
+        args.warmup,
+        args.seconds,
+        args.server_threads,
+        args.repeats
+    );
+    let names: Vec<&str> = contenders.iter().map(|(name, _)| *name).collect();
+    out.push_str(&ratio_table(&names, "requests/s", &mut table));
+    println!("\n{out}");
+    let path = project_root().join("target/bench-kv/meta.md");
+    std::fs::write(&path, &out).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("written to {}", path.display());
+    Ok(())
+}
+
+/// A comma-separated list of ratios between 0 and 1.
+fn ratios(list: &str) -> Option<Vec<f64>> {
+    list.split(',')
+        .map(|r| r.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r)))
+        .collect()
 }

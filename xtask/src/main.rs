@@ -24,7 +24,8 @@
 //! * `kv-conformance`: memcached's `memccapable` against the `montage-kv` server;
 //! * `bench-kv [ARGS]`: `memcaslap` against `montage-kv` and a real `memcached`;
 //!   `bench-kv --evict [ARGS]`: hit ratio and throughput of a Zipfian cache-aside load four
-//!   times the memory limit, against memcached's.
+//!   times the memory limit, against memcached's; `bench-kv --meta [ARGS]`: the meta
+//!   protocol's `mg`/`ms` throughput against memcached's.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -52,7 +53,7 @@ fn main() -> ExitCode {
         Some("kv-conformance") => kv::conformance(),
         Some("bench-kv") => kv::bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--from S] [--heap] | loom | asan | fuzz [--smoke | --seconds N] | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [--evict] [ARGS]>"
+            "usage: cargo xtask <ci | tidy | crash [--seeds N] [--from S] [--heap] | loom | asan | fuzz [--smoke | --seconds N] | ui [--bless] | bench [--criterion | --no-peers ARGS] | kv-conformance | bench-kv [--evict | --meta] [ARGS]>"
                 .to_owned(),
         ),
     };

@@ -35,6 +35,22 @@ fn config(path: &Path) -> HeapConfig {
     HeapConfig::new(path).size(4 << 20).max_size(4 << 20)
 }
 
+/// Opens the heap at `config`, as [`Heap::open`], waiting out a lock held only by a child
+/// process that another test is starting: the heap file's lock belongs to its open file
+/// description, which a child forked by a parallel test shares until it executes its
+/// program (the descriptor is close-on-exec). A heap that stays locked is still an error.
+fn open(config: &HeapConfig) -> Heap {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match Heap::open(config) {
+            Err(montage_core::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            opened => return opened.unwrap(),
+        }
+    }
+}
+
 fn journal_of(path: &Path) -> PathBuf {
     Heap::journal_path(path)
 }
@@ -297,7 +313,7 @@ fn a_heap_open_in_a_process_is_refused_with_status_2() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("open.heap");
     make_heap(&path);
-    let heap = Heap::open(&config(&path)).unwrap();
+    let heap = open(&config(&path));
     for command in ["info", "check"] {
         let out = montage(&[command, path.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(2), "{command}: {out:?}");
@@ -455,7 +471,7 @@ fn copy_packs_a_heap_that_grew_and_was_mostly_emptied() {
     let path = dir.path().join("grown.heap");
     make_heap(&path);
     let config = HeapConfig::new(&path).max_size(64 << 20);
-    let heap = Heap::open(&config).unwrap();
+    let heap = open(&config);
     let blobs = SortedMap::<u64, Vec<u8>>::open(&heap, "blobs").unwrap();
     for key in 100..20_100u64 {
         blobs.insert(key, vec![key as u8; 1000]).unwrap();
@@ -504,7 +520,7 @@ fn copy_refuses_raw_blocks_and_damaged_heaps() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("raw.heap");
     let b = make_heap(&path);
-    let heap = Heap::open(&config(&path)).unwrap();
+    let heap = open(&config(&path));
     let spec = montage_core::raw::BlockSpec::new(montage_core::Epoch::new(1), 1 << 40);
     let block = heap.raw().alloc_bytes(spec, b"raw").unwrap();
     heap.raw().persist_block(block).unwrap();

@@ -3,6 +3,8 @@
 //!
 //! * [`protocol`]: the memcached text protocol's request parser, independent of storage and
 //!   I/O.
+//! * [`meta`]: the meta commands (`mg`, `ms`, `md`, `ma`, `mn`, `me`): their parsing and
+//!   their semantics on the store.
 //! * [`store`]: the items and memcached's storage semantics on the persistent hash map.
 //! * [`recency`]: the least-recently-used order, per block size, that eviction follows when
 //!   the heap is full.
@@ -16,6 +18,7 @@
 
 pub mod cache;
 pub mod commit;
+pub mod meta;
 pub mod protocol;
 pub mod recency;
 pub mod server;

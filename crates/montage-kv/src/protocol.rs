@@ -20,7 +20,11 @@
 //! silences; a data block of the wrong length is `CLIENT_ERROR bad data chunk`, and parsing
 //! goes on after the announced length.
 
+use std::borrow::Cow;
+
 use thiserror::Error;
+
+use crate::meta::Meta;
 
 /// The longest key the protocol allows.
 pub const MAX_KEY_LEN: usize = 250;
@@ -140,6 +144,8 @@ pub enum Request<'a> {
     },
     /// `quit`: close the connection.
     Quit,
+    /// A meta command (`mg`, `ms`, `md`, `ma`, `mn`, `me`; see [`crate::meta`]).
+    Meta(Meta<'a>),
 }
 
 /// What a malformed request is, and the reply the protocol gives for it: memcached's own
@@ -179,6 +185,45 @@ pub enum ProtocolError {
     /// connection without a reply, and so does this server.
     #[error("an HTTP request")]
     Http,
+    /// A meta command with a flag given twice (or a byte past ASCII as a flag).
+    #[error("duplicate flag")]
+    MetaDuplicateFlag,
+    /// A meta command with a flag it does not know.
+    #[error("invalid flag")]
+    MetaInvalidFlag,
+    /// `md` or `ma` with any flag error.
+    #[error("invalid or duplicate flag")]
+    MetaInvalidOrDuplicateFlag,
+    /// A meta flag's number (`N`, `T`, `R`, `C`) that does not parse.
+    #[error("bad token in command line format")]
+    MetaBadToken,
+    /// A key that `b` says is base64 and is not.
+    #[error("error decoding key")]
+    MetaKeyDecode,
+    /// An `M` flag whose mode is not one character.
+    #[error("incorrect length for M token")]
+    MetaModeLength,
+    /// `ma`'s `J` that is not a 64-bit unsigned number.
+    #[error("invalid numeric initial value")]
+    MetaInitial,
+    /// `ma`'s `D` that is not a 64-bit unsigned number.
+    #[error("invalid numeric delta value")]
+    MetaDelta,
+    /// An opaque token (`O`) longer than 32 bytes.
+    #[error("opaque token too long")]
+    MetaOpaqueTooLong,
+    /// `mg` with too many flags.
+    #[error("options flags are too long")]
+    MetaGetFlagsTooLong,
+    /// `ms`, `md` or `ma` with too many flags.
+    #[error("options flags too long")]
+    MetaFlagsTooLong,
+    /// `ms` with a mode other than `E`, `A`, `P`, `R` or `S`.
+    #[error("invalid mode for ms M token")]
+    MetaSetMode,
+    /// `ma` with a mode other than `I`, `+`, `D` or `-`.
+    #[error("invalid mode for ma M token")]
+    MetaArithMode,
 }
 
 impl ProtocolError {
@@ -221,7 +266,7 @@ pub enum Parsed<'a> {
         noreply: bool,
         /// A key whose item goes: that of a `set` too large to store (memcached removes
         /// the older value rather than leave it stale).
-        unlink: Option<&'a [u8]>,
+        unlink: Option<Cow<'a, [u8]>>,
     },
 }
 
@@ -313,11 +358,9 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
             None => Err(ProtocolError::BadFormat),
         },
         b"shutdown" => Err(ProtocolError::ShutdownDisabled),
-        // A command memcached answers by its first letter alone, or a meta command (not
-        // spoken here yet).
-        [b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't', ..] | [b'm', _] => {
-            Err(ProtocolError::UnknownCommand)
-        }
+        [b'm', _] => return crate::meta::parse(buf, line_len, name, args, limits),
+        // A command memcached answers by its first letter alone.
+        [b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't', ..] => Err(ProtocolError::UnknownCommand),
         _ if tokens.last().is_some_and(|t| t.starts_with(b"HTTP/")) => {
             return invalid(ProtocolError::Http, Skip::Close, false);
         }
@@ -340,7 +383,8 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
     }
 }
 
-fn invalid<'a>(error: ProtocolError, skip: Skip, noreply: bool) -> Parsed<'a> {
+/// An invalid request's outcome: `error`, replied unless `noreply`, then `skip`.
+pub(crate) fn invalid<'a>(error: ProtocolError, skip: Skip, noreply: bool) -> Parsed<'a> {
     Parsed::Invalid {
         error,
         skip,
@@ -550,7 +594,7 @@ fn store<'a>(
             error: ProtocolError::TooLarge,
             skip: Skip::Bytes(total),
             noreply,
-            unlink: (mode == StoreMode::Set).then_some(key),
+            unlink: (mode == StoreMode::Set).then_some(Cow::Borrowed(key)),
         };
     }
     if buf.len() < total {
@@ -866,7 +910,7 @@ mod tests {
                 error: ProtocolError::TooLarge,
                 skip: Skip::Bytes(13 + 5 + 2),
                 noreply: false,
-                unlink: Some(b"k"),
+                unlink: Some(Cow::Borrowed(&b"k"[..])),
             }
         );
         assert_eq!(

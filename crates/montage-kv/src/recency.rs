@@ -21,12 +21,15 @@ use lru::LruCache;
 /// How many independently locked shards the keys are spread over.
 pub const SHARDS: usize = 64;
 
-/// What a list knows of an item: the cas unique of the version it last saw, and when the
-/// item was last used.
+/// What a list knows of an item: the cas unique of the version it last saw, when the item
+/// was last used (a stamp, for the order, and in Unix seconds, for meta get's `l`), and
+/// whether it was read since it was stored (meta get's `h`).
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     cas: u64,
     used: u64,
+    accessed: i64,
+    fetched: bool,
 }
 
 /// One list per block size, least recently used at its end.
@@ -57,8 +60,9 @@ impl Default for Recency {
 }
 
 impl Recency {
-    /// The order of `items` (key, block size, cas unique), given least recently used first.
-    pub fn rebuilt(items: impl IntoIterator<Item = (Vec<u8>, u64, u64)>) -> Recency {
+    /// The order of `items` (key, block size, cas unique, store time in Unix seconds),
+    /// given least recently used first.
+    pub fn rebuilt(items: impl IntoIterator<Item = (Vec<u8>, u64, u64, i64)>) -> Recency {
         let mut recency = Recency {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
@@ -66,9 +70,15 @@ impl Recency {
             base: 0,
         };
         let mut stamp = 0;
-        for (key, size, cas) in items {
+        for (key, size, cas, stored) in items {
             stamp += 1;
-            recency.insert(&key, size, Seen { cas, used: stamp });
+            let seen = Seen {
+                cas,
+                used: stamp,
+                accessed: stored,
+                fetched: false,
+            };
+            recency.insert(&key, size, seen);
         }
         recency.base = stamp + 1;
         recency
@@ -99,32 +109,72 @@ impl Recency {
     }
 
     /// Records that `key`'s item, in a block of `size` bytes, was just stored (version
-    /// `cas`): it becomes the most recently used. `previous` is the block size of the
-    /// version it replaced, if any.
-    pub fn used(&self, key: &[u8], size: u64, cas: u64, previous: Option<u64>) {
+    /// `cas`) at `now` (Unix seconds): it becomes the most recently used, not yet read.
+    /// `previous` is the block size of the version it replaced, if any, and `same_version`
+    /// whether that was the same version rewritten (a new expiry, say), which keeps
+    /// whether it was read.
+    pub fn used(&self, key: &[u8], size: u64, cas: u64, previous: Option<u64>, now: i64) {
+        self.stored(key, size, cas, previous, now, false);
+    }
+
+    /// [`used`](Self::used) for a rewrite of the version the lists know (a new expiry or a
+    /// mark): whether it was read is kept.
+    pub fn rewritten(&self, key: &[u8], size: u64, cas: u64, previous: Option<u64>, now: i64) {
+        self.stored(key, size, cas, previous, now, true);
+    }
+
+    fn stored(
+        &self,
+        key: &[u8],
+        size: u64,
+        cas: u64,
+        previous: Option<u64>,
+        now: i64,
+        same_version: bool,
+    ) {
+        let mut fetched = false;
+        if let Some(old) = previous {
+            let mut lists = self.shard(key);
+            if let Some(list) = lists.get_mut(&old) {
+                let known = if old == size {
+                    list.peek(key).copied()
+                } else {
+                    list.pop(key)
+                };
+                fetched = same_version && known.is_some_and(|seen| seen.fetched);
+            }
+        }
         let seen = Seen {
             cas,
             used: self.now(),
+            accessed: now,
+            fetched,
         };
-        if let Some(old) = previous.filter(|&old| old != size)
-            && let Some(list) = self.shard(key).get_mut(&old)
-        {
-            list.pop(key);
-        }
         self.insert(key, size, seen);
     }
 
-    /// Records that `key`'s item, in a block of `size` bytes, was read: it becomes the most
-    /// recently used. No allocation: an item the lists do not know stays unknown.
-    pub fn read(&self, key: &[u8], size: u64) {
-        let now = self.now();
+    /// Records that `key`'s item, in a block of `size` bytes, was read at `now` (Unix
+    /// seconds): it becomes the most recently used. No allocation: an item the lists do not
+    /// know stays unknown.
+    pub fn read(&self, key: &[u8], size: u64, now: i64) {
+        let stamp = self.now();
         if let Some(seen) = self
             .shard(key)
             .get_mut(&size)
             .and_then(|list| list.get_mut(key))
         {
-            seen.used = now;
+            seen.used = stamp;
+            seen.accessed = now;
+            seen.fetched = true;
         }
+    }
+
+    /// Whether `key`'s item, in a block of `size` bytes, was read since it was stored, and
+    /// when it was last used (Unix seconds); `None` if the lists do not know it.
+    pub fn access(&self, key: &[u8], size: u64) -> Option<(bool, i64)> {
+        let lists = self.shard(key);
+        let seen = lists.get(&size)?.peek(key)?;
+        Some((seen.fetched, seen.accessed))
     }
 
     /// Forgets `key`'s item, in a block of `size` bytes (it was deleted).
@@ -216,12 +266,12 @@ mod tests {
         let recency = Recency::default();
         let names: Vec<Vec<u8>> = (0..500).map(|i| format!("key{i}").into_bytes()).collect();
         for key in &names {
-            recency.used(key, 128, 1, None);
+            recency.used(key, 128, 1, None, 0);
         }
-        recency.used(b"big", 256, 1, None);
+        recency.used(b"big", 256, 1, None, 0);
         // Read every tenth key: they become the most recently used.
         for key in names.iter().step_by(10) {
-            recency.read(key, 128);
+            recency.read(key, 128, 0);
         }
         let unread = names.iter().enumerate().filter(|(i, _)| i % 10 != 0);
         let mut expected: Vec<Vec<u8>> = unread.map(|(_, key)| key.clone()).collect();
@@ -235,33 +285,48 @@ mod tests {
     fn the_oldest_size_is_the_one_whose_oldest_item_is_oldest() {
         let recency = Recency::default();
         assert_eq!(recency.oldest_size(64), None);
-        recency.used(b"a", 128, 1, None);
-        recency.used(b"b", 256, 1, None);
-        recency.used(b"c", 64, 1, None);
+        recency.used(b"a", 128, 1, None, 0);
+        recency.used(b"b", 256, 1, None, 0);
+        recency.used(b"c", 64, 1, None, 0);
         assert_eq!(recency.oldest_size(64), Some(128));
         assert_eq!(recency.oldest_size(128), Some(256));
-        recency.read(b"a", 128);
+        recency.read(b"a", 128, 0);
         assert_eq!(recency.oldest_size(64), Some(256));
+    }
+
+    #[test]
+    fn reads_are_remembered_until_a_new_version_is_stored() {
+        let recency = Recency::default();
+        recency.used(b"k", 64, 1, None, 100);
+        assert_eq!(recency.access(b"k", 64), Some((false, 100)));
+        recency.read(b"k", 64, 150);
+        assert_eq!(recency.access(b"k", 64), Some((true, 150)));
+        // A new expiry for the same version keeps the read.
+        recency.rewritten(b"k", 64, 1, Some(64), 160);
+        assert_eq!(recency.access(b"k", 64), Some((true, 160)));
+        recency.used(b"k", 128, 2, Some(64), 170);
+        assert_eq!(recency.access(b"k", 128), Some((false, 170)));
+        assert_eq!(recency.access(b"k", 64), None);
     }
 
     #[test]
     fn an_item_whose_size_changed_moves_to_its_new_list() {
         let recency = Recency::default();
-        recency.used(b"k", 128, 1, None);
-        recency.used(b"k", 256, 2, Some(128));
+        recency.used(b"k", 128, 1, None, 0);
+        recency.used(b"k", 256, 2, Some(128), 0);
         assert!(recency.oldest(128, 10).is_empty());
         assert_eq!(recency.oldest(256, 10), vec![(Box::from(&b"k"[..]), 2)]);
-        recency.used(b"k", 256, 3, None);
+        recency.used(b"k", 256, 3, None, 0);
         recency.forget(b"k", 256);
         assert!(recency.is_empty());
     }
 
     #[test]
     fn a_rebuilt_order_is_the_order_given_and_older_than_any_use() {
-        let items = (0..100u64).map(|i| (i.to_string().into_bytes(), 64, i));
+        let items = (0..100u64).map(|i| (i.to_string().into_bytes(), 64, i, 0));
         let recency = Recency::rebuilt(items);
-        recency.used(b"new", 64, 1000, None);
-        recency.read(b"7", 64);
+        recency.used(b"new", 64, 1000, None, 0);
+        recency.read(b"7", 64, 0);
         let order = recency.oldest(64, 200);
         let cas: Vec<u64> = order.iter().map(|&(_, cas)| cas).collect();
         let mut expected: Vec<u64> = (0..100).filter(|&i| i != 7).collect();

@@ -21,7 +21,8 @@
 //! # The durability rule
 //!
 //! A reply to a command that changes the cache (`set` and the other storage commands,
-//! `delete`, `incr`/`decr`, `touch`, `flush_all`) is sent only after a `sync` that began
+//! `delete`, `incr`/`decr`, `touch`, `flush_all`, and the meta commands `ms`, `md`, `ma`,
+//! and `mg` when it sets an expiry, creates the item or marks a win) is sent only after a `sync` that began
 //! after the command ran has returned: once the client has read `STORED`, a crash cannot lose
 //! the write. This holds for every reply of such a command, `NOT_STORED` and `EXISTS`
 //! included, since they too report a state the client may act on. Replies in a pipeline
@@ -65,6 +66,7 @@ use tokio::task::JoinSet;
 
 use crate::cache::Cache;
 use crate::commit::{Committer, SyncFailed};
+use crate::meta::{self, Tally};
 use crate::protocol::{self, Limits, Parsed, ProtocolError, Request, Skip, StoreMode};
 use crate::store::{Lookup, Outcome, SystemClock};
 
@@ -356,7 +358,7 @@ impl Connection {
                     }
                     if let Some(key) = unlink {
                         // A write like any other: the reply waits for its sync round.
-                        match shared.cache.store().delete(key) {
+                        match shared.cache.store().delete(&key) {
                             Ok(_) => self.out.owed = true,
                             Err(e) => server_error(&mut self.out, &e),
                         }
@@ -464,8 +466,52 @@ async fn execute(shared: &Shared, out: &mut Output, request: Request<'_>) -> Res
             }
         }
         Request::Quit => return Ok(Flow::Close),
+        Request::Meta(meta) => {
+            let mut tally = |t| tally_meta(stats, t);
+            match meta::execute(store, &meta, &mut out.buf, &mut tally) {
+                Ok(wrote) => out.owed |= wrote,
+                Err(e) => {
+                    if matches!(e, Error::OutOfSpace { .. }) {
+                        bump(&stats.store_no_memory);
+                    }
+                    server_error(out, &e);
+                }
+            }
+        }
     }
     Ok(Flow::Continue)
+}
+
+/// Counts what a meta command did, in memcached's counters.
+fn tally_meta(stats: &Stats, tally: Tally) {
+    match tally {
+        Tally::GetHit => {
+            bump(&stats.cmd_get);
+            bump(&stats.get_hits);
+        }
+        Tally::GetMiss => {
+            bump(&stats.cmd_get);
+            bump(&stats.get_misses);
+        }
+        Tally::GetExpired => bump(&stats.get_expired),
+        Tally::GetFlushed => bump(&stats.get_flushed),
+        Tally::TouchHit => {
+            bump(&stats.cmd_touch);
+            bump(&stats.touch_hits);
+        }
+        Tally::Set => bump(&stats.cmd_set),
+        Tally::Stored => bump(&stats.total_items),
+        Tally::CasHit => bump(&stats.cas_hits),
+        Tally::CasBadval => bump(&stats.cas_badval),
+        Tally::CasMiss => bump(&stats.cas_misses),
+        Tally::DeleteHit => bump(&stats.delete_hits),
+        Tally::DeleteMiss => bump(&stats.delete_misses),
+        Tally::ArithHit(true) => bump(&stats.incr_hits),
+        Tally::ArithHit(false) => bump(&stats.decr_hits),
+        Tally::ArithMiss(true) => bump(&stats.incr_misses),
+        Tally::ArithMiss(false) => bump(&stats.decr_misses),
+        Tally::Debug => bump(&stats.cmd_meta),
+    }
 }
 
 /// `get`, `gets`, `gat` or `gats` (`touch`, the new expiry): a reply line and data block
@@ -615,6 +661,7 @@ counters! {
     cmd_set,
     cmd_flush,
     cmd_touch,
+    cmd_meta,
     get_hits,
     get_misses,
     get_expired,

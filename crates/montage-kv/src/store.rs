@@ -34,11 +34,24 @@ pub struct Item {
     pub exptime: i64,
     /// When the item was last stored, in Unix seconds.
     pub stored: i64,
-    /// The item's cas unique: different for every stored version.
+    /// The item's cas unique: different for every stored version (below 2^62).
     pub cas: u64,
+    /// Marked stale by a meta delete with `I` (or a meta set with `I` and an older cas
+    /// unique): a meta get reports it with `X`.
+    pub stale: bool,
+    /// A meta get has already told a client it won the right to recache the item (`W`);
+    /// later ones report `Z`.
+    pub won: bool,
     /// The value.
     pub data: Vec<u8>,
 }
+
+/// The cas word's bits above the unique: the item's marks.
+const STALE_BIT: u64 = 1 << 63;
+const WON_BIT: u64 = 1 << 62;
+
+/// Cas uniques stay below this, so that the marks fit in the cas word's top bits.
+const CAS_LIMIT: u64 = 1 << 62;
 
 /// The bytes of an item before its data.
 const ITEM_HEADER: usize = 4 + 8 + 8 + 8;
@@ -52,7 +65,16 @@ impl Codec for Item {
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.exptime.to_le_bytes());
         out.extend_from_slice(&self.stored.to_le_bytes());
-        out.extend_from_slice(&self.cas.to_le_bytes());
+        // The marks share the cas word (format unchanged: an item stored before they
+        // existed has neither).
+        let mut word = self.cas & (CAS_LIMIT - 1);
+        if self.stale {
+            word |= STALE_BIT;
+        }
+        if self.won {
+            word |= WON_BIT;
+        }
+        out.extend_from_slice(&word.to_le_bytes());
         out.extend_from_slice(&self.data);
         Ok(())
     }
@@ -64,7 +86,9 @@ impl Codec for Item {
             flags: u32::from_le_bytes(header.get(..4)?.try_into().ok()?),
             exptime: i64::from_le_bytes(word(4)?),
             stored: i64::from_le_bytes(word(12)?),
-            cas: u64::from_le_bytes(word(20)?),
+            cas: u64::from_le_bytes(word(20)?) & (CAS_LIMIT - 1),
+            stale: u64::from_le_bytes(word(20)?) & STALE_BIT != 0,
+            won: u64::from_le_bytes(word(20)?) & WON_BIT != 0,
             data: bytes[ITEM_HEADER..].to_vec(),
         })
     }
@@ -77,7 +101,7 @@ fn size(key: &[u8], item: &Item) -> i64 {
 
 /// The bytes of the block an item takes in the heap (the lists [`Recency`] keeps are per
 /// block size).
-fn block(key: &[u8], item: &Item) -> u64 {
+pub(crate) fn block(key: &[u8], item: &Item) -> u64 {
     block_size(HashMap::<Vec<u8>, Item>::entry_len(
         key.len(),
         ITEM_HEADER + item.data.len(),
@@ -88,11 +112,13 @@ fn block(key: &[u8], item: &Item) -> u64 {
 enum Recent {
     /// Nothing: the item did not change.
     Same,
-    /// A new version, in a block of `size` bytes (`previous`: the replaced one's).
+    /// A new version, in a block of `size` bytes (`previous`: the replaced one's; `same`:
+    /// the replaced one had the same cas unique, so it is that version rewritten).
     Used {
         size: u64,
         cas: u64,
         previous: Option<u64>,
+        same: bool,
     },
     /// The item, in a block of this many bytes, was removed.
     Gone(u64),
@@ -152,6 +178,53 @@ impl Clock for SystemClock {
 
 /// Expiry times up to this many seconds are relative to now; larger ones are Unix times.
 const RELATIVE_LIMIT: i64 = 60 * 60 * 24 * 30;
+
+/// `exptime` as memcached reads it, made absolute at `now` (0 stays "never"; negative is
+/// already past; up to 30 days is relative; more is a Unix time).
+pub(crate) fn absolute(exptime: i64, now: i64) -> i64 {
+    match exptime {
+        0 => 0,
+        e if e < 0 => now.saturating_sub(1).max(1),
+        e if e <= RELATIVE_LIMIT => now.saturating_add(e),
+        e => e,
+    }
+}
+
+/// `item` after an `incr` (`incr`, wrapping at 2^64) or `decr` (stopping at 0) by `delta`,
+/// stored at `now` as version `cas`, and its new value; `None` if its value is not a number
+/// as memcached reads it (`strtoull`: white space before it, and anything after white space,
+/// allowed; an empty value is no number). A result no longer than the value overwrites it,
+/// padded with spaces to its length, as memcached does in place.
+pub(crate) fn incremented(
+    item: &Item,
+    incr: bool,
+    delta: u64,
+    now: i64,
+    cas: u64,
+) -> Option<(Item, u64)> {
+    let value = Some(&item.data[..])
+        .filter(|data| !data.is_empty())
+        .and_then(number::c_ulonglong)?;
+    let new = if incr {
+        value.wrapping_add(delta)
+    } else {
+        value.saturating_sub(delta)
+    };
+    let mut data = new.to_string().into_bytes();
+    if data.len() < item.data.len() {
+        data.resize(item.data.len(), b' ');
+    }
+    let item = Item {
+        flags: item.flags,
+        exptime: item.exptime,
+        stored: now,
+        cas,
+        stale: item.stale,
+        won: item.won,
+        data,
+    };
+    Some((item, new))
+}
 
 /// The key of the `flush_all` marker: spaces keep it out of clients' reach.
 const FLUSH_KEY: &[u8] = b"montage-kv flush_all marker";
@@ -232,8 +305,10 @@ impl<C: Clock> Store<C> {
         let mut ages = ages.into_inner().unwrap_or_else(PoisonError::into_inner);
         // Oldest first; within a second, by cas unique (the order they were stored in).
         ages.sort_unstable_by_key(|&(stored, cas, _, _)| (stored, cas));
-        let recency =
-            Recency::rebuilt(ages.into_iter().map(|(_, cas, key, size)| (key, size, cas)));
+        let recency = Recency::rebuilt(
+            ages.into_iter()
+                .map(|(stored, cas, key, size)| (key, size, cas, stored)),
+        );
         Ok(Store {
             map,
             bytes,
@@ -297,11 +372,11 @@ impl<C: Clock> Store<C> {
     /// Runs `f` on `key`'s item (or its absence) in one [`HashMap::compute`], keeping the
     /// byte count and the recency lists in step with the change that took effect. When the
     /// heap is full, evicts (unless turned off) and tries again.
-    fn change(
+    fn change<R>(
         &self,
         key: &[u8],
-        mut f: impl FnMut(Option<Item>) -> (Change<Item>, Outcome),
-    ) -> Result<Outcome> {
+        mut f: impl FnMut(Option<Item>) -> (Change<Item>, R),
+    ) -> Result<R> {
         let mut rounds = 0;
         loop {
             let result = self.change_once(key, &mut f);
@@ -318,12 +393,13 @@ impl<C: Clock> Store<C> {
     }
 
     /// One attempt of [`change`](Self::change).
-    fn change_once(
+    fn change_once<R>(
         &self,
         key: &[u8],
-        f: &mut impl FnMut(Option<Item>) -> (Change<Item>, Outcome),
-    ) -> Result<Outcome> {
+        f: &mut impl FnMut(Option<Item>) -> (Change<Item>, R),
+    ) -> Result<R> {
         let (outcome, delta, recent) = self.map.compute(&key.to_vec(), |current| {
+            let old_cas = current.as_ref().map(|item| item.cas);
             let old = current
                 .as_ref()
                 .map(|item| (size(key, item), block(key, item)));
@@ -338,6 +414,7 @@ impl<C: Clock> Store<C> {
                         size: block(key, new),
                         cas: new.cas,
                         previous,
+                        same: old_cas == Some(new.cas),
                     },
                 ),
                 Change::Remove => (-old_size, previous.map_or(Recent::Same, Recent::Gone)),
@@ -352,7 +429,15 @@ impl<C: Clock> Store<C> {
                     size,
                     cas,
                     previous,
-                } => recency.used(key, size, cas, previous),
+                    same,
+                } => {
+                    let now = self.clock.now();
+                    if same {
+                        recency.rewritten(key, size, cas, previous, now);
+                    } else {
+                        recency.used(key, size, cas, previous, now);
+                    }
+                }
                 Recent::Gone(size) => recency.forget(key, size),
                 Recent::Same => {}
             }
@@ -434,19 +519,73 @@ impl<C: Clock> Store<C> {
         Ok(removed)
     }
 
-    fn cas(&self) -> u64 {
-        // ORDERING: only uniqueness matters; the map orders the items themselves.
-        self.next_cas.fetch_add(1, Ordering::Relaxed)
+    /// A new cas unique.
+    pub(crate) fn cas(&self) -> u64 {
+        // ORDERING: only uniqueness matters; the map orders the items themselves. Below
+        // `CAS_LIMIT` for 146 years at a billion writes a second.
+        self.next_cas.fetch_add(1, Ordering::Relaxed) & (CAS_LIMIT - 1)
     }
 
-    /// `exptime` as memcached reads it, made absolute (0 stays "never").
-    fn absolute(exptime: i64, now: i64) -> i64 {
-        match exptime {
-            0 => 0,
-            e if e < 0 => now.saturating_sub(1).max(1),
-            e if e <= RELATIVE_LIMIT => now.saturating_add(e),
-            e => e,
+    /// The store's current time, in Unix seconds.
+    pub(crate) fn now(&self) -> i64 {
+        self.clock.now()
+    }
+
+    /// Runs `f` on `key`'s live item (`None` if absent, expired or flushed) and the current
+    /// time in one [`HashMap::compute`], as the storage commands do (with eviction when the
+    /// heap is full). A dead item `f` keeps is removed.
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub(crate) fn update<R>(
+        &self,
+        key: &[u8],
+        mut f: impl FnMut(Option<Item>, i64) -> (Change<Item>, R),
+    ) -> Result<R> {
+        let now = self.clock.now();
+        self.change(key, |current| {
+            let dead = current.as_ref().is_some_and(|item| !self.live(item, now));
+            let (change, result) = f(current.filter(|_| !dead), now);
+            match change {
+                Change::Keep if dead => (Change::Remove, result),
+                change => (change, result),
+            }
+        })
+    }
+
+    /// Whether `key`'s item (`item`) was read since it was stored, and when it was last
+    /// used, in Unix seconds (its store time if the recency lists do not know it).
+    pub(crate) fn access(&self, key: &[u8], item: &Item) -> (bool, i64) {
+        self.recency
+            .as_ref()
+            .and_then(|recency| recency.access(key, block(key, item)))
+            .unwrap_or((false, item.stored))
+    }
+
+    /// Records a read of `key`'s item (`item`): it becomes the most recently used.
+    pub(crate) fn bump(&self, key: &[u8], item: &Item) {
+        if let Some(recency) = &self.recency {
+            recency.read(key, block(key, item), self.clock.now());
         }
+    }
+
+    /// [`lookup`](Self::lookup) without the bump of a hit (meta get's `u`, `h` and `l`).
+    ///
+    /// # Errors
+    ///
+    /// A heap error.
+    pub(crate) fn lookup_quietly(&self, key: &[u8]) -> Result<Lookup<Item>> {
+        self.lookup_with(key, false)
+    }
+
+    /// The cas unique limit's exclusive bound ([`CAS_LIMIT`]), for tests of the marks.
+    #[cfg(test)]
+    pub(crate) const CAS_LIMIT: u64 = CAS_LIMIT;
+
+    /// `exptime` as memcached reads it, made absolute (0 stays "never").
+    pub(crate) fn absolute(exptime: i64, now: i64) -> i64 {
+        absolute(exptime, now)
     }
 
     /// Whether `item` is visible at `now`: not expired and not flushed.
@@ -484,13 +623,17 @@ impl<C: Clock> Store<C> {
     ///
     /// A heap error.
     pub fn lookup(&self, key: &[u8]) -> Result<Lookup<Item>> {
+        self.lookup_with(key, true)
+    }
+
+    fn lookup_with(&self, key: &[u8], bump: bool) -> Result<Lookup<Item>> {
         let now = self.clock.now();
         let Some(item) = self.map.get(key)? else {
             return Ok(Lookup::Miss);
         };
         let Some(dead) = self.why_dead(&item, now) else {
-            if let Some(recency) = &self.recency {
-                recency.read(key, block(key, &item));
+            if bump {
+                self.bump(key, &item);
             }
             return Ok(Lookup::Hit(item));
         };
@@ -522,6 +665,8 @@ impl<C: Clock> Store<C> {
             exptime,
             stored: now,
             cas: self.cas(),
+            stale: false,
+            won: false,
             data,
         };
         let exptime = Self::absolute(exptime, now);
@@ -583,30 +728,8 @@ impl<C: Clock> Store<C> {
             let Some(item) = current.filter(|item| self.live(item, now)) else {
                 return (Change::Keep, Outcome::NotFound);
             };
-            // As memcached reads it: a number as `strtoull` takes it (white space before it,
-            // and anything after white space, allowed).
-            let Some(value) = Some(&item.data[..])
-                .filter(|data| !data.is_empty())
-                .and_then(number::c_ulonglong)
-            else {
+            let Some((item, new)) = incremented(&item, incr, delta, now, self.cas()) else {
                 return (Change::Keep, Outcome::NonNumeric);
-            };
-            let new = if incr {
-                value.wrapping_add(delta)
-            } else {
-                value.saturating_sub(delta)
-            };
-            // A result no longer than the value overwrites it, padded with spaces to its
-            // length, as memcached does in place.
-            let mut data = new.to_string().into_bytes();
-            if data.len() < item.data.len() {
-                data.resize(item.data.len(), b' ');
-            }
-            let item = Item {
-                stored: now,
-                cas: self.cas(),
-                data,
-                ..item
             };
             (Change::Set(item), Outcome::Value(new))
         })
@@ -675,6 +798,8 @@ impl<C: Clock> Store<C> {
             exptime: at,
             stored: now,
             cas,
+            stale: false,
+            won: false,
             data: Vec::new(),
         };
         self.map.insert(FLUSH_KEY.to_vec(), marker)?;
@@ -1176,16 +1301,29 @@ mod tests {
 
     #[test]
     fn items_round_trip_and_short_bytes_do_not_decode() {
-        let item = Item {
-            flags: 9,
-            exptime: -5,
-            stored: 77,
-            cas: u64::MAX,
-            data: b"data".to_vec(),
-        };
-        let mut bytes = Vec::new();
-        item.encode(&mut bytes).unwrap();
-        assert_eq!(Item::decode(&bytes), Some(item));
-        assert_eq!(Item::decode(&bytes[..ITEM_HEADER - 1]), None);
+        for (stale, won) in [(false, false), (true, false), (false, true), (true, true)] {
+            let item = Item {
+                flags: 9,
+                exptime: -5,
+                stored: 77,
+                cas: Store::<SystemClock>::CAS_LIMIT - 1,
+                stale,
+                won,
+                data: b"data".to_vec(),
+            };
+            let mut bytes = Vec::new();
+            item.encode(&mut bytes).unwrap();
+            assert_eq!(Item::decode(&bytes), Some(item));
+            assert_eq!(Item::decode(&bytes[..ITEM_HEADER - 1]), None);
+        }
+        // An item written before the marks existed: its cas word is the unique alone.
+        let mut old = Vec::new();
+        old.extend_from_slice(&3u32.to_le_bytes());
+        old.extend_from_slice(&0i64.to_le_bytes());
+        old.extend_from_slice(&5i64.to_le_bytes());
+        old.extend_from_slice(&42u64.to_le_bytes());
+        old.extend_from_slice(b"v");
+        let item = Item::decode(&old).unwrap();
+        assert_eq!((item.cas, item.stale, item.won), (42, false, false));
     }
 }

@@ -104,6 +104,67 @@ fn a_client_library_round_trips_every_command() {
     );
 }
 
+/// What meta commands acknowledge survives a crash: an item marked stale stays stale (and
+/// the next get wins the right to recache it), a won right stays won, a vivified item and a
+/// new expiry stay, and a counter keeps its value.
+#[test]
+fn meta_commands_survive_sigkill_with_their_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    let heap = dir.path().join("kv.heap");
+    let server = Server::start(&heap, &[]);
+    let mut stream = server.connect();
+    let script: &[(&[u8], &[u8])] = &[
+        (b"ms stale 2 F7\r\nhi\r\n", b"HD\r\n"),
+        (b"md stale I T500\r\n", b"HD\r\n"),
+        (b"ms won 1 T5\r\nx\r\n", b"HD\r\n"),
+        (b"mg won R60\r\n", b"HD W\r\n"),
+        (b"mg viv N900 s\r\n", b"HD s0 W\r\n"),
+        (b"ma n N0 J41\r\n", b"HD\r\n"),
+        (b"ma n v\r\n", b"VA 2\r\n42\r\n"),
+        (b"ms t 1\r\nx\r\n", b"HD\r\n"),
+        (b"mg t T1000\r\n", b"HD\r\n"),
+    ];
+    // A meta reply: its line, and the data block after a `VA`.
+    let meta = |stream: &mut std::net::TcpStream, request: &[u8]| {
+        let mut reply = exchange(stream, request, b"\r\n");
+        let lines = |reply: &[u8]| reply.windows(2).filter(|w| w == b"\r\n").count();
+        if reply.starts_with(b"VA") && lines(&reply) < 2 {
+            reply.extend(read_until(stream, b"\r\n"));
+        }
+        reply
+    };
+    for &(request, reply) in script {
+        let got = meta(&mut stream, request);
+        assert_eq!(got, reply, "{}", String::from_utf8_lossy(request));
+    }
+    server.kill();
+    let mut server = Server::start(&heap, &[]);
+    server.wait_for("after a crash");
+    let mut stream = server.connect();
+    let after: &[(&[u8], &[u8])] = &[
+        (b"mg stale v f\r\n", b"VA 2 f7 X W\r\nhi\r\n"),
+        (b"mg stale\r\n", b"HD Z X\r\n"),
+        (b"mg won\r\n", b"HD Z\r\n"),
+        (b"mg viv s\r\n", b"HD s0 Z\r\n"),
+        (b"ma n v\r\n", b"VA 2\r\n43\r\n"),
+    ];
+    for &(request, reply) in after {
+        let got = meta(&mut stream, request);
+        assert_eq!(got, reply, "{}", String::from_utf8_lossy(request));
+    }
+    // Times left: about 500 s for the stale item, 1,000 s for the touched one, 900 s for the
+    // vivified one.
+    for (key, ttl) in [("stale", 500), ("t", 1000), ("viv", 900)] {
+        let reply = exchange(&mut stream, format!("mg {key} t\r\n").as_bytes(), b"\r\n");
+        let text = String::from_utf8(reply).unwrap();
+        let left: i64 = text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix('t')?.parse().ok())
+            .unwrap_or_else(|| panic!("{key}: {text:?}"));
+        assert!((ttl - 60..=ttl).contains(&left), "{key}: {text:?}");
+    }
+}
+
 #[test]
 fn items_survive_a_clean_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,9 @@
-//! A cache-aside load on a memcached-protocol server, for `cargo xtask bench-kv --evict`:
-//! each client reads a key drawn from a scrambled Zipfian distribution (YCSB's, constant
-//! 0.99) and, on a miss, stores it, as an application in front of a database does. After a
-//! warm-up, it counts requests, gets and hits for a fixed time and prints one line:
+//! A cache-aside load on a memcached-protocol server, for `cargo xtask bench-kv --evict` and
+//! `--meta`: each client reads a key drawn from a scrambled Zipfian distribution (YCSB's,
+//! constant 0.99) and, on a miss, stores it, as an application in front of a database does;
+//! with `--set-ratio`, that share of the requests are stores instead. It speaks the text
+//! protocol (`get`, `set`) or the meta protocol (`mg`, `ms`). After a warm-up, it counts
+//! requests, gets and hits for a fixed time and prints one line:
 //!
 //! ```text
 //! requests=... gets=... hits=... sets=... errors=... seconds=... requests_per_second=... hit_ratio=...
@@ -20,8 +22,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rand::SeedableRng as _;
 use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
 use rand_distr::{Distribution as _, Zipf};
 
 #[path = "../scramble.rs"]
@@ -52,6 +54,12 @@ struct Cli {
     /// The Zipfian constant.
     #[arg(long, default_value_t = 0.99)]
     zipf: f64,
+    /// The share of requests that are stores (besides those after a miss).
+    #[arg(long, default_value_t = 0.0)]
+    set_ratio: f64,
+    /// Speak the meta protocol (`mg`, `ms`) instead of the text protocol's `get` and `set`.
+    #[arg(long)]
+    meta: bool,
 }
 
 /// What the clients counted while measuring.
@@ -89,12 +97,13 @@ fn run(cli: &Cli) -> Result<(), String> {
                     let stream = TcpStream::connect(&cli.server)
                         .map_err(|e| format!("cannot connect to {}: {e}", cli.server))?;
                     stream.set_nodelay(true).map_err(|e| e.to_string())?;
-                    let mut client = Client::new(stream)?;
+                    let mut client = Client::new(stream, cli.meta)?;
                     let mut rng = SmallRng::seed_from_u64(0x6b76_6c6f ^ id as u64);
                     while !stop.load(Ordering::Relaxed) {
                         let rank = zipf.sample(&mut rng) as u64 - 1;
                         let key = format!("key:{:020}", scramble(rank, cli.keys));
-                        let hit = client.get(&key)?;
+                        let write = rng.random_bool(cli.set_ratio.clamp(0.0, 1.0));
+                        let hit = !write && client.get(&key)?;
                         let stored = if hit {
                             None
                         } else {
@@ -102,8 +111,10 @@ fn run(cli: &Cli) -> Result<(), String> {
                         };
                         // ORDERING: counters read after the threads are joined.
                         if measuring.load(Ordering::Relaxed) {
-                            counts.gets.fetch_add(1, Ordering::Relaxed);
-                            counts.hits.fetch_add(u64::from(hit), Ordering::Relaxed);
+                            if !write {
+                                counts.gets.fetch_add(1, Ordering::Relaxed);
+                                counts.hits.fetch_add(u64::from(hit), Ordering::Relaxed);
+                            }
                             if let Some(stored) = stored {
                                 counts.sets.fetch_add(1, Ordering::Relaxed);
                                 counts
@@ -147,22 +158,24 @@ fn run(cli: &Cli) -> Result<(), String> {
     Ok(())
 }
 
-/// One connection, speaking the text protocol.
+/// One connection, speaking the text protocol or the meta protocol.
 struct Client {
     writer: TcpStream,
     reader: BufReader<TcpStream>,
     line: String,
     data: Vec<u8>,
+    meta: bool,
 }
 
 impl Client {
-    fn new(stream: TcpStream) -> Result<Client, String> {
+    fn new(stream: TcpStream, meta: bool) -> Result<Client, String> {
         let writer = stream.try_clone().map_err(|e| e.to_string())?;
         Ok(Client {
             writer,
             reader: BufReader::new(stream),
             line: String::new(),
             data: Vec::new(),
+            meta,
         })
     }
 
@@ -177,25 +190,34 @@ impl Client {
 
     /// Whether `key` was found.
     fn get(&mut self, key: &str) -> Result<bool, String> {
+        let (request, miss, value) = if self.meta {
+            (format!("mg {key} v\r\n"), "EN\r\n", "VA ")
+        } else {
+            (format!("get {key}\r\n"), "END\r\n", "VALUE ")
+        };
         self.writer
-            .write_all(format!("get {key}\r\n").as_bytes())
+            .write_all(request.as_bytes())
             .map_err(|e| format!("cannot send: {e}"))?;
+        let meta = self.meta;
         let line = self.read_line()?;
-        if line == "END\r\n" {
+        if line == miss {
             return Ok(false);
         }
+        // `VA <len>` or `VALUE <key> <flags> <len>`.
         let len: usize = line
-            .strip_prefix("VALUE ")
-            .and_then(|rest| rest.split_whitespace().nth(2))
+            .strip_prefix(value)
+            .and_then(|rest| rest.split_whitespace().nth(if meta { 0 } else { 2 }))
             .and_then(|n| n.parse().ok())
             .ok_or_else(|| format!("unexpected reply to get: {line:?}"))?;
         self.data.resize(len + 2, 0);
         self.reader
             .read_exact(&mut self.data)
             .map_err(|e| format!("cannot read a value: {e}"))?;
-        let end = self.read_line()?;
-        if end != "END\r\n" {
-            return Err(format!("unexpected end of a get reply: {end:?}"));
+        if !meta {
+            let end = self.read_line()?;
+            if end != "END\r\n" {
+                return Err(format!("unexpected end of a get reply: {end:?}"));
+            }
         }
         Ok(true)
     }
@@ -203,7 +225,12 @@ impl Client {
     /// Stores `key`; whether the server stored it (`false`: it replied with a server
     /// error, such as out of memory).
     fn set(&mut self, key: &str, value: &[u8]) -> Result<bool, String> {
-        let mut request = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
+        let mut request = if self.meta {
+            format!("ms {key} {}\r\n", value.len())
+        } else {
+            format!("set {key} 0 0 {}\r\n", value.len())
+        }
+        .into_bytes();
         request.extend_from_slice(value);
         request.extend_from_slice(b"\r\n");
         self.writer
@@ -211,7 +238,7 @@ impl Client {
             .map_err(|e| format!("cannot send: {e}"))?;
         let line = self.read_line()?;
         match line {
-            "STORED\r\n" => Ok(true),
+            "STORED\r\n" | "HD\r\n" => Ok(true),
             error if error.starts_with("SERVER_ERROR") => Ok(false),
             other => Err(format!("unexpected reply to set: {other:?}")),
         }
