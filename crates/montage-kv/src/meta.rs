@@ -514,11 +514,26 @@ fn get<C: Clock>(
     let o = &meta.options;
     let changes = o.ttl.is_some() || o.vivify.is_some() || o.recache.is_some();
     if !changes {
-        // A read, unless the item is stale and no client was told it won yet.
-        match store.lookup_quietly(key)? {
+        // A read, unless the item is stale and no client was told it won yet. Whether it
+        // was read before and when it was last used are read only if asked for (`h`, `l`),
+        // before the bump.
+        let asks_access = meta
+            .flags
+            .iter()
+            .any(|f| matches!(f.first(), Some(b'h' | b'l')));
+        let found = if asks_access || o.no_bump {
+            store.lookup_quietly(key)?
+        } else {
+            store.lookup(key)?
+        };
+        match found {
             Lookup::Hit(item) if !item.stale || item.won => {
-                let access = store.access(key, &item);
-                if !o.no_bump {
+                let access = if asks_access {
+                    store.access(key, &item)
+                } else {
+                    (false, 0)
+                };
+                if asks_access && !o.no_bump {
                     store.bump(key, &item);
                 }
                 let (_, line, _) = hit(meta, item, false, access, store.now());
