@@ -1,6 +1,7 @@
-//! Crash test: clients write and delete keys and record what the server acknowledged; the
-//! server is killed with SIGKILL at a random moment, restarted on the same heap, and every
-//! acknowledged write must be there with its last acknowledged value.
+//! Crash test: clients write and delete keys, half of the time with the classic commands
+//! (`set`, `delete`) and half with the meta ones (`ms`, `md`), and record what the server
+//! acknowledged; the server is killed with SIGKILL at a random moment, restarted on the
+//! same heap, and every acknowledged write must be there with its last acknowledged value.
 //!
 //! A write that was sent but not answered when the server died may or may not have
 //! survived, so each key may read as its last acknowledged state or as the one write in
@@ -255,8 +256,14 @@ fn write_until_killed(
     for n in first.. {
         let key = &keys[rng.below_or_equal(keys.len() as u64 - 1) as usize];
         let delete = rng.below_or_equal(4) == 0;
+        let meta = rng.below_or_equal(1) == 0;
         let (request, new) = if delete {
-            (format!("delete {key}\r\n"), Val::Absent)
+            let request = if meta {
+                format!("md {key}\r\n")
+            } else {
+                format!("delete {key}\r\n")
+            };
+            (request, Val::Absent)
         } else {
             // Values of varied sizes, ending in the write's number.
             let most = match values {
@@ -265,10 +272,12 @@ fn write_until_killed(
             };
             let pad = "x".repeat(rng.below_or_equal(most) as usize);
             let value = format!("{pad}-{n}");
-            (
-                format!("set {key} 0 0 {}\r\n{value}\r\n", value.len()),
-                Val::Written(n),
-            )
+            let request = if meta {
+                format!("ms {key} {}\r\n{value}\r\n", value.len())
+            } else {
+                format!("set {key} 0 0 {}\r\n{value}\r\n", value.len())
+            };
+            (request, Val::Written(n))
         };
         let state = model.get_mut(key).unwrap();
         state.in_flight = Some(new);
@@ -281,7 +290,7 @@ fn write_until_killed(
             Ok(_) => {}
         }
         match reply.as_str() {
-            "STORED\r\n" | "DELETED\r\n" | "NOT_FOUND\r\n" => {
+            "STORED\r\n" | "DELETED\r\n" | "NOT_FOUND\r\n" | "HD\r\n" | "NF\r\n" => {
                 state.acked = new;
                 state.in_flight = None;
                 acked += 1;
