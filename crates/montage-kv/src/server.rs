@@ -776,6 +776,8 @@ fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {
         Some(b"items" | b"slabs" | b"sizes" | b"conns") => {}
         Some(b"reset") => {
             shared.stats.reset();
+            // memcached's `stats reset` clears its item statistics, evictions among them.
+            shared.cache.store().reset_evictions();
             out.line(b"RESET");
             return;
         }

@@ -344,6 +344,12 @@ impl<C: Clock> Store<C> {
         self.evictions.load(Ordering::Relaxed)
     }
 
+    /// Sets the [`evictions`](Self::evictions) count back to zero (`stats reset`).
+    pub fn reset_evictions(&self) {
+        // ORDERING: a statistic.
+        self.evictions.store(0, Ordering::Relaxed);
+    }
+
     /// The heap the items live in (to `sync` it).
     pub fn heap(&self) -> &Heap {
         self.map.heap()
@@ -1035,6 +1041,8 @@ mod tests {
         }
         let evictions = store.evictions();
         assert!(evictions > writes / 2, "{evictions} evictions");
+        store.reset_evictions();
+        assert_eq!(store.evictions(), 0);
         // The newest items are all there, the oldest all gone.
         let held = u64::try_from(store.len()).unwrap() - 51;
         for i in writes - held / 2..writes {

@@ -371,6 +371,12 @@ fn a_full_heap_evicts_the_least_recently_used_items() {
             .unwrap()
             .contains("STAT evictions on\r\n")
     );
+    // `stats reset` clears the count, as memcached's does.
+    assert_eq!(
+        exchange(&mut stream, b"stats reset\r\n", b"\r\n"),
+        b"RESET\r\n"
+    );
+    assert_eq!(server.stats()["evictions"], "0");
 }
 
 #[test]
