@@ -24,7 +24,7 @@ use montage_collections::Change;
 use crate::protocol::{
     Limits, MAX_KEY_LEN, Parsed, ProtocolError, Request, Skip, StoreMode, invalid, number,
 };
-use crate::store::{Clock, Item, Lookup, Store};
+use crate::store::{Clock, Item, Lookup, Store, absolute};
 
 /// Which meta command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -536,7 +536,7 @@ fn get<C: Clock>(
                 if asks_access && !o.no_bump {
                     store.bump(key, &item);
                 }
-                let (_, line, _) = hit(meta, item, false, access, store.now());
+                let (_, line, _, _) = hit(meta, item, false, access, store.now());
                 out.extend_from_slice(&line);
                 tally(Tally::GetHit);
                 return Ok(false);
@@ -557,18 +557,7 @@ fn get<C: Clock>(
     let found = store.update(key, |current, now| {
         let (item, created) = match current {
             Some(item) => (item, false),
-            None if o.vivify.is_some() => {
-                let item = Item {
-                    flags: 0,
-                    exptime: 0,
-                    stored: now,
-                    cas: store.cas(),
-                    stale: false,
-                    won: false,
-                    data: Vec::new(),
-                };
-                (item, true)
-            }
+            None if o.vivify.is_some() => (Item::fresh(0, 0, now, store.cas(), Vec::new()), true),
             None => return (Change::Keep, None),
         };
         let access = if created {
@@ -576,14 +565,13 @@ fn get<C: Clock>(
         } else {
             store.access(key, &item)
         };
-        let before = item.clone();
-        let (item, line, ttl_set) = hit(meta, item, created, access, now);
-        let change = if created || item != before {
+        let (item, line, ttl_set, flags_changed) = hit(meta, item, created, access, now);
+        let wrote = created || flags_changed;
+        let change = if wrote {
             Change::Set(item.clone())
         } else {
             Change::Keep
         };
-        let wrote = !matches!(change, Change::Keep);
         (change, Some((item, line, ttl_set, created, wrote)))
     })?;
     let Some((item, line, ttl_set, created, wrote)) = found else {
@@ -607,18 +595,20 @@ fn get<C: Clock>(
 }
 
 /// `mg`'s reply for a found (or just created) item, following its flags in order, and the
-/// item as the flags leave it (a new expiry, the win mark); and whether `T` set the expiry.
-/// `access` is whether the item was read before and when it was last used.
+/// item as the flags leave it (a new expiry, the win mark); whether `T` set the expiry; and
+/// whether the flags changed the item. `access` is whether the item was read before and when
+/// it was last used.
 fn hit(
     meta: &Meta<'_>,
     mut item: Item,
     created: bool,
     access: (bool, i64),
     now: i64,
-) -> (Item, Vec<u8>, bool) {
+) -> (Item, Vec<u8>, bool, bool) {
     let o = &meta.options;
-    let absolute = |exptime: Option<i64>| crate::store::absolute(exptime.unwrap_or(0), now);
+    let absolute = |exptime: Option<i64>| absolute(exptime.unwrap_or(0), now);
     let token_sent = item.won;
+    let exptime = item.exptime;
     let mut won = false;
     let mut ttl_set = false;
     let mut line = Vec::with_capacity(64);
@@ -689,7 +679,9 @@ fn hit(
         line.extend_from_slice(&item.data);
         line.extend_from_slice(b"\r\n");
     }
-    (item, line, ttl_set)
+    // Only the expiry and the win mark can have changed.
+    let changed = item.exptime != exptime || item.won != token_sent;
+    (item, line, ttl_set, changed)
 }
 
 /// `mg`'s reply for a miss: `EN` with the echoes, or nothing with `q`.
@@ -745,14 +737,9 @@ fn set_item<C: Clock>(
     }
     let given = o.cas.unwrap_or(0);
     let (code, cas) = store.update(&meta.key, |current, now| {
-        let fresh = |data: Vec<u8>| Item {
-            flags: o.client_flags,
-            exptime: Store::<C>::absolute(o.ttl.unwrap_or(0), now),
-            stored: now,
-            cas: store.cas(),
-            stale: false,
-            won: false,
-            data,
+        let fresh = |data| {
+            let exptime = absolute(o.ttl.unwrap_or(0), now);
+            Item::fresh(o.client_flags, exptime, now, store.cas(), data)
         };
         let stored = |item: Item| {
             let cas = item.cas;
@@ -830,7 +817,7 @@ fn delete<C: Clock>(
         // get it wins the right to recache it.
         Some(old) if o.invalidate => {
             let exptime = match o.ttl {
-                Some(ttl) => Store::<C>::absolute(ttl, now),
+                Some(ttl) => absolute(ttl, now),
                 None => old.exptime,
             };
             let item = Item {
@@ -879,15 +866,7 @@ fn arithmetic<C: Clock>(
             return Err(Arith::NotFound);
         }
         let number = o.initial.to_string().into_bytes();
-        let item = Item {
-            flags: 0,
-            exptime: 0,
-            stored: now,
-            cas: store.cas(),
-            stale: false,
-            won: false,
-            data: number.clone(),
-        };
+        let item = Item::fresh(0, 0, now, store.cas(), number.clone());
         return Ok((item, number, true));
     };
     if old.data.is_empty() {
@@ -929,9 +908,9 @@ fn arith<C: Clock>(
                 b't' => {
                     let _ = write!(line, " t{}", ttl(item.exptime, now));
                 }
-                b'T' => item.exptime = Store::<C>::absolute(o.ttl.unwrap_or(0), now),
+                b'T' => item.exptime = absolute(o.ttl.unwrap_or(0), now),
                 b'N' if created => {
-                    item.exptime = Store::<C>::absolute(o.vivify.unwrap_or(0), now);
+                    item.exptime = absolute(o.vivify.unwrap_or(0), now);
                 }
                 b'O' => {
                     line.push(b' ');

@@ -98,14 +98,7 @@ impl Recency {
     }
 
     fn insert(&self, key: &[u8], size: u64, seen: Seen) {
-        let mut lists = self.shard(key);
-        let list = lists.entry(size).or_insert_with(LruCache::unbounded);
-        match list.get_mut(key) {
-            Some(known) => *known = seen,
-            None => {
-                list.push(key.into(), seen);
-            }
-        }
+        insert_into(&mut self.shard(key), key, size, seen);
     }
 
     /// Records that `key`'s item, in a block of `size` bytes, was just stored (version
@@ -132,25 +125,27 @@ impl Recency {
         now: i64,
         same_version: bool,
     ) {
+        let used = self.now();
+        // One lock for the old list and the new: the key's shard holds both.
+        let mut lists = self.shard(key);
         let mut fetched = false;
-        if let Some(old) = previous {
-            let mut lists = self.shard(key);
-            if let Some(list) = lists.get_mut(&old) {
-                let known = if old == size {
-                    list.peek(key).copied()
-                } else {
-                    list.pop(key)
-                };
-                fetched = same_version && known.is_some_and(|seen| seen.fetched);
-            }
+        if let Some(old) = previous
+            && let Some(list) = lists.get_mut(&old)
+        {
+            let known = if old == size {
+                list.peek(key).copied()
+            } else {
+                list.pop(key)
+            };
+            fetched = same_version && known.is_some_and(|seen| seen.fetched);
         }
         let seen = Seen {
             cas,
-            used: self.now(),
+            used,
             accessed: now,
             fetched,
         };
-        self.insert(key, size, seen);
+        insert_into(&mut lists, key, size, seen);
     }
 
     /// Records that `key`'s item, in a block of `size` bytes, was read at `now` (Unix
@@ -245,6 +240,18 @@ impl Recency {
     /// Whether the lists hold no item.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Makes `key`'s item, in a block of `size` bytes, the most recently used of `lists` (a
+/// shard's), as `seen`.
+fn insert_into(lists: &mut Lists, key: &[u8], size: u64, seen: Seen) {
+    let list = lists.entry(size).or_insert_with(LruCache::unbounded);
+    match list.get_mut(key) {
+        Some(known) => *known = seen,
+        None => {
+            list.push(key.into(), seen);
+        }
     }
 }
 

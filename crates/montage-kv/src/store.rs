@@ -46,6 +46,21 @@ pub struct Item {
     pub data: Vec<u8>,
 }
 
+impl Item {
+    /// A newly stored item, stored at `stored` as version `cas`, without marks.
+    pub(crate) fn fresh(flags: u32, exptime: i64, stored: i64, cas: u64, data: Vec<u8>) -> Item {
+        Item {
+            flags,
+            exptime,
+            stored,
+            cas,
+            stale: false,
+            won: false,
+            data,
+        }
+    }
+}
+
 /// The cas word's bits above the unique: the item's marks.
 const STALE_BIT: u64 = 1 << 63;
 const WON_BIT: u64 = 1 << 62;
@@ -585,15 +600,6 @@ impl<C: Clock> Store<C> {
         self.lookup_with(key, false)
     }
 
-    /// The cas unique limit's exclusive bound ([`CAS_LIMIT`]), for tests of the marks.
-    #[cfg(test)]
-    pub(crate) const CAS_LIMIT: u64 = CAS_LIMIT;
-
-    /// `exptime` as memcached reads it, made absolute (0 stays "never").
-    pub(crate) fn absolute(exptime: i64, now: i64) -> i64 {
-        absolute(exptime, now)
-    }
-
     /// Whether `item` is visible at `now`: not expired and not flushed.
     fn live(&self, item: &Item, now: i64) -> bool {
         self.why_dead(item, now).is_none()
@@ -666,16 +672,8 @@ impl<C: Clock> Store<C> {
         cas_unique: Option<u64>,
     ) -> Result<Outcome> {
         let now = self.clock.now();
-        let fresh = |data: Vec<u8>, flags, exptime| Item {
-            flags,
-            exptime,
-            stored: now,
-            cas: self.cas(),
-            stale: false,
-            won: false,
-            data,
-        };
-        let exptime = Self::absolute(exptime, now);
+        let fresh = |data, flags, exptime| Item::fresh(flags, exptime, now, self.cas(), data);
+        let exptime = absolute(exptime, now);
         self.change(key, |current| {
             let live = current.filter(|item| self.live(item, now));
             let set = || Change::Set(fresh(data.to_vec(), flags, exptime));
@@ -749,7 +747,7 @@ impl<C: Clock> Store<C> {
     /// A heap error.
     pub fn get_and_touch(&self, key: &[u8], exptime: i64) -> Result<Option<Item>> {
         let now = self.clock.now();
-        let exptime = Self::absolute(exptime, now);
+        let exptime = absolute(exptime, now);
         let mut touched = None;
         self.change(key, |current| {
             match current.filter(|item| self.live(item, now)) {
@@ -771,7 +769,7 @@ impl<C: Clock> Store<C> {
     /// A heap error.
     pub fn touch(&self, key: &[u8], exptime: i64) -> Result<Outcome> {
         let now = self.clock.now();
-        let exptime = Self::absolute(exptime, now);
+        let exptime = absolute(exptime, now);
         self.change(key, |current| {
             match current.filter(|item| self.live(item, now)) {
                 Some(item) => (Change::Set(Item { exptime, ..item }), Outcome::Touched),
@@ -794,20 +792,9 @@ impl<C: Clock> Store<C> {
         // ORDERING: the fields change only under `flushing`, held here.
         let (at, cas) = match delay {
             None | Some(0) => (0, self.cas()),
-            Some(d) => (
-                Self::absolute(d, now),
-                self.flush_cas.load(Ordering::Acquire),
-            ),
+            Some(d) => (absolute(d, now), self.flush_cas.load(Ordering::Acquire)),
         };
-        let marker = Item {
-            flags: 0,
-            exptime: at,
-            stored: now,
-            cas,
-            stale: false,
-            won: false,
-            data: Vec::new(),
-        };
+        let marker = Item::fresh(0, at, now, cas, Vec::new());
         self.map.insert(FLUSH_KEY.to_vec(), marker)?;
         // ORDERING: pairs with the Acquire loads in `live`.
         self.flush_cas.store(cas, Ordering::Release);
@@ -1314,7 +1301,7 @@ mod tests {
                 flags: 9,
                 exptime: -5,
                 stored: 77,
-                cas: Store::<SystemClock>::CAS_LIMIT - 1,
+                cas: CAS_LIMIT - 1,
                 stale,
                 won,
                 data: b"data".to_vec(),

@@ -162,6 +162,13 @@ fn exchange(addr: SocketAddr, script: &[u8]) -> Vec<u8> {
 fn normalised(reply: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(reply.len());
     let mut rest = reply;
+    // A data block of `len` bytes (and its line end) goes through as it is: it may hold
+    // anything.
+    let pass_data = |out: &mut Vec<u8>, rest: &mut &[u8], len: usize| {
+        let data = rest.len().min(len + 2);
+        out.extend_from_slice(&rest[..data]);
+        *rest = &rest[data..];
+    };
     while !rest.is_empty() {
         let end = rest
             .windows(2)
@@ -175,15 +182,12 @@ fn normalised(reply: &[u8]) -> Vec<u8> {
         }
         if let Some(meta) = normalised_meta(line) {
             out.extend_from_slice(&meta);
-            // A meta `VA`'s data block goes through as it is.
             if let Some(len) = line
                 .strip_prefix(b"VA ")
                 .and_then(|rest| rest.split(|&b| b == b' ' || b == b'\r').next())
                 .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
             {
-                let data = rest.len().min(len + 2);
-                out.extend_from_slice(&rest[..data]);
-                rest = &rest[data..];
+                pass_data(&mut out, &mut rest, len);
             }
             continue;
         }
@@ -199,11 +203,8 @@ fn normalised(reply: &[u8]) -> Vec<u8> {
                 out.extend_from_slice(part);
             }
         }
-        // The data block goes through as it is (it may hold anything).
         let len: usize = std::str::from_utf8(bytes).unwrap().parse().unwrap();
-        let data = rest.len().min(len + 2);
-        out.extend_from_slice(&rest[..data]);
-        rest = &rest[data..];
+        pass_data(&mut out, &mut rest, len);
     }
     out
 }

@@ -124,19 +124,18 @@ fn meta_commands_survive_sigkill_with_their_marks() {
         (b"ms t 1\r\nx\r\n", b"HD\r\n"),
         (b"mg t T1000\r\n", b"HD\r\n"),
     ];
-    // A meta reply: its line, and the data block after a `VA`.
-    let meta = |stream: &mut std::net::TcpStream, request: &[u8]| {
-        let mut reply = exchange(stream, request, b"\r\n");
-        let lines = |reply: &[u8]| reply.windows(2).filter(|w| w == b"\r\n").count();
-        if reply.starts_with(b"VA") && lines(&reply) < 2 {
-            reply.extend(read_until(stream, b"\r\n"));
+    // Each request gets its reply: its line, and the data block after a `VA`.
+    let expect = |stream: &mut std::net::TcpStream, pairs: &[(&[u8], &[u8])]| {
+        for &(request, reply) in pairs {
+            let mut got = exchange(stream, request, b"\r\n");
+            let lines = |reply: &[u8]| reply.windows(2).filter(|w| w == b"\r\n").count();
+            if got.starts_with(b"VA") && lines(&got) < 2 {
+                got.extend(read_until(stream, b"\r\n"));
+            }
+            assert_eq!(got, reply, "{}", String::from_utf8_lossy(request));
         }
-        reply
     };
-    for &(request, reply) in script {
-        let got = meta(&mut stream, request);
-        assert_eq!(got, reply, "{}", String::from_utf8_lossy(request));
-    }
+    expect(&mut stream, script);
     server.kill();
     let mut server = Server::start(&heap, &[]);
     server.wait_for("after a crash");
@@ -148,10 +147,7 @@ fn meta_commands_survive_sigkill_with_their_marks() {
         (b"mg viv s\r\n", b"HD s0 Z\r\n"),
         (b"ma n v\r\n", b"VA 2\r\n43\r\n"),
     ];
-    for &(request, reply) in after {
-        let got = meta(&mut stream, request);
-        assert_eq!(got, reply, "{}", String::from_utf8_lossy(request));
-    }
+    expect(&mut stream, after);
     // Times left: about 500 s for the stale item, 1,000 s for the touched one, 900 s for the
     // vivified one.
     for (key, ttl) in [("stale", 500), ("t", 1000), ("viv", 900)] {
