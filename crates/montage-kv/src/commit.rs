@@ -19,7 +19,14 @@
 //! The threads are plain threads, not async tasks: `sync` blocks (it writes back and
 //! fences), and it must not hold up the runtime's workers, which keep serving reads and
 //! other connections' writes meanwhile.
+//!
+//! Waking a task from another thread costs its event loop a system call (tokio writes to
+//! the loop's eventfd). So a commit thread wakes at most one task per event loop: the
+//! loop's [relay](Committer::relay), which passes the finished round on to the waiters of
+//! its loop from within the loop, where a wake-up is a push onto the loop's own queue. A
+//! waiter wakes a commit thread only when one sleeps, and no round is owed yet.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -44,6 +51,8 @@ struct Queue {
     next: u64,
     /// A waiter holds ticket `next`.
     owed: bool,
+    /// Commit threads asleep, waiting for a round to be owed.
+    idle: usize,
     stop: bool,
 }
 
@@ -63,6 +72,11 @@ pub const COMMIT_THREADS: usize = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the heap could not be synced; writes since the last sync are not durable")]
 pub struct SyncFailed;
+
+/// Rounds finished, as a group of waiters watches them: straight from the commit threads
+/// ([`Committer::finished`]) or through a relay ([`Committer::relay`]).
+#[derive(Debug, Clone)]
+pub struct Finished(watch::Receiver<Done>);
 
 /// The group-commit threads and their queue (module docs).
 #[derive(Debug)]
@@ -112,21 +126,60 @@ impl Committer {
     ///
     /// [`SyncFailed`] if the round that covers the call failed, or the committer stopped.
     pub async fn wait(&self) -> Result<(), SyncFailed> {
-        let mut done = self.inner.done.subscribe();
-        let ticket = {
+        self.wait_with(&mut self.finished()).await
+    }
+
+    /// [`wait`](Self::wait), hearing of finished rounds from `finished`: the waiter's event
+    /// loop's relay, or [`finished`](Self::finished).
+    ///
+    /// # Errors
+    ///
+    /// As [`wait`](Self::wait); also if `finished` is a relay that stopped.
+    pub async fn wait_with(&self, finished: &mut Finished) -> Result<(), SyncFailed> {
+        let (ticket, wake) = {
             let mut queue = lock(&self.inner.queue);
             if queue.stop {
                 return Err(SyncFailed);
             }
+            // A commit thread awake, or one already woken for an owed round, takes this
+            // round once it looks at the queue again.
+            let wake = !queue.owed && queue.idle > 0;
             queue.owed = true;
-            queue.next
+            (queue.next, wake)
         };
-        self.inner.wake.notify_one();
-        let seen = done
+        if wake {
+            self.inner.wake.notify_one();
+        }
+        let seen = finished
+            .0
             .wait_for(|d| d.failed || d.round >= ticket)
             .await
             .map_err(|_| SyncFailed)?;
         if seen.failed { Err(SyncFailed) } else { Ok(()) }
+    }
+
+    /// Finished rounds, straight from the commit threads: a commit thread wakes each waiter
+    /// that watches them itself.
+    pub fn finished(&self) -> Finished {
+        Finished(self.inner.done.subscribe())
+    }
+
+    /// A relay for the waiters of one event loop: what they watch, and the task to run on
+    /// that loop. Only the task is woken by the commit threads; it then passes each finished
+    /// round on to the waiters from within the loop (module docs). It ends when the
+    /// committer is dropped, failing the waiters still there.
+    pub fn relay(&self) -> (Finished, impl Future<Output = ()> + Send + 'static) {
+        let mut from = self.inner.done.subscribe();
+        let (to, watched) = watch::channel(*from.borrow_and_update());
+        let relay = async move {
+            while from.changed().await.is_ok() {
+                let done = *from.borrow_and_update();
+                to.send_replace(done);
+            }
+            // No round will finish any more.
+            to.send_modify(|d| d.failed = true);
+        };
+        (Finished(watched), relay)
     }
 
     /// Rounds finished so far.
@@ -158,10 +211,12 @@ fn run(inner: &Inner, sync: &dyn Fn() -> montage_core::Result<()>) {
         let round = {
             let mut queue = lock(&inner.queue);
             while !queue.owed && !queue.stop {
+                queue.idle += 1;
                 queue = inner
                     .wake
                     .wait(queue)
                     .unwrap_or_else(PoisonError::into_inner);
+                queue.idle -= 1;
             }
             if !queue.owed {
                 return;
@@ -204,6 +259,7 @@ mod tests {
     use montage_collections::HashMap;
     use montage_core::sim::SimMode;
     use montage_core::{EpochLength, Heap, HeapConfig};
+    use std::time::Duration;
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
@@ -306,6 +362,36 @@ mod tests {
             started.elapsed() < std::time::Duration::from_secs(2),
             "the first waiter waited for its own slow round"
         );
+    }
+
+    #[test]
+    fn waiters_on_a_relay_hear_of_their_rounds_and_fail_once_it_ends() {
+        let committer = Committer::start(|| Ok(())).unwrap();
+        let (finished, relay) = committer.relay();
+        // One event loop, as a server's worker: the relay and its waiters on one thread.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let relay = runtime.spawn(relay);
+        let waited = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), async {
+                for _ in 0..16 {
+                    committer.wait_with(&mut finished.clone()).await.unwrap();
+                }
+            })
+            .await
+        });
+        assert!(waited.is_ok(), "a waiter never heard of its round");
+        let rounds = committer.rounds();
+        assert!((1..=16).contains(&rounds), "{rounds} rounds");
+        // The committer goes: the relay ends, and a waiter on it fails instead of waiting
+        // for a round that will never come.
+        drop(committer);
+        runtime.block_on(relay).unwrap();
+        let mut finished = finished;
+        let waited = runtime.block_on(finished.0.wait_for(|d| d.failed));
+        assert!(waited.is_ok_and(|d| d.failed));
     }
 
     #[test]

@@ -41,7 +41,8 @@ struct Cli {
     /// clients were told were stored (they still become durable within a few epochs).
     #[arg(long)]
     ack_before_durable: bool,
-    /// Worker threads serving connections (default: one per core).
+    /// Worker threads serving connections, each with an event loop of its own that keeps the
+    /// connections handed to it, as memcached's `-t` (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
     /// The most connections served at once.
@@ -171,9 +172,8 @@ fn run(cli: &Cli) -> Result<(), String> {
         threads,
         recovery: opened.recovery,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name("montage-kv-worker")
+    // The listener's runtime; the connections run on the server's own worker threads.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;

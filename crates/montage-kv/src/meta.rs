@@ -536,8 +536,7 @@ fn get<C: Clock>(
                 if asks_access && !o.no_bump {
                     store.bump(key, &item);
                 }
-                let (_, line, _, _) = hit(meta, item, false, access, store.now());
-                out.extend_from_slice(&line);
+                hit(meta, item, false, access, store.now(), out);
                 tally(Tally::GetHit);
                 return Ok(false);
             }
@@ -565,7 +564,8 @@ fn get<C: Clock>(
         } else {
             store.access(key, &item)
         };
-        let (item, line, ttl_set, flags_changed) = hit(meta, item, created, access, now);
+        let mut line = Vec::new();
+        let (item, ttl_set, flags_changed) = hit(meta, item, created, access, now, &mut line);
         let wrote = created || flags_changed;
         let change = if wrote {
             Change::Set(item.clone())
@@ -594,24 +594,24 @@ fn get<C: Clock>(
     Ok(wrote)
 }
 
-/// `mg`'s reply for a found (or just created) item, following its flags in order, and the
-/// item as the flags leave it (a new expiry, the win mark); whether `T` set the expiry; and
-/// whether the flags changed the item. `access` is whether the item was read before and when
-/// it was last used.
+/// Appends to `line` `mg`'s reply for a found (or just created) item, following its flags in
+/// order; returns the item as the flags leave it (a new expiry, the win mark), whether `T` set
+/// the expiry, and whether the flags changed the item. `access` is whether the item was read
+/// before and when it was last used.
 fn hit(
     meta: &Meta<'_>,
     mut item: Item,
     created: bool,
     access: (bool, i64),
     now: i64,
-) -> (Item, Vec<u8>, bool, bool) {
+    line: &mut Vec<u8>,
+) -> (Item, bool, bool) {
     let o = &meta.options;
     let absolute = |exptime: Option<i64>| absolute(exptime.unwrap_or(0), now);
     let token_sent = item.won;
     let exptime = item.exptime;
     let mut won = false;
     let mut ttl_set = false;
-    let mut line = Vec::with_capacity(64);
     if o.value {
         let _ = write!(line, "VA {}", item.data.len());
     } else {
@@ -656,7 +656,7 @@ fn hit(
                 line.push(b' ');
                 line.extend_from_slice(flag);
             }
-            b'k' => push_key(&mut line, meta),
+            b'k' => push_key(line, meta),
             _ => {}
         }
     }
@@ -681,7 +681,7 @@ fn hit(
     }
     // Only the expiry and the win mark can have changed.
     let changed = item.exptime != exptime || item.won != token_sent;
-    (item, line, ttl_set, changed)
+    (item, ttl_set, changed)
 }
 
 /// `mg`'s reply for a miss: `EN` with the echoes, or nothing with `q`.

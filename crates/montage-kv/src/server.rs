@@ -2,21 +2,31 @@
 //!
 //! # Concurrency
 //!
-//! Connections are tokio tasks on a multi-threaded runtime (`--threads` workers). Each task
-//! reads what its client sent, runs every complete request in it against the [`Store`](crate::store::Store) on
-//! the worker (a map operation takes microseconds and never waits for I/O, so it need not
-//! leave the worker), and writes the replies in one go. Many idle connections therefore
-//! cost a task and two buffers each, not a thread.
+//! As in memcached, each worker thread (`--threads` of them) runs an event loop of its own:
+//! a single-threaded tokio runtime that owns the connections handed to it. The listener runs
+//! on the caller's runtime and hands each new connection to the worker serving the fewest.
+//! A connection is a task on its worker's runtime, and stays there: it reads what its client
+//! sent, runs every complete request in it against the [`Store`](crate::store::Store) on the
+//! worker (a map operation takes microseconds and never waits for I/O, so it need not leave
+//! the worker), and writes the replies in one go. Many idle connections therefore cost a task
+//! and two buffers each, not a thread.
+//!
+//! Why not one work-stealing runtime for all connections: on a machine whose cores the
+//! clients share, the workers of such a runtime wake each other to share out every batch of
+//! ready sockets, and connections move between cores. A worker per core that keeps its
+//! connections costs less CPU per request: measured with `cargo xtask bench-kv --meta`, it
+//! serves a fifth more requests read-heavy, the same write-heavy (docs/PERFORMANCE.md).
 //!
 //! The only blocking step, `sync`, runs on the group-commit thread ([`Committer`]): a
 //! connection whose replies acknowledge writes awaits its round there, and the workers go on
 //! serving other connections meanwhile. Concurrent connections share rounds, so the cost
 //! of durability is paid once per round, not once per write.
 //!
-//! One write does wait on its worker: one that finds the heap full, whose eviction waits for
-//! the clock to give the freed blocks back (a few epoch advances, each a write-back). Each
-//! eviction frees room for the next writes too (1/256 of the heap's limit), so this happens
-//! once per a few hundred writes of a full heap, not per write.
+//! One write does wait on its worker, and so holds up the worker's other connections: one
+//! that finds the heap full, whose eviction waits for the clock to give the freed blocks back
+//! (a few epoch advances, each a write-back). Each eviction frees room for the next writes
+//! too (1/256 of the heap's limit), so this happens once per a few hundred writes of a full
+//! heap, not per write.
 //!
 //! # The durability rule
 //!
@@ -55,17 +65,19 @@
 use std::future::Future;
 use std::io::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use montage_core::Error;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::runtime::Handle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 use tokio::task::JoinSet;
 
 use crate::cache::Cache;
-use crate::commit::{Committer, SyncFailed};
+use crate::commit::{Committer, Finished, SyncFailed};
 use crate::meta::{self, Tally};
 use crate::protocol::{self, Limits, Parsed, ProtocolError, Request, Skip, StoreMode};
 use crate::store::{Lookup, Outcome, SystemClock};
@@ -88,7 +100,7 @@ pub struct Options {
     pub ack_before_durable: bool,
     /// The most connections served at once.
     pub max_connections: usize,
-    /// Runtime worker threads (reported by `stats`).
+    /// Worker threads, each with the connections it serves (at least one).
     pub threads: usize,
     /// The time recovery took (reported by `stats`).
     pub recovery: Duration,
@@ -107,12 +119,14 @@ impl Default for Options {
 }
 
 /// Serves `cache` on `listener` until `shutdown` resolves, then lets connections finish
-/// (module docs). Returns once every connection task has ended and the group-commit thread
-/// has stopped, so the caller then holds the only reference to `cache` it handed out.
+/// (module docs). The listener runs on the caller's runtime, the connections on
+/// [`Options::threads`] worker threads of their own. Returns once every connection task has
+/// ended and the worker and group-commit threads have stopped, so the caller then holds the
+/// only reference to `cache` it handed out.
 ///
 /// # Errors
 ///
-/// The group-commit thread could not be started.
+/// The worker or group-commit threads could not be started.
 pub async fn serve(
     listener: TcpListener,
     cache: Arc<Cache>,
@@ -121,6 +135,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let syncing = Arc::clone(&cache);
     let committer = Committer::start(move || syncing.heap().sync())?;
+    let workers = Workers::start(options.threads.max(1), &committer)?;
     let port = listener.local_addr().map_or(0, |a| a.port());
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let shared = Arc::new(Shared {
@@ -138,7 +153,9 @@ pub async fn serve(
         tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => admit(stream, &shared, &permits, &stopping, &mut tasks),
+                Ok((stream, _)) => {
+                    admit(stream, &shared, &workers, &permits, &stopping, &mut tasks);
+                }
                 Err(e) => {
                     // Out of file descriptors, most likely: back off instead of spinning.
                     eprintln!("montage-kv: accept failed: {e}");
@@ -160,29 +177,144 @@ pub async fn serve(
         );
         tasks.shutdown().await;
     }
+    // Every connection has ended: the workers have nothing left to run.
+    drop(workers);
     // Every task has ended, so this is the last reference: dropping it stops the committer
     // (after any owed round) and releases its hold on the cache.
     drop(shared);
     Ok(())
 }
 
+/// The worker threads, each running a single-threaded runtime (module docs).
+struct Workers {
+    workers: Vec<Worker>,
+    /// Where the search for the least busy worker starts, so that ties go round.
+    next: AtomicUsize,
+}
+
+struct Worker {
+    runtime: Handle,
+    /// Finished commit rounds, relayed within the worker's event loop.
+    finished: Finished,
+    /// Connections the worker serves now.
+    serving: Arc<AtomicUsize>,
+    /// Ends the worker's runtime, with whatever tasks it still holds.
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts `count` workers, each with a relay of `committer`'s finished rounds.
+    fn start(count: usize, committer: &Committer) -> std::io::Result<Workers> {
+        let mut workers = Workers {
+            workers: Vec::with_capacity(count),
+            next: AtomicUsize::new(0),
+        };
+        for i in 0..count {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (stop, stopped) = oneshot::channel::<()>();
+            let handle = runtime.handle().clone();
+            let (finished, relay) = committer.relay();
+            handle.spawn(relay);
+            let thread = std::thread::Builder::new()
+                .name(format!("montage-kv-worker-{i}"))
+                .spawn(move || {
+                    // A receive error means the sender went away: stop all the same.
+                    let _ = runtime.block_on(stopped);
+                })?;
+            workers.workers.push(Worker {
+                runtime: handle,
+                finished,
+                serving: Arc::default(),
+                stop: Some(stop),
+                thread: Some(thread),
+            });
+        }
+        Ok(workers)
+    }
+
+    /// The worker serving the fewest connections.
+    fn least_busy(&self) -> &Worker {
+        // ORDERING: a heuristic; a stale count only makes the choice less even.
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let count = self.workers.len();
+        (0..count)
+            .map(|i| &self.workers[(start + i) % count])
+            .min_by_key(|worker| worker.serving.load(Ordering::Relaxed))
+            .unwrap_or_else(|| unreachable!("there is at least one worker"))
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for worker in &mut self.workers {
+            if let Some(stop) = worker.stop.take() {
+                // An error means the runtime already ended, which is what is asked.
+                let _ = stop.send(());
+            }
+        }
+        for worker in &mut self.workers {
+            if let Some(thread) = worker.thread.take() {
+                // A connection task's panic stays in its task; a join error would be a bug
+                // of the runtime's own, with nothing left to clean up here.
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// Counts a connection on its worker while it lives.
+struct Serving(Arc<AtomicUsize>);
+
+impl Serving {
+    fn new(count: &Arc<AtomicUsize>) -> Serving {
+        // ORDERING: a heuristic's count (see `least_busy`).
+        count.fetch_add(1, Ordering::Relaxed);
+        Serving(Arc::clone(count))
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        // ORDERING: as in `new`.
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn admit(
     stream: TcpStream,
     shared: &Arc<Shared>,
+    workers: &Workers,
     permits: &Arc<Semaphore>,
     stopping: &watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) {
     let stats = &shared.stats;
     if let Ok(permit) = Arc::clone(permits).try_acquire_owned() {
+        // The socket leaves this runtime's event loop for its worker's.
+        let Ok(stream) = stream.into_std() else {
+            bump(&stats.rejected_connections);
+            return;
+        };
         bump(&stats.total_connections);
         bump(&stats.curr_connections);
-        tasks.spawn(connection(
-            stream,
-            Arc::clone(shared),
-            stopping.clone(),
-            permit,
-        ));
+        let worker = workers.least_busy();
+        let serving = Serving::new(&worker.serving);
+        let shared = Arc::clone(shared);
+        let stopping = stopping.clone();
+        let finished = worker.finished.clone();
+        tasks.spawn_on(
+            async move {
+                let _serving = serving;
+                match TcpStream::from_std(stream) {
+                    Ok(stream) => connection(stream, &shared, stopping, finished, permit).await,
+                    Err(_) => gone(&shared),
+                }
+            },
+            &worker.runtime,
+        );
     } else {
         bump(&stats.rejected_connections);
         // Best effort and without waiting: the client is told why, if its socket has room.
@@ -202,8 +334,9 @@ struct Shared {
 
 async fn connection(
     stream: TcpStream,
-    shared: Arc<Shared>,
+    shared: &Shared,
     mut stopping: watch::Receiver<bool>,
+    finished: Finished,
     _permit: OwnedSemaphorePermit,
 ) {
     // Replies are written whole; Nagle would only delay them.
@@ -213,11 +346,12 @@ async fn connection(
             stream,
             buf: Vec::new(),
             owed: false,
+            finished,
         },
         input: Vec::with_capacity(READ_CHUNK),
         skip: 0,
     };
-    if let Err(End::SyncFailed) = conn.run(&shared, &mut stopping).await {
+    if let Err(End::SyncFailed) = conn.run(shared, &mut stopping).await {
         // The replies held back are not sent: their writes may not be durable.
         let _ = conn
             .out
@@ -225,6 +359,12 @@ async fn connection(
             .write_all(b"SERVER_ERROR writes could not be made durable\r\n")
             .await;
     }
+    gone(shared);
+}
+
+/// Counts a connection that ended.
+fn gone(shared: &Shared) {
+    // ORDERING: a statistic.
     shared
         .stats
         .curr_connections
@@ -272,13 +412,15 @@ struct Output {
     buf: Vec<u8>,
     /// `buf` acknowledges writes: it waits for a sync round.
     owed: bool,
+    /// Where the connection hears that sync rounds finished: its worker's relay.
+    finished: Finished,
 }
 
 impl Output {
     /// Writes the pending replies, after their sync round if they acknowledge writes.
     async fn flush(&mut self, shared: &Shared) -> Result<(), End> {
         if self.owed && !shared.options.ack_before_durable {
-            shared.committer.wait().await?;
+            shared.committer.wait_with(&mut self.finished).await?;
         }
         self.owed = false;
         if !self.buf.is_empty() {
@@ -787,4 +929,64 @@ fn stats_reply(shared: &Shared, out: &mut Output, group: Option<&[u8]>) {
         }
     }
     out.line(b"END");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(workers: &Workers) -> Vec<usize> {
+        workers
+            .workers
+            .iter()
+            .map(|worker| worker.serving.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    #[test]
+    fn connections_go_to_the_least_busy_worker() {
+        let committer = Committer::start(|| Ok(())).unwrap();
+        let workers = Workers::start(3, &committer).unwrap();
+        let mut held: Vec<Serving> = (0..6)
+            .map(|_| Serving::new(&workers.least_busy().serving))
+            .collect();
+        assert_eq!(counts(&workers), [2, 2, 2]);
+        // The first worker's connections end: the next two go there.
+        let first = &workers.workers[0].serving;
+        held.retain(|serving| !Arc::ptr_eq(&serving.0, first));
+        assert_eq!(counts(&workers), [0, 2, 2]);
+        for _ in 0..2 {
+            let worker = workers.least_busy();
+            assert!(Arc::ptr_eq(&worker.serving, first));
+            held.push(Serving::new(&worker.serving));
+        }
+        assert_eq!(counts(&workers), [2, 2, 2]);
+        drop(held);
+        assert_eq!(counts(&workers), [0, 0, 0]);
+    }
+
+    #[test]
+    fn a_task_runs_on_its_worker_and_the_workers_stop_when_dropped() {
+        let committer = Committer::start(|| Ok(())).unwrap();
+        let workers = Workers::start(2, &committer).unwrap();
+        let worker = workers.least_busy();
+        let name = worker
+            .runtime
+            .block_on(
+                worker
+                    .runtime
+                    .spawn(async { std::thread::current().name().map(str::to_owned) }),
+            )
+            .unwrap();
+        assert!(name.is_some_and(|name| name.starts_with("montage-kv-worker-")));
+        let runtime = workers.workers[1].runtime.clone();
+        // Returns once every worker thread has ended.
+        drop(workers);
+        // Its runtime is gone: a task handed to it is cancelled, not run.
+        let probe = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let joined = probe.block_on(runtime.spawn(async { 1 }));
+        assert!(joined.is_err_and(|e| e.is_cancelled()));
+    }
 }
