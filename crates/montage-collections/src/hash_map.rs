@@ -584,10 +584,10 @@ where
         let (change, result) = f(current);
         let undo = match change {
             Change::Keep => None,
-            Change::Set(new) => {
-                let bytes = entry::encode(key, &new)?;
-                Some(self.write_found(op, stripe, hash, key, found, &bytes, rewrite)?)
-            }
+            // Encoded into this thread's buffer: no allocation (and no regrowth) per write.
+            Change::Set(new) => Some(entry::with_encoded::<K, V, V, _>(key, &new, |bytes| {
+                self.write_found(op, stripe, hash, key, found, bytes, rewrite)
+            })?),
             Change::Remove => Self::remove_locked(op, stripe, hash, key, None)?,
         };
         Ok((result, undo))
