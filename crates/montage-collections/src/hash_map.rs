@@ -387,6 +387,32 @@ where
         })
     }
 
+    /// Sets `key` to a value given in any form that encodes as a `V`, as
+    /// [`put_ref`](Self::put_ref) does; returns the length of the entry it replaced (in
+    /// [`entry_len`](Self::entry_len)'s measure), or `None` if the key was absent. For a
+    /// caller that accounts for its entries' sizes (a cache's byte count) without reading the
+    /// value it replaces: the length is in the old block's header, which the write reads
+    /// anyway.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    #[allow(clippy::needless_pass_by_value)] // as `insert`
+    pub fn put_ref_len<Q: EncodeAs<V> + ?Sized>(&self, key: K, value: &Q) -> Result<Option<u64>> {
+        entry::with_encoded::<K, V, Q, _>(&key, value, |bytes| {
+            self.attached.heap().run_op(|op| {
+                let (hash, stripe) = self.stripe(&key);
+                let mut stripe = stripe.lock(op)?;
+                let found = stripe.get(hash, &key);
+                let replaced = found
+                    .map(|block| op.info(block).map(|info| u64::from(info.len)))
+                    .transpose()?;
+                self.write_found(op, &mut stripe, hash, &key, found, bytes, Rewrite::InPlace)?;
+                Ok(replaced)
+            })
+        })
+    }
+
     /// Writes the entry `bytes` for `key`; returns whether the key was present, and reads the
     /// value it replaces into `old` if asked to.
     fn put_in(

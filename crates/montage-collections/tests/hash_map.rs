@@ -21,6 +21,7 @@ enum Step {
     Insert(u8, u16),
     Put(u8, u16),
     PutRef(u8, u16),
+    PutRefLen(u8, u16),
     Remove(u8),
     Delete(u8),
     Get(u8),
@@ -35,6 +36,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::Insert(k % 16, v)),
         2 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::Put(k % 16, v)),
         1 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::PutRef(k % 16, v)),
+        1 => (any::<u8>(), any::<u16>()).prop_map(|(k, v)| Step::PutRefLen(k % 16, v)),
         2 => any::<u8>().prop_map(|k| Step::Remove(k % 16)),
         1 => any::<u8>().prop_map(|k| Step::Delete(k % 16)),
         2 => any::<u8>().prop_map(|k| Step::Get(k % 16)),
@@ -71,6 +73,13 @@ proptest! {
                     // A borrowed slice, stored as the `Vec<u8>` it encodes as.
                     let value = v.to_le_bytes().repeat(usize::from(v % 300));
                     prop_assert_eq!(map.put_ref(u64::from(k), &value[..]).unwrap(), model.insert(u64::from(k), value).is_some());
+                }
+                Step::PutRefLen(k, v) => {
+                    // The length of the entry replaced: an 8-byte key and the old value.
+                    let value = v.to_le_bytes().repeat(usize::from(v % 300));
+                    let replaced = model.insert(u64::from(k), value.clone());
+                    let want = replaced.map(|old| HashMap::<u64, Vec<u8>>::entry_len(8, old.len()));
+                    prop_assert_eq!(map.put_ref_len(u64::from(k), &value[..]).unwrap(), want);
                 }
                 Step::Remove(k) => prop_assert_eq!(map.remove(&u64::from(k)).unwrap(), model.remove(&u64::from(k))),
                 Step::Delete(k) => prop_assert_eq!(map.delete(&u64::from(k)).unwrap(), model.remove(&u64::from(k)).is_some()),

@@ -736,7 +736,41 @@ fn set_item<C: Clock>(
         mode = StoreMode::Cas;
     }
     let given = o.cas.unwrap_or(0);
-    let (code, cas) = store.update(&meta.key, |current, now| {
+    let (code, cas) = if mode == StoreMode::Set {
+        // Whatever the key held: no need to read it.
+        let cas = store.set(&meta.key, o.client_flags, o.ttl.unwrap_or(0), meta.data)?;
+        (Code::Done, cas)
+    } else {
+        set_with(store, meta, mode, given)?
+    };
+    tally(Tally::Set);
+    if code == Code::Done {
+        tally(Tally::Stored);
+    }
+    if mode == StoreMode::Cas {
+        tally(match code {
+            Code::Done => Tally::CasHit,
+            Code::NotFound => Tally::CasMiss,
+            _ => Tally::CasBadval,
+        });
+    }
+    if code == Code::Done && o.quiet {
+        return Ok(true);
+    }
+    push_status(out, code.text(), meta, Some(cas));
+    Ok(true)
+}
+
+/// `ms` in a mode that reads the item it replaces (add, replace, append, prepend, or a
+/// compare-and-set): the code, and the cas unique stored (0 if none).
+fn set_with<C: Clock>(
+    store: &Store<C>,
+    meta: &Meta<'_>,
+    mode: StoreMode,
+    given: u64,
+) -> montage_core::Result<(Code, u64)> {
+    let o = &meta.options;
+    store.update(&meta.key, |current, now| {
         let fresh = |data| {
             let exptime = absolute(o.ttl.unwrap_or(0), now);
             Item::fresh(o.client_flags, exptime, now, store.cas(), data)
@@ -783,23 +817,7 @@ fn set_item<C: Clock>(
                 })
             }
         }
-    })?;
-    tally(Tally::Set);
-    if code == Code::Done {
-        tally(Tally::Stored);
-    }
-    if mode == StoreMode::Cas {
-        tally(match code {
-            Code::Done => Tally::CasHit,
-            Code::NotFound => Tally::CasMiss,
-            _ => Tally::CasBadval,
-        });
-    }
-    if code == Code::Done && o.quiet {
-        return Ok(true);
-    }
-    push_status(out, code.text(), meta, Some(cas));
-    Ok(true)
+    })
 }
 
 /// `md`.

@@ -19,7 +19,7 @@ use std::sync::{Mutex, PoisonError};
 
 use montage_collections::{Change, HashMap};
 use montage_core::limits::{SPAN_SIZE, block_size};
-use montage_core::payload::Fingerprint;
+use montage_core::payload::{EncodeAs, Fingerprint};
 use montage_core::{Codec, Error, Heap, Result};
 
 use crate::protocol::{StoreMode, number};
@@ -77,21 +77,16 @@ impl Codec for Item {
         .finish();
 
     fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
-        out.extend_from_slice(&self.flags.to_le_bytes());
-        out.extend_from_slice(&self.exptime.to_le_bytes());
-        out.extend_from_slice(&self.stored.to_le_bytes());
-        // The marks share the cas word (format unchanged: an item stored before they
-        // existed has neither).
-        let mut word = self.cas & (CAS_LIMIT - 1);
-        if self.stale {
-            word |= STALE_BIT;
-        }
-        if self.won {
-            word |= WON_BIT;
-        }
-        out.extend_from_slice(&word.to_le_bytes());
-        out.extend_from_slice(&self.data);
-        Ok(())
+        let item = ItemRef {
+            flags: self.flags,
+            exptime: self.exptime,
+            stored: self.stored,
+            cas: self.cas,
+            stale: self.stale,
+            won: self.won,
+            data: &self.data,
+        };
+        item.encode_as(out)
     }
 
     fn decode(bytes: &[u8]) -> Option<Self> {
@@ -106,6 +101,38 @@ impl Codec for Item {
             won: u64::from_le_bytes(word(20)?) & WON_BIT != 0,
             data: bytes[ITEM_HEADER..].to_vec(),
         })
+    }
+}
+
+/// An [`Item`] whose data is borrowed: what a write that does not read the item it replaces
+/// stores, without copying the data into an item first.
+struct ItemRef<'a> {
+    flags: u32,
+    exptime: i64,
+    stored: i64,
+    cas: u64,
+    stale: bool,
+    won: bool,
+    data: &'a [u8],
+}
+
+impl EncodeAs<Item> for ItemRef<'_> {
+    fn encode_as(&self, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&self.exptime.to_le_bytes());
+        out.extend_from_slice(&self.stored.to_le_bytes());
+        // The marks share the cas word (format unchanged: an item stored before they
+        // existed has neither).
+        let mut word = self.cas & (CAS_LIMIT - 1);
+        if self.stale {
+            word |= STALE_BIT;
+        }
+        if self.won {
+            word |= WON_BIT;
+        }
+        out.extend_from_slice(&word.to_le_bytes());
+        out.extend_from_slice(self.data);
+        Ok(())
     }
 }
 
@@ -398,9 +425,15 @@ impl<C: Clock> Store<C> {
         key: &[u8],
         mut f: impl FnMut(Option<Item>) -> (Change<Item>, R),
     ) -> Result<R> {
+        self.with_room(|| self.change_once(key, &mut f))
+    }
+
+    /// Runs `attempt` (one write); when it finds the heap full, evicts (unless turned off)
+    /// and runs it again.
+    fn with_room<R>(&self, mut attempt: impl FnMut() -> Result<R>) -> Result<R> {
         let mut rounds = 0;
         loop {
-            let result = self.change_once(key, &mut f);
+            let result = attempt();
             let Err(Error::OutOfSpace { requested, .. }) = result else {
                 return result;
             };
@@ -671,6 +704,9 @@ impl<C: Clock> Store<C> {
         data: &[u8],
         cas_unique: Option<u64>,
     ) -> Result<Outcome> {
+        if mode == StoreMode::Set {
+            return self.set(key, flags, exptime, data).map(|_| Outcome::Stored);
+        }
         let now = self.clock.now();
         let fresh = |data, flags, exptime| Item::fresh(flags, exptime, now, self.cas(), data);
         let exptime = absolute(exptime, now);
@@ -704,6 +740,44 @@ impl<C: Clock> Store<C> {
                 (StoreMode::Cas, Some(_)) => (set(), Outcome::Stored),
             }
         })
+    }
+
+    /// `set` (and meta set's default mode): stores `data` under `key` whatever it held, and
+    /// returns the new item's cas unique. It does not read the item it replaces: the map
+    /// reports the replaced entry's length, all that the byte count and the recency lists
+    /// need.
+    ///
+    /// # Errors
+    ///
+    /// A heap error (`OutOfSpace` when the heap is full; nothing changed).
+    pub fn set(&self, key: &[u8], flags: u32, exptime: i64, data: &[u8]) -> Result<u64> {
+        let now = self.clock.now();
+        let exptime = absolute(exptime, now);
+        let (cas, replaced) = self.with_room(|| {
+            let item = ItemRef {
+                flags,
+                exptime,
+                stored: now,
+                cas: self.cas(),
+                stale: false,
+                won: false,
+                data,
+            };
+            let replaced = self.map.put_ref_len(key.to_vec(), &item)?;
+            Ok((item.cas, replaced))
+        })?;
+        let entry = HashMap::<Vec<u8>, Item>::entry_len(key.len(), ITEM_HEADER + data.len());
+        // What an entry's length holds besides the key and the data.
+        let fixed = HashMap::<Vec<u8>, Item>::entry_len(0, ITEM_HEADER);
+        let counted = |len: u64| i64::try_from(len.saturating_sub(fixed)).unwrap_or(i64::MAX);
+        let old = replaced.map_or(0, counted);
+        // ORDERING: a statistic.
+        self.bytes
+            .fetch_add(counted(entry) - old, Ordering::Relaxed);
+        if let Some(recency) = &self.recency {
+            recency.used(key, block_size(entry), cas, replaced.map(block_size), now);
+        }
+        Ok(cas)
     }
 
     /// `delete`.
@@ -976,6 +1050,37 @@ mod tests {
         // Reopened cas uniques continue past every stored one.
         let cas = store.get(b"k").unwrap().unwrap().cas;
         assert!(cas > 3, "cas {cas}");
+    }
+
+    #[test]
+    fn a_set_over_an_item_counts_its_bytes_and_moves_it_to_its_new_size() {
+        let heap = Heap::create(&HeapConfig::simulated(4 << 20, SimMode::Prefix)).unwrap();
+        let store = Store::open(&heap, "cache", clock_at(1000)).unwrap();
+        let small = store.set(b"k", 1, 0, b"v").unwrap();
+        assert_eq!(store.bytes(), 2);
+        let large = vec![b'x'; 500];
+        let cas = store.set(b"k", 2, 0, &large).unwrap();
+        assert!(cas > small);
+        assert_eq!(store.bytes(), 501);
+        let item = store.get(b"k").unwrap().unwrap();
+        assert_eq!((item.flags, item.cas, item.data), (2, cas, large.clone()));
+        let recency = store.recency.as_ref().unwrap();
+        assert_eq!(recency.len(), 1);
+        // Known under the new block size only.
+        let small_block = block_size(HashMap::<Vec<u8>, Item>::entry_len(1, ITEM_HEADER + 1));
+        let large_block = block(b"k", &store.get(b"k").unwrap().unwrap());
+        assert_ne!(small_block, large_block);
+        assert!(recency.oldest(small_block, 10).is_empty());
+        assert_eq!(
+            recency.oldest(large_block, 10),
+            vec![(Box::from(&b"k"[..]), cas)]
+        );
+        // After a delete, a set stores anew.
+        assert_eq!(store.delete(b"k").unwrap(), Outcome::Deleted);
+        assert_eq!(store.bytes(), 0);
+        store.set(b"k", 3, 0, b"again").unwrap();
+        assert_eq!(store.bytes(), 6);
+        assert_eq!(store.get(b"k").unwrap().unwrap().data, b"again");
     }
 
     #[test]
