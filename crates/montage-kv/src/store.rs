@@ -151,6 +151,7 @@ pub(crate) fn block(key: &[u8], item: &Item) -> u64 {
 }
 
 /// What a change does to the recency lists.
+#[derive(Debug, Clone, Copy)]
 enum Recent {
     /// Nothing: the item did not change.
     Same,
@@ -475,28 +476,34 @@ impl<C: Clock> Store<C> {
             };
             (change, (outcome, delta, recent))
         })?;
+        self.settle(key, delta, recent, self.clock.now());
+        Ok(outcome)
+    }
+
+    /// Brings the byte count (by `delta`) and the recency lists (`recent`, at `now`) in step
+    /// with a write to `key` that took effect.
+    fn settle(&self, key: &[u8], delta: i64, recent: Recent, now: i64) {
         // ORDERING: a statistic.
         self.bytes.fetch_add(delta, Ordering::Relaxed);
-        if let Some(recency) = &self.recency {
-            match recent {
-                Recent::Used {
-                    size,
-                    cas,
-                    previous,
-                    same,
-                } => {
-                    let now = self.clock.now();
-                    if same {
-                        recency.rewritten(key, size, cas, previous, now);
-                    } else {
-                        recency.used(key, size, cas, previous, now);
-                    }
-                }
-                Recent::Gone(size) => recency.forget(key, size),
-                Recent::Same => {}
-            }
+        let Some(recency) = &self.recency else {
+            return;
+        };
+        match recent {
+            Recent::Used {
+                size,
+                cas,
+                previous,
+                same: true,
+            } => recency.rewritten(key, size, cas, previous, now),
+            Recent::Used {
+                size,
+                cas,
+                previous,
+                same: false,
+            } => recency.used(key, size, cas, previous, now),
+            Recent::Gone(size) => recency.forget(key, size),
+            Recent::Same => {}
         }
-        Ok(outcome)
     }
 
     /// Makes room for a payload of `requested` bytes by removing the least recently used
@@ -766,17 +773,22 @@ impl<C: Clock> Store<C> {
             let replaced = self.map.put_ref_len(key.to_vec(), &item)?;
             Ok((item.cas, replaced))
         })?;
-        let entry = HashMap::<Vec<u8>, Item>::entry_len(key.len(), ITEM_HEADER + data.len());
-        // What an entry's length holds besides the key and the data.
+        // The replaced item counted its entry's length less what every entry holds besides
+        // its key and data.
         let fixed = HashMap::<Vec<u8>, Item>::entry_len(0, ITEM_HEADER);
-        let counted = |len: u64| i64::try_from(len.saturating_sub(fixed)).unwrap_or(i64::MAX);
-        let old = replaced.map_or(0, counted);
-        // ORDERING: a statistic.
-        self.bytes
-            .fetch_add(counted(entry) - old, Ordering::Relaxed);
-        if let Some(recency) = &self.recency {
-            recency.used(key, block_size(entry), cas, replaced.map(block_size), now);
-        }
+        let old_size = replaced.map_or(0, |len| {
+            i64::try_from(len.saturating_sub(fixed)).unwrap_or(i64::MAX)
+        });
+        let new_size = i64::try_from(key.len() + data.len()).unwrap_or(i64::MAX);
+        let entry = HashMap::<Vec<u8>, Item>::entry_len(key.len(), ITEM_HEADER + data.len());
+        let recent = Recent::Used {
+            size: block_size(entry),
+            cas,
+            previous: replaced.map(block_size),
+            // A new cas unique: a new version.
+            same: false,
+        };
+        self.settle(key, new_size - old_size, recent, now);
         Ok(cas)
     }
 
