@@ -47,6 +47,19 @@ pub(super) fn with_heap<R>(
     let verify = contender == Contender::MontageHashMapVerified;
     let heap = Heap::create(&config.write_back(write_back).verify_reads(verify))?;
     let result = f(&heap);
+    if let Some(dir) = &dir
+        && let Some((resident, huge)) = huge_pages(&dir.path().join("bench.heap"))
+    {
+        // The page size decides how often a random read also misses the TLB, so a figure
+        // should say which it had (docs/PERFORMANCE.md, "Sixth round").
+        eprintln!(
+            "{} ({}): {} MiB of the heap resident, {:.0}% of it in huge pages",
+            contender.name(),
+            backend.name(),
+            resident >> 20,
+            100.0 * huge as f64 / resident.max(1) as f64
+        );
+    }
     heap.close()?;
     drop(dir);
     result
@@ -130,3 +143,31 @@ macro_rules! queue_store {
 
 queue_store!(Queue);
 queue_store!(NbQueue);
+
+/// How many bytes of the mappings of `path` in this process are resident, and how many of
+/// those are in huge pages (`/proc/self/smaps`: `ShmemPmdMapped` on tmpfs, `FilePmdMapped`
+/// on a DAX file system). `None` where the file is not mapped or `/proc` cannot say.
+fn huge_pages(path: &std::path::Path) -> Option<(u64, u64)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let path = path.to_str()?;
+    let (mut resident, mut huge, mut found, mut inside) = (0, 0, false, false);
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(first), Some(value)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if !first.ends_with(':') {
+            // A mapping's first line: its range, permissions, offset, device, inode, path.
+            inside = line.ends_with(path);
+            found |= inside;
+            continue;
+        }
+        let kib = || value.parse::<u64>().unwrap_or(0) << 10;
+        match first {
+            "Rss:" if inside => resident += kib(),
+            "ShmemPmdMapped:" | "FilePmdMapped:" if inside => huge += kib(),
+            _ => {}
+        }
+    }
+    found.then_some((resident, huge))
+}

@@ -1,6 +1,8 @@
 //! Establishes and tears down the memory mappings a heap lives in: a shared file mapping
 //! (`MAP_SYNC` first where persistent memory is wanted, plain `MAP_SHARED` otherwise), a
-//! private copy-on-write one (a heap opened read-only) or anonymous memory. This and `region.rs` are the only producers of pointers into a heap.
+//! private copy-on-write one (a heap opened read-only) or anonymous memory; the shared and
+//! anonymous ones ask for huge pages. This and `region.rs` are the only producers of
+//! pointers into a heap.
 
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the one place that maps
 
@@ -42,6 +44,23 @@ pub(crate) fn free_space(file: &File) -> io::Result<u64> {
     Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
 }
 
+/// Asks the kernel to back `mapping` with transparent huge pages (2 MiB on x86-64) where it
+/// can: anonymous memory when THP is `madvise` or `always`, a tmpfs file when the mount says
+/// `huge=advise` (or more). A DAX mapping needs no asking (the kernel maps it in 2 MiB pages
+/// wherever the file's extents allow) and a page-cache file cannot have them, so there the
+/// advice changes nothing.
+///
+/// Reads of a large heap are random: with 4 KiB pages nearly every one misses the TLB as
+/// well as the cache, and the page walk is a dependent miss of its own (at a million entries
+/// it cost the map's reads 15% to 20% of their throughput; `docs/PERFORMANCE.md`, sixth
+/// round). Advice only: a kernel without THP refuses it, and the heap works the same.
+fn prefer_huge_pages(mapping: &memmap2::MmapRaw) {
+    #[cfg(target_os = "linux")]
+    let _ = mapping.advise(memmap2::Advice::HugePage);
+    #[cfg(not(target_os = "linux"))]
+    let _ = mapping;
+}
+
 /// One mapping of a heap's bytes. Dropping it unmaps them.
 #[derive(Debug)]
 pub(crate) struct Mapping {
@@ -66,6 +85,7 @@ impl Mapping {
             return Ok(mapping);
         }
         let raw = memmap2::MmapOptions::new().len(len).map_raw(file)?;
+        prefer_huge_pages(&raw);
         Ok(Mapping {
             kind: Kind::Raw(raw),
         })
@@ -87,9 +107,10 @@ impl Mapping {
 
     /// Maps `len` bytes of zeroed anonymous memory.
     pub(crate) fn anonymous(len: usize) -> io::Result<Mapping> {
-        let anon = memmap2::MmapOptions::new().len(len).map_anon()?;
+        let anon = memmap2::MmapRaw::from(memmap2::MmapOptions::new().len(len).map_anon()?);
+        prefer_huge_pages(&anon);
         Ok(Mapping {
-            kind: Kind::Raw(memmap2::MmapRaw::from(anon)),
+            kind: Kind::Raw(anon),
         })
     }
 
@@ -157,5 +178,57 @@ impl Drop for Mapping {
             // the mapping is used, because `Region` (its only user) owns this `Mapping`.
             let _ = unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The `VmFlags` line `/proc/self/smaps` gives for the mapping that starts at `base`.
+    fn vm_flags(base: NonNull<u8>) -> String {
+        let start = format!("{:x}-", base.as_ptr().addr());
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        assert!(lines.next().is_some(), "no mapping starts at {start}");
+        lines
+            .find_map(|l| l.strip_prefix("VmFlags:"))
+            .unwrap()
+            .to_owned()
+    }
+
+    /// `hg` is the flag `MADV_HUGEPAGE` sets on a mapping; a kernel built without
+    /// transparent huge pages refuses the advice, and then there is nothing to check.
+    fn advised(base: NonNull<u8>) -> bool {
+        vm_flags(base).split_whitespace().any(|flag| flag == "hg")
+    }
+
+    fn thp_available() -> bool {
+        std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+    }
+
+    #[test]
+    fn heap_mappings_ask_for_huge_pages() {
+        if !thp_available() {
+            eprintln!("skipped: this kernel has no transparent huge pages");
+            return;
+        }
+        let anonymous = Mapping::anonymous(8 << 20).unwrap();
+        assert!(advised(anonymous.base()), "{}", vm_flags(anonymous.base()));
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(dir.path().join("heap"))
+            .unwrap();
+        allocate(&file, 0, 8 << 20).unwrap();
+        let shared = Mapping::file(&file, 8 << 20, false).unwrap();
+        assert!(advised(shared.base()), "{}", vm_flags(shared.base()));
+
+        // A read-only copy is for inspection, which reads a heap once: no advice.
+        let private = Mapping::private(&file, 8 << 20).unwrap();
+        assert!(!advised(private.base()), "{}", vm_flags(private.base()));
     }
 }
