@@ -151,6 +151,7 @@ pub struct HeapConfig {
     pub(crate) journal_size: Option<u64>,
     pub(crate) quarantine: bool,
     pub(crate) verify_reads: bool,
+    pub(crate) huge_pages: bool,
     pub(crate) read_only: bool,
     pub(crate) repair: bool,
 }
@@ -209,6 +210,7 @@ impl HeapConfig {
             journal_size: None,
             quarantine: false,
             verify_reads: false,
+            huge_pages: true,
             read_only: false,
             repair: false,
         }
@@ -232,6 +234,7 @@ impl HeapConfig {
             journal_size: None,
             quarantine: false,
             verify_reads: false,
+            huge_pages: true,
             read_only: false,
             repair: false,
         }
@@ -309,6 +312,25 @@ impl HeapConfig {
     #[must_use]
     pub fn verify_reads(mut self, verify: bool) -> Self {
         self.verify_reads = verify;
+        self
+    }
+
+    /// Maps the heap in huge pages where the system can give them (default `true`): a
+    /// memory heap asks for transparent huge pages (`MADV_HUGEPAGE`); a heap file on tmpfs
+    /// (such as `/dev/shm`) is mapped at a 2 MiB boundary, and a thread of the heap's, at
+    /// the lowest scheduling priority, collapses the file's pages into huge pages
+    /// (`MADV_COLLAPSE`, Linux 6.1) while the heap runs: about 1.4 s of one core per GiB of
+    /// heap file, once, since the file keeps them. A DAX file is mapped in huge pages by the
+    /// kernel either way, and a file in a disk's page cache cannot be.
+    ///
+    /// With 4 KiB pages a random read of a large heap misses the TLB as well as the cache;
+    /// at a million entries that cost the map's reads 15% to 20% of their throughput
+    /// (`docs/PERFORMANCE.md`). `false` leaves the pages as the system gives them: for a
+    /// short-lived process on a large, fresh tmpfs heap, which would spend more on the
+    /// collapse than it gains.
+    #[must_use]
+    pub fn huge_pages(mut self, huge: bool) -> Self {
+        self.huge_pages = huge;
         self
     }
 

@@ -61,33 +61,54 @@ fn prefer_huge_pages(mapping: &memmap2::MmapRaw) {
     let _ = mapping;
 }
 
+/// The size of a huge page on x86-64 (a PMD's reach).
+const HUGE_PAGE: usize = 2 << 20;
+
 /// One mapping of a heap's bytes. Dropping it unmaps them.
 #[derive(Debug)]
 pub(crate) struct Mapping {
     kind: Kind,
+    /// For a tmpfs file: the thread turning its pages into huge ones.
+    collapser: Option<Collapser>,
 }
 
 #[derive(Debug)]
 enum Kind {
     /// A `memmap2` mapping (file or anonymous), accessed through raw pointers only.
     Raw(memmap2::MmapRaw),
-    /// A `MAP_SHARED_VALIDATE | MAP_SYNC` mapping of a DAX file, made with libc because
-    /// memmap2 has no flag for it.
-    Sync { ptr: NonNull<u8>, len: usize },
+    /// A mapping made with libc, for what memmap2 cannot ask for: `MAP_SHARED_VALIDATE |
+    /// MAP_SYNC` on a DAX file (`dax`), or a tmpfs file placed at a huge-page boundary.
+    Libc {
+        ptr: NonNull<u8>,
+        len: usize,
+        dax: bool,
+    },
 }
 
 impl Mapping {
     /// Maps `len` bytes of `file` shared. With `want_sync`, tries `MAP_SYNC` first (so CPU
     /// flushes reach the media without `msync`), falling back to a plain shared mapping when
-    /// the file system is not DAX.
-    pub(crate) fn file(file: &File, len: usize, want_sync: bool) -> io::Result<Mapping> {
+    /// the file system is not DAX. With `huge`, asks for huge pages, and on tmpfs collapses
+    /// the file's pages into them ([`Collapser`]).
+    pub(crate) fn file(
+        file: &File,
+        len: usize,
+        want_sync: bool,
+        huge: bool,
+    ) -> io::Result<Mapping> {
         if want_sync && let Some(mapping) = Self::try_map_sync(file, len)? {
             return Ok(mapping);
         }
+        if huge && let Some(mapping) = Self::try_map_tmpfs(file, len)? {
+            return Ok(mapping);
+        }
         let raw = memmap2::MmapOptions::new().len(len).map_raw(file)?;
-        prefer_huge_pages(&raw);
+        if huge {
+            prefer_huge_pages(&raw);
+        }
         Ok(Mapping {
             kind: Kind::Raw(raw),
+            collapser: None,
         })
     }
 
@@ -102,15 +123,19 @@ impl Mapping {
         let copy = unsafe { memmap2::MmapOptions::new().len(len).map_copy(file)? };
         Ok(Mapping {
             kind: Kind::Raw(memmap2::MmapRaw::from(copy)),
+            collapser: None,
         })
     }
 
-    /// Maps `len` bytes of zeroed anonymous memory.
-    pub(crate) fn anonymous(len: usize) -> io::Result<Mapping> {
+    /// Maps `len` bytes of zeroed anonymous memory; with `huge`, asks for huge pages.
+    pub(crate) fn anonymous(len: usize, huge: bool) -> io::Result<Mapping> {
         let anon = memmap2::MmapRaw::from(memmap2::MmapOptions::new().len(len).map_anon()?);
-        prefer_huge_pages(&anon);
+        if huge {
+            prefer_huge_pages(&anon);
+        }
         Ok(Mapping {
             kind: Kind::Raw(anon),
+            collapser: None,
         })
     }
 
@@ -140,7 +165,12 @@ impl Mapping {
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("null mapping"))?;
         Ok(Some(Mapping {
-            kind: Kind::Sync { ptr, len },
+            kind: Kind::Libc {
+                ptr,
+                len,
+                dax: true,
+            },
+            collapser: None,
         }))
     }
 
@@ -149,11 +179,98 @@ impl Mapping {
         Ok(None)
     }
 
+    /// Maps `len` bytes of `file` shared at an address that is a multiple of 2 MiB, if the
+    /// file is on tmpfs, and starts the thread that collapses its pages into huge pages
+    /// ([`Collapser`]); `None` on another file system. A tmpfs mounted without `huge=` (as
+    /// `/dev/shm` is) neither aligns a mapping nor gives it huge pages by itself, and a huge
+    /// page can only back a range whose address and file offset are both aligned.
+    #[cfg(target_os = "linux")]
+    fn try_map_tmpfs(file: &File, len: usize) -> io::Result<Option<Mapping>> {
+        if !on_tmpfs(file) {
+            return Ok(None);
+        }
+        let span = len
+            .checked_add(HUGE_PAGE)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a null hint lets the kernel choose the address, so no existing mapping is
+        // replaced; the reservation is inaccessible (`PROT_NONE`) and holds no memory.
+        let reserved = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if reserved == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let reserved = reserved.cast::<u8>();
+        let head = reserved.addr().next_multiple_of(HUGE_PAGE) - reserved.addr();
+        let aligned = reserved.wrapping_add(head);
+        // SAFETY: `[aligned, aligned + len)` lies inside the reservation made above (`head`
+        // is under `HUGE_PAGE`, and the reservation is `len + HUGE_PAGE` long), which this
+        // function owns and nothing else uses, so `MAP_FIXED` replaces only its own pages;
+        // `len` and the descriptor are checked by the caller as for any file mapping.
+        let ptr = unsafe {
+            libc::mmap(
+                aligned.cast(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        let err = (ptr == libc::MAP_FAILED).then(io::Error::last_os_error);
+        // Give back what the file's mapping does not cover: all of the reservation if the
+        // mapping failed, else the pieces before and after it.
+        let (keep_from, keep_len) = if err.is_some() { (0, 0) } else { (head, len) };
+        for (from, to) in [(0, keep_from), (keep_from + keep_len, span)] {
+            if to > from {
+                // SAFETY: `[reserved + from, reserved + to)` is part of the reservation made
+                // above and outside the file's mapping; nothing points into it.
+                unsafe { libc::munmap(reserved.wrapping_add(from).cast(), to - from) };
+            }
+        }
+        if let Some(err) = err {
+            return Err(err);
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("null mapping"))?;
+        // SAFETY: `[ptr, ptr + len)` is the mapping made above; the advice changes how its
+        // pages are backed, never what they hold. Advice only, as `prefer_huge_pages`'s.
+        unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        let mapping = Mapping {
+            kind: Kind::Libc {
+                ptr,
+                len,
+                dax: false,
+            },
+            collapser: Collapser::start(ptr),
+        };
+        Ok(Some(mapping))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn try_map_tmpfs(_file: &File, _len: usize) -> io::Result<Option<Mapping>> {
+        Ok(None)
+    }
+
+    /// Tells the mapping that its first `len` bytes are backed by the file, so that the
+    /// collapsing thread, if it has one, may work on them.
+    pub(crate) fn backed(&self, len: usize) {
+        if let Some(collapser) = &self.collapser {
+            collapser.extend(len.min(self.len()));
+        }
+    }
+
     /// The first byte of the mapping.
     pub(crate) fn base(&self) -> NonNull<u8> {
         match &self.kind {
             Kind::Raw(raw) => NonNull::new(raw.as_mut_ptr()).unwrap_or(NonNull::dangling()),
-            Kind::Sync { ptr, .. } => *ptr,
+            Kind::Libc { ptr, .. } => *ptr,
         }
     }
 
@@ -161,23 +278,145 @@ impl Mapping {
     pub(crate) fn len(&self) -> usize {
         match &self.kind {
             Kind::Raw(raw) => raw.len(),
-            Kind::Sync { len, .. } => *len,
+            Kind::Libc { len, .. } => *len,
         }
     }
 
     /// Whether CPU cache flushes reach the media directly (`MAP_SYNC` on a DAX file).
     pub(crate) fn is_dax(&self) -> bool {
-        matches!(self.kind, Kind::Sync { .. })
+        matches!(self.kind, Kind::Libc { dax: true, .. })
     }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        if let Kind::Sync { ptr, len } = self.kind {
+        // First: the thread may be in a call on the mapping's addresses.
+        drop(self.collapser.take());
+        if let Kind::Libc { ptr, len, .. } = self.kind {
             // SAFETY: `ptr`/`len` are exactly what mmap returned; after drop no pointer into
-            // the mapping is used, because `Region` (its only user) owns this `Mapping`.
+            // the mapping is used, because `Region` (its only user) owns this `Mapping`, and
+            // the collapsing thread has been joined above.
             let _ = unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
         }
+    }
+}
+
+/// Whether `file` is on tmpfs.
+#[cfg(target_os = "linux")]
+fn on_tmpfs(file: &File) -> bool {
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `fstatfs` writes one `statfs` into the pointer it is given, which points to
+    // uninitialised memory of exactly that type and size, owned by this frame.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: `fstatfs` returned 0, so it initialised the whole struct.
+    let stat = unsafe { stat.assume_init() };
+    stat.f_type == libc::TMPFS_MAGIC
+}
+
+/// Collapses a tmpfs mapping's pages into huge pages (`MADV_COLLAPSE`, Linux 6.1), 2 MiB at
+/// a time, on a thread of its own at the lowest scheduling priority, as far as the file is
+/// backed ([`Mapping::backed`]). `MADV_COLLAPSE` gives a tmpfs file huge pages whatever the
+/// mount says (short of the administrator's `shmem_enabled=deny`), changes how the pages are
+/// backed and never what they hold, and is safe while the pages are in use (the kernel's own
+/// `khugepaged` does the same to running processes). The file keeps its huge pages after the
+/// heap closes, so a heap reopened later has them at once. It costs about 1.4 s of a core per
+/// GiB of heap, once; a kernel that refuses it stops the thread, and the heap works the same
+/// on small pages.
+#[derive(Debug)]
+struct Collapser {
+    state: std::sync::Arc<CollapseState>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct CollapseState {
+    /// How many bytes from the start of the mapping the file backs.
+    backed: std::sync::atomic::AtomicUsize,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+/// The mapping's base, for the collapsing thread, which hands it to `madvise` and never
+/// reads or writes through it.
+struct Base(NonNull<u8>);
+
+// SAFETY: the thread only passes the address to `madvise`, which neither reads nor writes the
+// memory for this process; the mapping outlives the thread (`Mapping::drop` joins it first).
+unsafe impl Send for Base {}
+
+impl Collapser {
+    #[cfg(target_os = "linux")]
+    fn start(base: NonNull<u8>) -> Option<Collapser> {
+        let state = std::sync::Arc::new(CollapseState::default());
+        let shared = std::sync::Arc::clone(&state);
+        let base = Base(base);
+        let thread = std::thread::Builder::new()
+            .name("montage-huge-pages".into())
+            .spawn(move || collapse(&base, &shared))
+            .ok()?;
+        Some(Collapser {
+            state,
+            thread: Some(thread),
+        })
+    }
+
+    fn extend(&self, backed: usize) {
+        use std::sync::atomic::Ordering;
+        // ORDERING: the file's bytes were allocated before this call (a system call the
+        // kernel orders); the thread needs no more than the number.
+        self.state.backed.fetch_max(backed, Ordering::Relaxed);
+        if let Some(thread) = &self.thread {
+            thread.thread().unpark();
+        }
+    }
+}
+
+impl Drop for Collapser {
+    fn drop(&mut self) {
+        self.state
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The collapsing thread's loop (see [`Collapser`]).
+#[cfg(target_os = "linux")]
+fn collapse(base: &Base, state: &CollapseState) {
+    use std::sync::atomic::Ordering;
+    // SAFETY: `gettid` reads this thread's id and touches no memory.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: on this thread's own id (on Linux a thread id names one thread for
+    // `PRIO_PROCESS`), `setpriority` changes only its scheduling.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid.unsigned_abs(), 19) };
+    let mut done = 0;
+    // ORDERING: `stop` and `backed` are plain flags; `unpark` and `join` order the rest.
+    while !state.stop.load(Ordering::Relaxed) {
+        let backed = state.backed.load(Ordering::Relaxed) / HUGE_PAGE * HUGE_PAGE;
+        if done >= backed {
+            std::thread::park();
+            continue;
+        }
+        // SAFETY: `[base + done, base + done + HUGE_PAGE)` lies inside the mapping (`done +
+        // HUGE_PAGE <= backed <= its length`), which stays mapped until this thread is
+        // joined; `MADV_COLLAPSE` changes how those pages are backed, never their contents.
+        let failed = unsafe {
+            libc::madvise(
+                base.0.as_ptr().wrapping_add(done).cast(),
+                HUGE_PAGE,
+                libc::MADV_COLLAPSE,
+            )
+        } != 0;
+        // EINVAL: a kernel without MADV_COLLAPSE, or huge pages denied to this file; EAGAIN
+        // or ENOMEM: this range not now (it stays in small pages).
+        if failed && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+            return;
+        }
+        done += HUGE_PAGE;
     }
 }
 
@@ -185,16 +424,37 @@ impl Drop for Mapping {
 mod tests {
     use super::*;
 
-    /// The `VmFlags` line `/proc/self/smaps` gives for the mapping that starts at `base`.
-    fn vm_flags(base: NonNull<u8>) -> String {
-        let start = format!("{:x}-", base.as_ptr().addr());
+    /// The value of `field` (`"VmFlags:"`, `"Rss:"`, ...) in what `/proc/self/smaps` gives
+    /// for the mapping that holds `base` (the kernel may have merged the mapping with a
+    /// neighbour whose flags are the same, so it need not start there).
+    fn smaps_field(base: NonNull<u8>, field: &str) -> String {
+        let at = base.as_ptr().addr();
+        let holds = |line: &str| {
+            let range = line.split_whitespace().next().unwrap_or_default();
+            let Some((start, end)) = range.split_once('-') else {
+                return false;
+            };
+            let parse = |hex| usize::from_str_radix(hex, 16).ok();
+            matches!((parse(start), parse(end)), (Some(s), Some(e)) if s <= at && at < e)
+        };
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
-        assert!(lines.next().is_some(), "no mapping starts at {start}");
-        lines
-            .find_map(|l| l.strip_prefix("VmFlags:"))
-            .unwrap()
+        let mut lines = smaps.lines().skip_while(|l| !holds(l));
+        assert!(lines.next().is_some(), "no mapping holds {at:x}");
+        // The mapping's fields end with its `VmFlags` line.
+        let mut fields = lines.scan(false, |ended, line| {
+            let this = (!*ended).then_some(line);
+            *ended = line.starts_with("VmFlags:");
+            this
+        });
+        fields
+            .find_map(|l| l.strip_prefix(field))
+            .unwrap_or_else(|| panic!("no {field} for the mapping at {at:x}"))
+            .trim()
             .to_owned()
+    }
+
+    fn vm_flags(base: NonNull<u8>) -> String {
+        smaps_field(base, "VmFlags:")
     }
 
     /// `hg` is the flag `MADV_HUGEPAGE` sets on a mapping; a kernel built without
@@ -207,14 +467,75 @@ mod tests {
         std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists()
     }
 
+    /// The kilobytes of the mapping at `base` that are in huge pages (`ShmemPmdMapped`).
+    fn huge_kib(base: NonNull<u8>) -> u64 {
+        let value = smaps_field(base, "ShmemPmdMapped:");
+        value.trim_end_matches("kB").trim().parse().unwrap()
+    }
+
+    /// Whether this kernel can collapse a tmpfs file's pages (`MADV_COLLAPSE`, Linux 6.1,
+    /// unless huge pages are denied to shared memory), and `/dev/shm` is a tmpfs to try it on.
+    fn can_collapse() -> Option<std::path::PathBuf> {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+        let mut version = release
+            .split(['.', '-'])
+            .map(|n| n.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (version.next()?, version.next()?);
+        let shmem =
+            std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()?;
+        let shm = std::path::PathBuf::from("/dev/shm");
+        let file = tempfile::tempfile_in(&shm).ok()?;
+        ((major, minor) >= (6, 1) && !shmem.contains("[deny]") && on_tmpfs(&file)).then_some(shm)
+    }
+
+    #[test]
+    fn a_heap_file_on_tmpfs_is_placed_for_huge_pages_and_collapsed_into_them() {
+        let Some(shm) = can_collapse() else {
+            eprintln!("skipped: no tmpfs at /dev/shm, or a kernel that cannot collapse its pages");
+            return;
+        };
+        let len = 8 << 20;
+        let file = tempfile::tempfile_in(shm).unwrap();
+        allocate(&file, 0, len as u64).unwrap();
+        let mapping = Mapping::file(&file, len, false, true).unwrap();
+        assert_eq!(mapping.base().as_ptr().addr() % HUGE_PAGE, 0);
+        assert!(advised(mapping.base()));
+        let base = mapping.base();
+        let region = crate::base::region::Region::with_len(mapping, len);
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        region.write(0, &bytes).unwrap();
+        // The thread works in the background: wait for it, at most a minute.
+        let started = std::time::Instant::now();
+        while huge_kib(base) < (len >> 10) as u64 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "{} of {} KiB in huge pages after a minute",
+                huge_kib(base),
+                len >> 10
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut read = vec![0; len];
+        region.read(0, &mut read).unwrap();
+        assert!(read == bytes, "the collapse changed the bytes");
+        // Without huge pages asked for, no thread and no advice.
+        let plain = Mapping::file(&file, len, false, false).unwrap();
+        assert!(plain.collapser.is_none());
+        assert!(!advised(plain.base()));
+        // Dropping joins the thread and unmaps.
+        drop(region);
+    }
+
     #[test]
     fn heap_mappings_ask_for_huge_pages() {
         if !thp_available() {
             eprintln!("skipped: this kernel has no transparent huge pages");
             return;
         }
-        let anonymous = Mapping::anonymous(8 << 20).unwrap();
+        let anonymous = Mapping::anonymous(8 << 20, true).unwrap();
         assert!(advised(anonymous.base()), "{}", vm_flags(anonymous.base()));
+        let plain = Mapping::anonymous(8 << 20, false).unwrap();
+        assert!(!advised(plain.base()), "{}", vm_flags(plain.base()));
 
         let dir = tempfile::tempdir().unwrap();
         let file = std::fs::OpenOptions::new()
@@ -224,8 +545,10 @@ mod tests {
             .open(dir.path().join("heap"))
             .unwrap();
         allocate(&file, 0, 8 << 20).unwrap();
-        let shared = Mapping::file(&file, 8 << 20, false).unwrap();
+        let shared = Mapping::file(&file, 8 << 20, false, true).unwrap();
         assert!(advised(shared.base()), "{}", vm_flags(shared.base()));
+        let plain = Mapping::file(&file, 8 << 20, false, false).unwrap();
+        assert!(!advised(plain.base()), "{}", vm_flags(plain.base()));
 
         // A read-only copy is for inspection, which reads a heap once: no advice.
         let private = Mapping::private(&file, 8 << 20).unwrap();

@@ -84,6 +84,7 @@ impl Region {
     /// Takes ownership of a mapping of which the first `len` bytes (at most its length) are
     /// accessible; the rest is reserved for [`grow`](Self::grow).
     pub(crate) fn with_len(mapping: Mapping, len: usize) -> Region {
+        mapping.backed(len);
         Region {
             base: mapping.base(),
             len: AtomicUsize::new(len.min(mapping.len())),
@@ -116,6 +117,7 @@ impl Region {
         }
         // ORDERING: see `len`.
         self.len.fetch_max(len, Ordering::Relaxed);
+        self.mapping.backed(len);
         Ok(())
     }
 
@@ -316,7 +318,7 @@ mod tests {
     use super::*;
 
     fn region(len: usize) -> Region {
-        Region::new(Mapping::anonymous(len).unwrap())
+        Region::new(Mapping::anonymous(len, true).unwrap())
     }
 
     #[test]

@@ -566,7 +566,12 @@ fn map_file(
     }
     let limit = growth_limit(config, geometry, len as u64, Some(file));
     reserve(limit, len, |reserve| {
-        Mapping::file(file, reserve, wants_map_sync(config.backend))
+        Mapping::file(
+            file,
+            reserve,
+            wants_map_sync(config.backend),
+            config.huge_pages,
+        )
     })
     .map_err(|e| Error::io("mmap", path, e))
 }
@@ -575,7 +580,10 @@ fn map_file(
 /// the range it may grow into as `config` allows.
 fn map_memory(config: &HeapConfig, geometry: &Geometry, len: usize) -> Result<Mapping> {
     let limit = growth_limit(config, geometry, len as u64, None);
-    reserve(limit, len, Mapping::anonymous).map_err(|e| Error::io("mmap", Path::new("<memory>"), e))
+    reserve(limit, len, |reserve| {
+        Mapping::anonymous(reserve, config.huge_pages)
+    })
+    .map_err(|e| Error::io("mmap", Path::new("<memory>"), e))
 }
 
 /// How many bytes a heap with `geometry`, `len` bytes long now, may grow to as `config`

@@ -663,7 +663,7 @@ mod tests {
 
     fn media(mode: SimMode) -> (Media, Arc<Simulator>) {
         let sim = Arc::new(Simulator::new(mode, Pages::zeroed(LEN), None));
-        let region = Region::new(Mapping::anonymous(LEN).unwrap());
+        let region = Region::new(Mapping::anonymous(LEN, true).unwrap());
         (Media::new(region, Backend::Simulated(sim.clone())), sim)
     }
 

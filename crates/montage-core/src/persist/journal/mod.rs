@@ -700,7 +700,11 @@ mod tests {
         let header = Journal::format(&device, 1, 2, 1).unwrap();
         let journal = Journal::new(device, header, 0).unwrap();
         journal.start_logging();
-        (sim, journal, Region::new(Mapping::anonymous(HEAP).unwrap()))
+        (
+            sim,
+            journal,
+            Region::new(Mapping::anonymous(HEAP, true).unwrap()),
+        )
     }
 
     /// A journal with five committed one-sector records: record `i` (seq `i + 1`) holds 100
