@@ -384,6 +384,12 @@ impl Drop for Collapser {
     }
 }
 
+/// How often a range the kernel could not collapse now is tried again, and how long
+/// after: its pages may have been busy (`EAGAIN`), or no huge page was free (`ENOMEM`).
+const COLLAPSE_TRIES: u32 = 4;
+/// See [`COLLAPSE_TRIES`].
+const COLLAPSE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The collapsing thread's loop (see [`Collapser`]).
 #[cfg(target_os = "linux")]
 fn collapse(base: &Base, state: &CollapseState) {
@@ -393,7 +399,7 @@ fn collapse(base: &Base, state: &CollapseState) {
     // SAFETY: on this thread's own id (on Linux a thread id names one thread for
     // `PRIO_PROCESS`), `setpriority` changes only its scheduling.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, tid.unsigned_abs(), 19) };
-    let mut done = 0;
+    let (mut done, mut tries) = (0, 0);
     // ORDERING: `stop` and `backed` are plain flags; `unpark` and `join` order the rest.
     while !state.stop.load(Ordering::Relaxed) {
         let backed = state.backed.load(Ordering::Relaxed) / HUGE_PAGE * HUGE_PAGE;
@@ -411,11 +417,20 @@ fn collapse(base: &Base, state: &CollapseState) {
                 libc::MADV_COLLAPSE,
             )
         } != 0;
-        // EINVAL: a kernel without MADV_COLLAPSE, or huge pages denied to this file; EAGAIN
-        // or ENOMEM: this range not now (it stays in small pages).
-        if failed && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-            return;
+        if failed {
+            // EINVAL: a kernel without MADV_COLLAPSE, or huge pages denied to this file.
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+                return;
+            }
+            // Otherwise not now: again a little later, and after a few tries the range
+            // stays in small pages.
+            tries += 1;
+            if tries < COLLAPSE_TRIES {
+                std::thread::park_timeout(COLLAPSE_AGAIN_AFTER);
+                continue;
+            }
         }
+        tries = 0;
         done += HUGE_PAGE;
     }
 }
