@@ -161,6 +161,16 @@ enum Undo<K> {
     Removed { hash: u64, key: K, block: PBlock },
 }
 
+/// What a write reads of the entry it replaces, before it writes.
+enum Replaced<'a, V> {
+    /// Nothing.
+    Nothing,
+    /// The value.
+    Value(&'a mut Option<V>),
+    /// The entry's length, in [`HashMap::entry_len`]'s measure.
+    Len(&'a mut Option<u64>),
+}
+
 /// How an entry's payload is rewritten.
 #[derive(Debug, Clone, Copy)]
 enum Rewrite {
@@ -341,7 +351,7 @@ where
         entry::with_encoded::<K, V, V, _>(&key, &value, |bytes| {
             self.attached.heap().run_op(|op| {
                 let mut old = None;
-                self.put_in(op, &key, bytes, Some(&mut old))?;
+                self.put_in(op, &key, bytes, Replaced::Value(&mut old))?;
                 Ok(old)
             })
         })
@@ -383,7 +393,7 @@ where
         entry::with_encoded::<K, V, Q, _>(&key, value, |bytes| {
             self.attached
                 .heap()
-                .run_op(|op| self.put_in(op, &key, bytes, None))
+                .run_op(|op| self.put_in(op, &key, bytes, Replaced::Nothing))
         })
     }
 
@@ -401,26 +411,21 @@ where
     pub fn put_ref_len<Q: EncodeAs<V> + ?Sized>(&self, key: K, value: &Q) -> Result<Option<u64>> {
         entry::with_encoded::<K, V, Q, _>(&key, value, |bytes| {
             self.attached.heap().run_op(|op| {
-                let (hash, stripe) = self.stripe(&key);
-                let mut stripe = stripe.lock(op)?;
-                let found = stripe.get(hash, &key);
-                let replaced = found
-                    .map(|block| op.info(block).map(|info| u64::from(info.len)))
-                    .transpose()?;
-                self.write_found(op, &mut stripe, hash, &key, found, bytes, Rewrite::InPlace)?;
-                Ok(replaced)
+                let mut len = None;
+                self.put_in(op, &key, bytes, Replaced::Len(&mut len))?;
+                Ok(len)
             })
         })
     }
 
-    /// Writes the entry `bytes` for `key`; returns whether the key was present, and reads the
-    /// value it replaces into `old` if asked to.
+    /// Writes the entry `bytes` for `key`; returns whether the key was present, and reads
+    /// what `old` asks for of the entry it replaces.
     fn put_in(
         &self,
         op: &OpGuard<'_>,
         key: &K,
         bytes: &[u8],
-        old: Option<&mut Option<V>>,
+        old: Replaced<'_, V>,
     ) -> Result<bool> {
         let (hash, stripe) = self.stripe(key);
         let mut stripe = stripe.lock(op)?;
@@ -439,12 +444,17 @@ where
         hash: u64,
         key: &K,
         bytes: &[u8],
-        old: Option<&mut Option<V>>,
+        old: Replaced<'_, V>,
         rewrite: Rewrite,
     ) -> Result<(bool, Undo<K>)> {
         let found = stripe.get(hash, key);
-        if let (Some(found), Some(old)) = (found, old) {
-            *old = Some(entry::read_value(op, found)?);
+        if let Some(found) = found {
+            match old {
+                Replaced::Nothing => {}
+                Replaced::Value(value) => *value = Some(entry::read_value(op, found)?),
+                // In the block's header, which the write reads next: in cache for it.
+                Replaced::Len(len) => *len = Some(u64::from(op.info(found)?.len)),
+            }
         }
         let undo = self.write_found(op, stripe, hash, key, found, bytes, rewrite)?;
         Ok((found.is_some(), undo))
@@ -880,6 +890,7 @@ where
         let (hash, at) = self.locked(key)?;
         let part = &mut *self.part;
         let stripe = &mut part.stripes[at].1;
+        let old = old.map_or(Replaced::Nothing, Replaced::Value);
         let (present, undo) =
             part.map
                 .put_locked(self.op, stripe, hash, key, bytes, old, Rewrite::Copy)?;
@@ -971,7 +982,7 @@ mod tests {
             |old| {
                 let bytes = entry::encode(&1u64, &11u64).unwrap();
                 assert!(matches!(
-                    map.put_in(old, &1, &bytes, None),
+                    map.put_in(old, &1, &bytes, Replaced::Nothing),
                     Err(Error::Aborted)
                 ));
                 assert!(matches!(map.remove_in(old, &1, None), Err(Error::Aborted)));

@@ -44,23 +44,6 @@ pub(crate) fn free_space(file: &File) -> io::Result<u64> {
     Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
 }
 
-/// Asks the kernel to back `mapping` with transparent huge pages (2 MiB on x86-64) where it
-/// can: anonymous memory when THP is `madvise` or `always`, a tmpfs file when the mount says
-/// `huge=advise` (or more). A DAX mapping needs no asking (the kernel maps it in 2 MiB pages
-/// wherever the file's extents allow) and a page-cache file cannot have them, so there the
-/// advice changes nothing.
-///
-/// Reads of a large heap are random: with 4 KiB pages nearly every one misses the TLB as
-/// well as the cache, and the page walk is a dependent miss of its own (at a million entries
-/// it cost the map's reads 15% to 20% of their throughput; `docs/PERFORMANCE.md`, sixth
-/// round). Advice only: a kernel without THP refuses it, and the heap works the same.
-fn prefer_huge_pages(mapping: &memmap2::MmapRaw) {
-    #[cfg(target_os = "linux")]
-    let _ = mapping.advise(memmap2::Advice::HugePage);
-    #[cfg(not(target_os = "linux"))]
-    let _ = mapping;
-}
-
 /// The size of a huge page on x86-64 (a PMD's reach).
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -103,13 +86,11 @@ impl Mapping {
             return Ok(mapping);
         }
         let raw = memmap2::MmapOptions::new().len(len).map_raw(file)?;
-        if huge {
-            prefer_huge_pages(&raw);
-        }
-        Ok(Mapping {
+        let mapping = Mapping {
             kind: Kind::Raw(raw),
             collapser: None,
-        })
+        };
+        Ok(mapping.with_huge_pages(huge))
     }
 
     /// Maps `len` bytes of `file` private and copy-on-write: stores reach this process's
@@ -130,13 +111,11 @@ impl Mapping {
     /// Maps `len` bytes of zeroed anonymous memory; with `huge`, asks for huge pages.
     pub(crate) fn anonymous(len: usize, huge: bool) -> io::Result<Mapping> {
         let anon = memmap2::MmapRaw::from(memmap2::MmapOptions::new().len(len).map_anon()?);
-        if huge {
-            prefer_huge_pages(&anon);
-        }
-        Ok(Mapping {
+        let mapping = Mapping {
             kind: Kind::Raw(anon),
             collapser: None,
-        })
+        };
+        Ok(mapping.with_huge_pages(huge))
     }
 
     #[cfg(target_os = "linux")]
@@ -239,9 +218,6 @@ impl Mapping {
             return Err(err);
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("null mapping"))?;
-        // SAFETY: `[ptr, ptr + len)` is the mapping made above; the advice changes how its
-        // pages are backed, never what they hold. Advice only, as `prefer_huge_pages`'s.
-        unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
         let mapping = Mapping {
             kind: Kind::Libc {
                 ptr,
@@ -250,7 +226,7 @@ impl Mapping {
             },
             collapser: Collapser::start(ptr),
         };
-        Ok(Some(mapping))
+        Ok(Some(mapping.with_huge_pages(true)))
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -264,6 +240,28 @@ impl Mapping {
         if let Some(collapser) = &self.collapser {
             collapser.extend(len.min(self.len()));
         }
+    }
+
+    /// With `huge`, asks the kernel to back the mapping with transparent huge pages (2 MiB on
+    /// x86-64) where it can: anonymous memory when THP is `madvise` or `always`, a tmpfs file
+    /// when the mount says `huge=advise` (or more). A DAX mapping needs no asking (the kernel
+    /// maps it in 2 MiB pages wherever the file's extents allow) and a page-cache file cannot
+    /// have them, so there the advice changes nothing.
+    ///
+    /// Reads of a large heap are random: with 4 KiB pages nearly every one misses the TLB as
+    /// well as the cache, and the page walk is a dependent miss of its own (at a million
+    /// entries it cost the map's reads 15% to 20% of their throughput; `docs/PERFORMANCE.md`,
+    /// sixth round). Advice only: a kernel without THP refuses it, and the heap works the same.
+    fn with_huge_pages(self, huge: bool) -> Mapping {
+        #[cfg(target_os = "linux")]
+        if huge {
+            // SAFETY: `[base, base + len)` is this mapping, which `self` owns; the advice
+            // changes how its pages are backed, never what they hold.
+            unsafe { libc::madvise(self.base().as_ptr().cast(), self.len(), libc::MADV_HUGEPAGE) };
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = huge;
+        self
     }
 
     /// The first byte of the mapping.
