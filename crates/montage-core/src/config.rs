@@ -319,15 +319,16 @@ impl HeapConfig {
     /// memory heap asks for transparent huge pages (`MADV_HUGEPAGE`); a heap file on tmpfs
     /// (such as `/dev/shm`) is mapped at a 2 MiB boundary, and a thread of the heap's, at
     /// the lowest scheduling priority, collapses the file's pages into huge pages
-    /// (`MADV_COLLAPSE`, Linux 6.1) while the heap runs: about 1.4 s of one core per GiB of
-    /// heap file, once, since the file keeps them. A DAX file is mapped in huge pages by the
+    /// (`MADV_COLLAPSE`, Linux 6.1) while the heap runs, as far as the heap has handed out
+    /// blocks (the allocator fills it from the start): about 1.4 s of one core per GiB in
+    /// use, once, since the file keeps them. A DAX file is mapped in huge pages by the
     /// kernel either way, and a file in a disk's page cache cannot be.
     ///
     /// With 4 KiB pages a random read of a large heap misses the TLB as well as the cache;
     /// at a million entries that cost the map's reads 15% to 20% of their throughput
     /// (`docs/PERFORMANCE.md`). `false` leaves the pages as the system gives them: for a
-    /// short-lived process on a large, fresh tmpfs heap, which would spend more on the
-    /// collapse than it gains.
+    /// short-lived process that fills a large, fresh tmpfs heap, which would spend more on
+    /// the collapse than it gains.
     #[must_use]
     pub fn huge_pages(mut self, huge: bool) -> Self {
         self.huge_pages = huge;

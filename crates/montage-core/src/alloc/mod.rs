@@ -731,7 +731,39 @@ impl Allocator {
         }
     }
 
-    fn take_spans(&self, extent: u64, len: u64) -> Result<u64> {
+    /// Takes `extent` free spans in a row as [`take_free_spans`](Self::take_free_spans)
+    /// does, and tells the media they are in use.
+    fn take_spans(&self, media: &Media, extent: u64, len: u64) -> Result<u64> {
+        let first = self.take_free_spans(extent, len)?;
+        media
+            .region()
+            .in_use(self.geometry.span_start(first.saturating_add(extent)));
+        Ok(first)
+    }
+
+    /// Tells the media how far into the heap blocks have been handed out (see
+    /// [`Region::in_use`](crate::base::region::Region::in_use)): up to the end of the last
+    /// span that is not free. From then on [`take_spans`](Self::take_spans) tells it as the
+    /// mark moves.
+    pub(crate) fn report_in_use(&self, media: &Media) {
+        // ORDERING: see `geometry`.
+        let spans = self.spans.load(Ordering::Acquire);
+        let last = (0..spans).rev().find(|&span| {
+            // ORDERING: a hint for the mapping; nothing is read through it.
+            usize::try_from(span)
+                .ok()
+                .and_then(|i| self.mirror.get(i))
+                .is_some_and(|entry| entry.load(Ordering::Relaxed) != MIRROR_FREE)
+        });
+        let end = last.map_or(self.geometry.data_offset, |span| {
+            self.geometry.span_start(span + 1)
+        });
+        media.region().in_use(end);
+    }
+
+    /// Takes `extent` free spans in a row (the lowest, for one), or fails with what
+    /// [`full`] says of a payload of `len` bytes.
+    fn take_free_spans(&self, extent: u64, len: u64) -> Result<u64> {
         let mut pool = lock(&self.span_pool);
         let first = if extent == 1 {
             pool.pop_first()
@@ -789,7 +821,7 @@ impl Allocator {
     /// Takes a free span, carves it into blocks of `class`, and returns their offsets. `len`
     /// is the payload size being allocated, reported if the heap is full.
     fn carve(&self, media: &Media, class: u8, len: u64) -> Result<Vec<u64>> {
-        let span = self.take_spans(1, len)?;
+        let span = self.take_spans(media, 1, len)?;
         let start = self.geometry.span_start(span);
         let size = class_size(class);
         let blocks: Vec<u64> = (0..blocks_per_span(class))
@@ -828,7 +860,7 @@ impl Allocator {
         // spans whose blocks are all free; then grow the heap; retrying after each.
         let mut drained = false;
         let span = loop {
-            match self.take_spans(extent, len) {
+            match self.take_spans(media, extent, len) {
                 Ok(span) => break span,
                 Err(Error::OutOfSpace { .. }) => {}
                 Err(other) => return Err(other),

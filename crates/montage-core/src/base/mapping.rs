@@ -10,6 +10,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
 
 /// Allocates the file's blocks for `[offset, offset + len)`, lengthening the file if it is
 /// shorter, so that stores through a mapping of them never meet a full disk (which would be
@@ -235,10 +236,19 @@ impl Mapping {
     }
 
     /// Tells the mapping that its first `len` bytes are backed by the file, so that the
-    /// collapsing thread, if it has one, may work on them.
+    /// collapsing thread, if it has one, may work on them once they are in use.
     pub(crate) fn backed(&self, len: usize) {
         if let Some(collapser) = &self.collapser {
             collapser.extend(len.min(self.len()));
+        }
+    }
+
+    /// Tells the mapping that bytes up to `end` are in use (the heap has handed out blocks
+    /// that far), so that the collapsing thread, if it has one, collapses them; what lies
+    /// past the last block handed out stays in small pages until then.
+    pub(crate) fn in_use(&self, end: usize) {
+        if let Some(collapser) = &self.collapser {
+            collapser.use_up_to(end.min(self.len()));
         }
     }
 
@@ -315,13 +325,15 @@ fn on_tmpfs(file: &File) -> bool {
 
 /// Collapses a tmpfs mapping's pages into huge pages (`MADV_COLLAPSE`, Linux 6.1), 2 MiB at
 /// a time, on a thread of its own at the lowest scheduling priority, as far as the file is
-/// backed ([`Mapping::backed`]). `MADV_COLLAPSE` gives a tmpfs file huge pages whatever the
-/// mount says (short of the administrator's `shmem_enabled=deny`), changes how the pages are
-/// backed and never what they hold, and is safe while the pages are in use (the kernel's own
-/// `khugepaged` does the same to running processes). The file keeps its huge pages after the
-/// heap closes, so a heap reopened later has them at once. It costs about 1.4 s of a core per
-/// GiB of heap, once; a kernel that refuses it stops the thread, and the heap works the same
-/// on small pages.
+/// backed ([`Mapping::backed`]) and the heap is in use ([`Mapping::in_use`]: the allocator
+/// hands out its spans lowest first, so a heap created far larger than what it holds
+/// collapses what it holds, not its whole file). `MADV_COLLAPSE` gives a tmpfs file huge
+/// pages whatever the mount says (short of the administrator's `shmem_enabled=deny`),
+/// changes how the pages are backed and never what they hold, and is safe while the pages
+/// are in use (the kernel's own `khugepaged` does the same to running processes). The file
+/// keeps its huge pages after the heap closes, so a heap reopened later has them at once.
+/// It costs about 1.4 s of a core per GiB in use, once; a kernel that refuses it stops the
+/// thread, and the heap works the same on small pages.
 #[derive(Debug)]
 struct Collapser {
     state: std::sync::Arc<CollapseState>,
@@ -332,6 +344,8 @@ struct Collapser {
 struct CollapseState {
     /// How many bytes from the start of the mapping the file backs.
     backed: std::sync::atomic::AtomicUsize,
+    /// How many bytes from the start of the mapping are in use ([`Mapping::in_use`]).
+    in_use: std::sync::atomic::AtomicUsize,
     stop: std::sync::atomic::AtomicBool,
 }
 
@@ -360,10 +374,23 @@ impl Collapser {
     }
 
     fn extend(&self, backed: usize) {
-        use std::sync::atomic::Ordering;
         // ORDERING: the file's bytes were allocated before this call (a system call the
         // kernel orders); the thread needs no more than the number.
-        self.state.backed.fetch_max(backed, Ordering::Relaxed);
+        let before = self.state.backed.fetch_max(backed, Ordering::Relaxed);
+        if before < backed {
+            self.wake();
+        }
+    }
+
+    fn use_up_to(&self, end: usize) {
+        // ORDERING: a number for the thread, which reads no memory of the heap.
+        let before = self.state.in_use.fetch_max(end, Ordering::Relaxed);
+        if before < end {
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
         if let Some(thread) = &self.thread {
             thread.thread().unpark();
         }
@@ -372,9 +399,7 @@ impl Collapser {
 
 impl Drop for Collapser {
     fn drop(&mut self) {
-        self.state
-            .stop
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.state.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             thread.thread().unpark();
             let _ = thread.join();
@@ -391,7 +416,6 @@ const COLLAPSE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_mill
 /// The collapsing thread's loop (see [`Collapser`]).
 #[cfg(target_os = "linux")]
 fn collapse(base: &Base, state: &CollapseState) {
-    use std::sync::atomic::Ordering;
     // SAFETY: `gettid` reads this thread's id and touches no memory.
     let tid = unsafe { libc::gettid() };
     // SAFETY: on this thread's own id (on Linux a thread id names one thread for
@@ -401,7 +425,9 @@ fn collapse(base: &Base, state: &CollapseState) {
     // ORDERING: `stop` and `backed` are plain flags; `unpark` and `join` order the rest.
     while !state.stop.load(Ordering::Relaxed) {
         let backed = state.backed.load(Ordering::Relaxed) / HUGE_PAGE * HUGE_PAGE;
-        if done >= backed {
+        // The huge page holding the last byte in use is collapsed too, if the file backs it.
+        let in_use = state.in_use.load(Ordering::Relaxed).div_ceil(HUGE_PAGE) * HUGE_PAGE;
+        if done >= backed.min(in_use) {
             std::thread::park();
             continue;
         }
@@ -434,7 +460,7 @@ fn collapse(base: &Base, state: &CollapseState) {
 }
 
 #[cfg(all(test, target_os = "linux"))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The value of `field` (`"VmFlags:"`, `"Rss:"`, ...) in what `/proc/self/smaps` gives
@@ -481,14 +507,14 @@ mod tests {
     }
 
     /// The kilobytes of the mapping at `base` that are in huge pages (`ShmemPmdMapped`).
-    fn huge_kib(base: NonNull<u8>) -> u64 {
+    pub(crate) fn huge_kib(base: NonNull<u8>) -> u64 {
         let value = smaps_field(base, "ShmemPmdMapped:");
         value.trim_end_matches("kB").trim().parse().unwrap()
     }
 
     /// Whether this kernel can collapse a tmpfs file's pages (`MADV_COLLAPSE`, Linux 6.1,
     /// unless huge pages are denied to shared memory), and `/dev/shm` is a tmpfs to try it on.
-    fn can_collapse() -> Option<std::path::PathBuf> {
+    pub(crate) fn can_collapse() -> Option<std::path::PathBuf> {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
         let mut version = release
             .split(['.', '-'])
@@ -499,6 +525,21 @@ mod tests {
         let shm = std::path::PathBuf::from("/dev/shm");
         let file = tempfile::tempfile_in(&shm).ok()?;
         ((major, minor) >= (6, 1) && !shmem.contains("[deny]") && on_tmpfs(&file)).then_some(shm)
+    }
+
+    /// Waits until `len` bytes of the mapping at `base` are in huge pages: the collapsing
+    /// thread works in the background; at most a minute.
+    pub(crate) fn wait_for_huge(base: NonNull<u8>, len: usize) {
+        let started = std::time::Instant::now();
+        while huge_kib(base) < (len >> 10) as u64 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "{} of {} KiB in huge pages after a minute",
+                huge_kib(base),
+                len >> 10
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     #[test]
@@ -517,17 +558,20 @@ mod tests {
         let region = crate::base::region::Region::with_len(mapping, len);
         let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         region.write(0, &bytes).unwrap();
-        // The thread works in the background: wait for it, at most a minute.
-        let started = std::time::Instant::now();
-        while huge_kib(base) < (len >> 10) as u64 {
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(60),
-                "{} of {} KiB in huge pages after a minute",
-                huge_kib(base),
-                len >> 10
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        // Only what is in use is collapsed: here the first huge page and the one holding the
+        // byte past it.
+        region.in_use(HUGE_PAGE as u64 + 1);
+        wait_for_huge(base, 2 * HUGE_PAGE);
+        // The thread, done, waits for more to be in use (a collapse of 2 MiB takes a few
+        // milliseconds).
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(
+            huge_kib(base),
+            ((2 * HUGE_PAGE) >> 10) as u64,
+            "collapsed past what is in use"
+        );
+        region.in_use(len as u64);
+        wait_for_huge(base, len);
         let mut read = vec![0; len];
         region.read(0, &mut read).unwrap();
         assert!(read == bytes, "the collapse changed the bytes");

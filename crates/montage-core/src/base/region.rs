@@ -121,6 +121,13 @@ impl Region {
         Ok(())
     }
 
+    /// Tells the mapping that the heap has handed out blocks up to `end` (see
+    /// [`Mapping::in_use`]).
+    pub(crate) fn in_use(&self, end: u64) {
+        self.mapping
+            .in_use(usize::try_from(end).unwrap_or(usize::MAX));
+    }
+
     /// The mapping this region owns.
     pub(crate) fn mapping(&self) -> &Mapping {
         &self.mapping

@@ -485,6 +485,40 @@ mod tests {
         journal.fail_next.store(true, Ordering::Relaxed);
     }
 
+    /// A heap file on tmpfs created far larger than what it holds collapses what it holds
+    /// into huge pages, not its whole file: the allocator tells the mapping how far it has
+    /// handed out spans.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_large_heap_on_tmpfs_collapses_what_it_holds_and_no_more() {
+        use crate::base::mapping::tests::{can_collapse, huge_kib, wait_for_huge};
+        let Some(shm) = can_collapse() else {
+            eprintln!("skipped: no tmpfs at /dev/shm, or a kernel that cannot collapse its pages");
+            return;
+        };
+        let dir = tempfile::tempdir_in(shm).unwrap();
+        let size = 64 << 20;
+        let config = HeapConfig::new(dir.path().join("large.heap"))
+            .size(size)
+            .max_size(size);
+        let heap = Heap::create(&config).unwrap();
+        let base = heap.shared().runtime.media.region().mapping().base();
+        let owner = heap.register("t").unwrap();
+        let payload = [7u8; 1000];
+        for _ in 0..8 << 10 {
+            heap.run_op(|op| op.alloc(owner, 1, &payload).map(drop))
+                .unwrap();
+        }
+        // 8 MiB of payloads: their spans, and the heap's metadata before them.
+        wait_for_huge(base, 8 << 20);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let huge = huge_kib(base) << 10;
+        assert!(
+            huge <= 16 << 20,
+            "{huge} bytes of a {size}-byte heap holding 8 MiB collapsed"
+        );
+    }
+
     /// INV-HDR-2 on the journal: however long nobody syncs, the clock never runs
     /// `Epoch::JOURNAL_LEAD` records past the last durable one, so recovery's window of
     /// epochs a torn header can be from stays bounded.

@@ -139,6 +139,7 @@ impl Heap {
         };
         let heap = Heap::start(shared)?;
         let runtime = &heap.shared().runtime;
+        runtime.alloc.report_in_use(&runtime.media);
         runtime.alloc.fill_reserve(&runtime.media)?;
         Ok(heap)
     }
@@ -329,6 +330,7 @@ impl Heap {
         // go now (INV-EP-3), in a fence of their own after the one that covered the victims.
         let runtime = &heap.shared().runtime;
         runtime.alloc.release(&runtime.media, &antis)?;
+        runtime.alloc.report_in_use(&runtime.media);
         runtime.alloc.fill_reserve(&runtime.media)?;
         Ok(heap)
     }
