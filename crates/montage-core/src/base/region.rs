@@ -198,71 +198,81 @@ impl Region {
     /// Release store and Acquire load, and the epoch protocol.
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let start = self.check(offset, buf.len() as u64)?;
-        #[cfg(target_arch = "x86_64")]
-        if buf.len() >= STRING_COPY_MIN {
-            // SAFETY:
-            // - the source `[start, start + len)` lies inside the live mapping (`check`
-            //   above), which `self` owns for the duration of the call;
-            // - the destination is `buf`, which this call borrows exclusively, of exactly
-            //   `len` bytes, and which cannot overlap the mapping (no Rust reference into the
-            //   mapping exists but atomics, INV-MEM-2).
-            unsafe {
-                copy_string(
-                    buf.as_mut_ptr(),
-                    self.base.as_ptr().wrapping_add(start).cast_const(),
-                    buf.len(),
-                );
-            }
-            return Ok(());
-        }
-        let (head, words) = Self::split(start, buf.len());
-        let (head_buf, rest) = buf.split_at_mut(head);
-        let (word_buf, tail_buf) = rest.split_at_mut(words.wrapping_mul(8));
-        for (i, b) in head_buf.iter_mut().enumerate() {
-            *b = self.byte(start.wrapping_add(i)).load(Ordering::Relaxed);
-        }
-        let words_at = start.wrapping_add(head);
-        for (i, chunk) in word_buf.chunks_exact_mut(8).enumerate() {
-            let value = self.word_at(words_at.wrapping_add(i.wrapping_mul(8)));
-            chunk.copy_from_slice(&value.load(Ordering::Relaxed).to_ne_bytes());
-        }
-        let tail_at = words_at.wrapping_add(words.wrapping_mul(8));
-        for (i, b) in tail_buf.iter_mut().enumerate() {
-            *b = self.byte(tail_at.wrapping_add(i)).load(Ordering::Relaxed);
-        }
+        // SAFETY: `start` comes from `check` for `buf.len()` bytes, and `buf` is valid for
+        // writes of that many bytes, borrowed exclusively, and cannot overlap the mapping
+        // (no Rust reference into the mapping exists but atomics, INV-MEM-2).
+        unsafe { self.copy_out(start, buf.as_mut_ptr(), buf.len()) };
         Ok(())
     }
 
     /// The `len` heap bytes at `offset`, copied once into a new vector: unlike a
     /// [`read`](Self::read) into a buffer of one's own, nothing is written to the vector's
     /// memory before the copy (zeroing a 1 KiB value first cost a read of it a tenth of its
-    /// time).
+    /// time, and a small one a `calloc` instead of a `malloc`).
     #[inline]
     pub(crate) fn read_to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let start = self.check(offset, len as u64)?;
+        let mut out = Vec::with_capacity(len);
+        // SAFETY: `start` comes from `check` for `len` bytes; the destination is the fresh
+        // allocation of `out`, at least `len` bytes of capacity, which no one else can reach
+        // and which cannot overlap the mapping.
+        unsafe { self.copy_out(start, out.as_mut_ptr(), len) };
+        // SAFETY: the copy above initialized the first `len` bytes, within the capacity.
+        unsafe { out.set_len(len) };
+        Ok(out)
+    }
+
+    /// Copies the `len` heap bytes at the checked index `start` to `dst` (see
+    /// [`read`](Self::read)): one string copy for a long range, otherwise a byte head,
+    /// whole words and a byte tail, each an atomic load.
+    ///
+    /// # Safety
+    ///
+    /// `[start, start + len)` was checked by [`check`](Self::check), and `dst` is valid
+    /// for writes of `len` bytes and does not overlap the mapping.
+    #[inline]
+    unsafe fn copy_out(&self, start: usize, dst: *mut u8, len: usize) {
         #[cfg(target_arch = "x86_64")]
         if len >= STRING_COPY_MIN {
-            let start = self.check(offset, len as u64)?;
-            let mut out = Vec::with_capacity(len);
-            // SAFETY:
-            // - the source `[start, start + len)` lies inside the live mapping (`check`
-            //   above), which `self` owns for the duration of the call, and is read as
-            //   `read` reads it (single-byte accesses, INV-MEM-2);
-            // - the destination is the fresh allocation of `out`, at least `len` bytes of
-            //   capacity, which no one else can reach and which cannot overlap the mapping.
+            // SAFETY: the source lies inside the live mapping (checked, this function's
+            // contract), which `self` owns for the duration of the call, and is read by
+            // single-byte accesses (INV-MEM-2); `dst` is valid for `len` bytes and disjoint
+            // from it (this function's contract).
             unsafe {
                 copy_string(
-                    out.as_mut_ptr(),
+                    dst,
                     self.base.as_ptr().wrapping_add(start).cast_const(),
                     len,
                 );
             }
-            // SAFETY: the copy above initialized the first `len` bytes, within the capacity.
-            unsafe { out.set_len(len) };
-            return Ok(out);
+            return;
         }
-        let mut out = vec![0; len];
-        self.read(offset, &mut out)?;
-        Ok(out)
+        let (head, words) = Self::split(start, len);
+        let copy = |at: usize, bytes: &[u8]| {
+            // SAFETY: `at + bytes.len() <= len` (the head, words and tail below partition
+            // `[0, len)`), so the destination lies inside `dst`'s `len` bytes, which the
+            // caller guarantees valid and disjoint from `bytes`, a local copy.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.wrapping_add(at), bytes.len());
+            }
+        };
+        for i in 0..head {
+            copy(
+                i,
+                &[self.byte(start.wrapping_add(i)).load(Ordering::Relaxed)],
+            );
+        }
+        for i in 0..words {
+            let at = head.wrapping_add(i.wrapping_mul(8));
+            let value = self.word_at(start.wrapping_add(at)).load(Ordering::Relaxed);
+            copy(at, &value.to_ne_bytes());
+        }
+        for at in head.wrapping_add(words.wrapping_mul(8))..len {
+            copy(
+                at,
+                &[self.byte(start.wrapping_add(at)).load(Ordering::Relaxed)],
+            );
+        }
     }
 
     /// Copies `src` into the heap at `offset` (Relaxed, as [`read`](Self::read) explains).
@@ -383,5 +393,30 @@ mod tests {
         assert!(r.write(8192 - 199, &data).is_err());
         let mut back = vec![0u8; 200];
         assert!(r.read(8192 - 199, &mut back).is_err());
+        assert!(r.read_to_vec(8192 - 199, 200).is_err());
+    }
+
+    #[test]
+    fn reads_into_new_vectors_match_reads_into_buffers() {
+        // Every length from empty to past the string copy's threshold, at every start
+        // within a word.
+        let r = region(4096);
+        let data: Vec<u8> = (0..2048usize).map(|i| (i * 13 + 5) as u8).collect();
+        r.write(0, &data).unwrap();
+        for len in (0..=24).chain([127, 128, 129, 300]) {
+            for start in 0..9u64 {
+                let at = start as usize;
+                let expected = &data[at..at + len];
+                assert_eq!(
+                    r.read_to_vec(start, len).unwrap(),
+                    expected,
+                    "{start} {len}"
+                );
+                let mut back = vec![0u8; len];
+                r.read(start, &mut back).unwrap();
+                assert_eq!(back, expected, "{start} {len}");
+            }
+        }
+        assert!(r.read_to_vec(4090, 7).is_err());
     }
 }
