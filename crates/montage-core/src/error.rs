@@ -38,6 +38,22 @@ pub enum Error {
         /// The heap file.
         path: PathBuf,
     },
+    /// The file system holding the heap file has too little free space for it: for a new
+    /// heap, for the length a damaged heap file must be repaired to, or for a heap to grow
+    /// (which an allocation then reports as [`OutOfSpace`](Error::OutOfSpace)). Nothing was
+    /// written; a heap being created is removed again.
+    #[error(
+        "the file system holding {path} has {available} bytes free, too few for the \
+         {needed} bytes the heap needs"
+    )]
+    NoDiskSpace {
+        /// The heap file.
+        path: PathBuf,
+        /// The bytes the heap file needed allocated.
+        needed: u64,
+        /// The bytes free on its file system for an unprivileged user (what `df` shows).
+        available: u64,
+    },
     /// `create` was asked to make a heap where a file already exists; nothing was changed.
     #[error("heap file {path} already exists; open it instead of creating it")]
     AlreadyExists {

@@ -613,3 +613,29 @@ fn usage_counts_every_structures_and_every_classs_live_blocks() {
     assert!(usage.classes.iter().all(|c| c.live_blocks <= c.blocks));
     heap.close().unwrap();
 }
+
+/// A heap larger than its file system's free space is refused with an error that says so,
+/// before anything is written, and leaves no file behind.
+#[test]
+fn a_heap_larger_than_its_file_system_is_refused_and_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = heap_path(&dir);
+    // 64 TiB: more than any disk these tests run on has free.
+    let size = 64 << 40;
+    let err = Heap::create(&HeapConfig::new(&path).size(size).max_size(size)).unwrap_err();
+    match &err {
+        Error::NoDiskSpace {
+            path: named,
+            needed,
+            available,
+        } => {
+            assert_eq!(named, &path);
+            assert!(*needed >= size && available < needed, "{err}");
+        }
+        other => panic!("expected NoDiskSpace, got {other:?}"),
+    }
+    assert!(err.to_string().contains("bytes free"), "{err}");
+    assert!(!path.exists(), "the refused heap's file was left behind");
+    // A heap that fits is created in the same place afterwards.
+    Heap::create(&config(&path)).unwrap();
+}

@@ -956,7 +956,7 @@ impl Allocator {
         };
         match media.extend(len) {
             Ok(()) => {}
-            Err(Error::OutOfSpace { .. }) => return Ok(false),
+            Err(Error::OutOfSpace { .. } | Error::NoDiskSpace { .. }) => return Ok(false),
             Err(other) => return Err(other),
         }
         // The span tables of the new groups are durably zero (all their spans free) before

@@ -56,7 +56,8 @@ impl Heap {
     /// # Errors
     ///
     /// [`Error::AlreadyExists`] if the file exists (it is left untouched), [`Error::BadSize`]
-    /// for a size that cannot hold a heap, [`Error::Io`] if the file cannot be created or
+    /// for a size that cannot hold a heap, [`Error::NoDiskSpace`] if its file system cannot
+    /// hold it (the file is removed again), [`Error::Io`] if the file cannot be created or
     /// sized, [`Error::InvalidConfig`] for an inconsistent configuration.
     pub fn create(config: &HeapConfig) -> Result<Heap> {
         config.validate()?;

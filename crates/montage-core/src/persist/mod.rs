@@ -122,9 +122,9 @@ impl Media {
     ///
     /// # Errors
     ///
-    /// [`Error::OutOfSpace`] if the disk is full or the mapping reserves fewer bytes (the
-    /// file may then be longer than before, which nothing reads); [`Error::Io`] if the file
-    /// cannot be lengthened or synced.
+    /// [`Error::NoDiskSpace`] if the disk is full, [`Error::OutOfSpace`] if the mapping
+    /// reserves fewer bytes (the file may then be longer than before, which nothing reads);
+    /// [`Error::Io`] if the file cannot be lengthened or synced.
     pub(crate) fn extend(&self, len: u64) -> Result<()> {
         let now = self.region.len() as u64;
         if len <= now {
@@ -457,23 +457,34 @@ impl Media {
 
 /// Allocates bytes `[offset, offset + len)` of the heap file `file` (at `path`) on the disk,
 /// lengthening it if needed (see [`mapping::allocate`](crate::base::mapping::allocate)).
+/// The range lies past the file's allocated bytes (a new file, a growth, a repair of a cut
+/// file), so a file system with fewer than `len` bytes free cannot hold it: that is found
+/// first, without filling the disk up to its last block before failing.
 ///
 /// # Errors
 ///
-/// [`Error::OutOfSpace`] if the disk is full, [`Error::Io`] for another failure.
+/// [`Error::NoDiskSpace`] if the file system has too little free space, [`Error::Io`] for
+/// another failure.
 pub(crate) fn allocate_file(
     file: &std::fs::File,
     path: &std::path::Path,
     offset: u64,
     len: u64,
 ) -> Result<()> {
+    let no_space = |available| Error::NoDiskSpace {
+        path: path.to_path_buf(),
+        needed: len,
+        available,
+    };
+    let available = crate::base::mapping::free_space(file).ok();
+    if let Some(available) = available.filter(|&available| available < len) {
+        return Err(no_space(available));
+    }
     match crate::base::mapping::allocate(file, offset, len) {
         Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Err(Error::OutOfSpace {
-            requested: len,
-            free_spans: 0,
-            free_bytes: crate::base::mapping::free_space(file).unwrap_or(0),
-        }),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Err(no_space(
+            crate::base::mapping::free_space(file).unwrap_or(0),
+        )),
         Err(e) => Err(Error::io("fallocate", path, e)),
     }
 }
