@@ -442,8 +442,8 @@ fn run_interleaved(
                 for &threads in &plan.threads {
                     let mut repeats = vec![Vec::new(); stores.len()];
                     for _ in 0..plan.timing.repeats {
-                        for (i, &(_, _, store)) in stores.iter().enumerate() {
-                            repeats[i].extend(run::map_workload(
+                        for (i, &(contender, backend, store)) in stores.iter().enumerate() {
+                            let measured = run::map_workload(
                                 store,
                                 workload,
                                 dist,
@@ -451,7 +451,17 @@ fn run_interleaved(
                                 plan.key_range,
                                 sizing.value_size,
                                 once,
-                            )?);
+                            )
+                            .map_err(|e| {
+                                format!(
+                                    "{} ({}), {} {}: {e}",
+                                    contender.name(),
+                                    backend.name(),
+                                    workload.name(),
+                                    dist.name()
+                                )
+                            })?;
+                            repeats[i].extend(measured);
                         }
                     }
                     for (&(contender, backend, _), repeats) in stores.iter().zip(repeats) {

@@ -96,24 +96,31 @@ pub(crate) fn with_queue(
     })
 }
 
+/// What a map's failed `what` of `key` reports: the call, the key and the error, so that a
+/// failed run says what failed, not only why.
+fn failed(what: &str, key: u64, error: &montage_core::Error) -> String {
+    format!("{what} of key {key}: {error}")
+}
+
 /// One impl for both maps: they share their API.
 macro_rules! map_store {
     ($map:ident) => {
         impl MapStore for $map<u64, Vec<u8>> {
             fn get(&self, key: u64) -> Result<Option<usize>> {
-                Ok($map::get(self, &key)?.map(|v| v.len()))
+                let found = $map::get(self, &key).map_err(|e| failed("get", key, &e))?;
+                Ok(found.map(|v| v.len()))
             }
 
             // `put_ref` and `delete`: like every other contender's, the write does not read the
             // value it replaces; and it copies the caller's bytes into the heap, with no owned
             // value built first.
             fn insert(&self, key: u64, value: &[u8]) -> Result {
-                $map::put_ref(self, key, value)?;
+                $map::put_ref(self, key, value).map_err(|e| failed("put", key, &e))?;
                 Ok(())
             }
 
             fn remove(&self, key: u64) -> Result {
-                $map::delete(self, &key)?;
+                $map::delete(self, &key).map_err(|e| failed("delete", key, &e))?;
                 Ok(())
             }
 

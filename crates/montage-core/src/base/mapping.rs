@@ -583,6 +583,51 @@ pub(crate) mod tests {
         drop(region);
     }
 
+    /// Stores racing with the collapse of their pages are all kept: a writer sweeps a
+    /// tmpfs mapping again and again while the mark of what is in use moves on ahead of it
+    /// and the thread collapses behind the mark.
+    #[test]
+    fn stores_racing_with_the_collapse_are_kept() {
+        let Some(shm) = can_collapse() else {
+            eprintln!("skipped: no tmpfs at /dev/shm, or a kernel that cannot collapse its pages");
+            return;
+        };
+        let len = 32 << 20;
+        let file = tempfile::tempfile_in(shm).unwrap();
+        allocate(&file, 0, len as u64).unwrap();
+        let mapping = Mapping::file(&file, len, false, true).unwrap();
+        let base = mapping.base();
+        let region = crate::base::region::Region::with_len(mapping, len);
+        let step = 1 << 20;
+        // Sweeps until the whole mapping is collapsed, so that every collapse raced with
+        // stores (at most a minute).
+        let started = std::time::Instant::now();
+        let mut passes = 0u64;
+        while passes < 3 || huge_kib(base) < (len >> 10) as u64 {
+            assert!(started.elapsed() < std::time::Duration::from_secs(60));
+            passes += 1;
+            for chunk in (0..len).step_by(step) {
+                if passes == 1 {
+                    region.in_use((chunk + step) as u64);
+                }
+                for at in (chunk..chunk + step).step_by(8) {
+                    let word = region.word(at as u64).unwrap();
+                    word.store(
+                        (passes << 40) | at as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
+            }
+        }
+        for at in (0..len).step_by(8) {
+            let word = region
+                .word(at as u64)
+                .unwrap()
+                .load(std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(word, (passes << 40) | at as u64, "the word at {at:#x}");
+        }
+    }
+
     #[test]
     fn heap_mappings_ask_for_huge_pages() {
         if !thp_available() {
