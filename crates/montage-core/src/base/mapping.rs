@@ -29,8 +29,10 @@ pub(crate) fn allocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
     }
 }
 
-/// The bytes the file system holding `file` has free for an unprivileged writer.
-pub(crate) fn free_space(file: &File) -> io::Result<u64> {
+/// The bytes the file system holding `file` has free for an unprivileged writer; `None`
+/// where it states no size at all (a tmpfs mounted `size=0`, which has no limit, or a FUSE
+/// file system that does not answer `statfs`, whose zeros mean nothing).
+pub(crate) fn free_space(file: &File) -> io::Result<Option<u64>> {
     let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
     // SAFETY: `fstatvfs` writes one `statvfs` into the pointer it is given, which points to
     // uninitialised memory of exactly that type and size, owned by this frame.
@@ -42,7 +44,9 @@ pub(crate) fn free_space(file: &File) -> io::Result<u64> {
     let stat = unsafe { stat.assume_init() };
     // The fields' C types are 64-bit here but not on every target.
     #[allow(clippy::useless_conversion)]
-    Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
+    let sized = u64::from(stat.f_blocks) > 0;
+    #[allow(clippy::useless_conversion)]
+    Ok(sized.then(|| u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize))))
 }
 
 /// The size of a huge page on x86-64 (a PMD's reach).

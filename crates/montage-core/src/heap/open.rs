@@ -598,7 +598,7 @@ fn growth_limit(config: &HeapConfig, geometry: &Geometry, len: u64, file: Option
     let limit = match (config.max_size, file) {
         (Some(max), _) => max,
         // As far as the file system has room (unknown: no growth).
-        (None, Some(file)) => len.saturating_add(free_space(file).unwrap_or(0)),
+        (None, Some(file)) => len.saturating_add(free_space(file).ok().flatten().unwrap_or(0)),
         (None, None) => config.size,
     };
     limit.clamp(len, MAX_HEAP_SIZE)
