@@ -92,6 +92,10 @@ struct Args {
     /// interleaved).
     #[arg(long)]
     interleave: bool,
+    /// Keep the heap files of a montage contender whose run failed (they are removed
+    /// otherwise), and say where they are, for `montage check` to look at.
+    #[arg(long)]
+    keep_failed: bool,
 }
 
 /// The settings of one run, defaults filled in.
@@ -236,6 +240,7 @@ impl Plan {
             dirs: Dirs {
                 pmem: args.pmem_dir.clone(),
                 disk,
+                keep_failed: args.keep_failed,
             },
             interleave: args.interleave,
         })

@@ -180,6 +180,8 @@ pub(crate) struct Dirs {
     /// For the file backends, the embedded stores and the device floor: a file system on a
     /// disk.
     pub(crate) disk: PathBuf,
+    /// Keep a montage heap whose run failed (`--keep-failed`).
+    pub(crate) keep_failed: bool,
 }
 
 /// How big a store is asked to get.

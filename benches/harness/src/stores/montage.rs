@@ -61,7 +61,18 @@ pub(super) fn with_heap<R>(
         );
     }
     heap.close()?;
-    drop(dir);
+    if let Some(dir) = dir
+        && result.is_err()
+        && dirs.keep_failed
+    {
+        let kept = dir.keep();
+        eprintln!(
+            "{} ({}): the failed run's heap is kept in {}",
+            contender.name(),
+            backend.name(),
+            kept.display()
+        );
+    }
     result
 }
 
