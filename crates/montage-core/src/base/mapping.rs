@@ -30,15 +30,16 @@ pub(crate) fn allocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
 }
 
 /// The bytes the file system holding `file` has free for an unprivileged writer; `None`
-/// where it states no size at all (a tmpfs mounted `size=0`, which has no limit, or a FUSE
-/// file system that does not answer `statfs`, whose zeros mean nothing).
-pub(crate) fn free_space(file: &File) -> io::Result<Option<u64>> {
+/// where it cannot say: `fstatvfs` fails, or the file system states no size at all (a tmpfs
+/// mounted `size=0`, which has no limit, or a FUSE file system that does not answer
+/// `statfs`, whose zeros mean nothing).
+pub(crate) fn free_space(file: &File) -> Option<u64> {
     let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
     // SAFETY: `fstatvfs` writes one `statvfs` into the pointer it is given, which points to
     // uninitialised memory of exactly that type and size, owned by this frame.
     let err = unsafe { libc::fstatvfs(file.as_raw_fd(), stat.as_mut_ptr()) };
     if err != 0 {
-        return Err(io::Error::last_os_error());
+        return None;
     }
     // SAFETY: `fstatvfs` returned 0, so it initialised the whole struct.
     let stat = unsafe { stat.assume_init() };
@@ -46,7 +47,7 @@ pub(crate) fn free_space(file: &File) -> io::Result<Option<u64>> {
     #[allow(clippy::useless_conversion)]
     let sized = u64::from(stat.f_blocks) > 0;
     #[allow(clippy::useless_conversion)]
-    Ok(sized.then(|| u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize))))
+    sized.then(|| u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
 }
 
 /// The size of a huge page on x86-64 (a PMD's reach).
@@ -534,6 +535,14 @@ pub(crate) mod tests {
     /// Waits until `len` bytes of the mapping at `base` are in huge pages: the collapsing
     /// thread works in the background; at most a minute.
     pub(crate) fn wait_for_huge(base: NonNull<u8>, len: usize) {
+        until_huge(base, len, || {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        });
+    }
+
+    /// Runs `step` until `len` bytes of the mapping at `base` are in huge pages, at most a
+    /// minute.
+    fn until_huge(base: NonNull<u8>, len: usize, mut step: impl FnMut()) {
         let started = std::time::Instant::now();
         while huge_kib(base) < (len >> 10) as u64 {
             assert!(
@@ -542,7 +551,7 @@ pub(crate) mod tests {
                 huge_kib(base),
                 len >> 10
             );
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            step();
         }
     }
 
@@ -603,31 +612,30 @@ pub(crate) mod tests {
         let base = mapping.base();
         let region = crate::base::region::Region::with_len(mapping, len);
         let step = 1 << 20;
-        // Sweeps until the whole mapping is collapsed, so that every collapse raced with
-        // stores (at most a minute).
-        let started = std::time::Instant::now();
-        let mut passes = 0u64;
-        while passes < 3 || huge_kib(base) < (len >> 10) as u64 {
-            assert!(started.elapsed() < std::time::Duration::from_secs(60));
-            passes += 1;
+        let passes = std::cell::Cell::new(0u64);
+        let sweep = || {
+            let pass = passes.get() + 1;
+            passes.set(pass);
             for chunk in (0..len).step_by(step) {
-                if passes == 1 {
+                if pass == 1 {
                     region.in_use((chunk + step) as u64);
                 }
                 for at in (chunk..chunk + step).step_by(8) {
                     let word = region.word(at as u64).unwrap();
-                    word.store(
-                        (passes << 40) | at as u64,
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
+                    word.store((pass << 40) | at as u64, Ordering::Relaxed);
                 }
             }
+        };
+        // Sweeps until the whole mapping is collapsed, so that every collapse raced with
+        // stores, and at least three times.
+        sweep();
+        until_huge(base, len, sweep);
+        while passes.get() < 3 {
+            sweep();
         }
+        let passes = passes.get();
         for at in (0..len).step_by(8) {
-            let word = region
-                .word(at as u64)
-                .unwrap()
-                .load(std::sync::atomic::Ordering::Relaxed);
+            let word = region.word(at as u64).unwrap().load(Ordering::Relaxed);
             assert_eq!(word, (passes << 40) | at as u64, "the word at {at:#x}");
         }
     }

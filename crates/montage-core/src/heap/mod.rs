@@ -202,6 +202,9 @@ impl Heap {
 
     /// Wraps the shared state and starts the background advancer, if any.
     pub(crate) fn start(shared: Shared) -> Result<Heap> {
+        // The mapping learns how far the heap is in use (for the collapse into huge pages)
+        // once, here; the allocator tells it as the mark moves.
+        shared.runtime.alloc.report_in_use(&shared.runtime.media);
         let shared = Arc::new(shared);
         let advancer = match shared.runtime.epochs.length {
             EpochLength::Manual => None,

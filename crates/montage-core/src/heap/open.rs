@@ -140,7 +140,6 @@ impl Heap {
         };
         let heap = Heap::start(shared)?;
         let runtime = &heap.shared().runtime;
-        runtime.alloc.report_in_use(&runtime.media);
         runtime.alloc.fill_reserve(&runtime.media)?;
         Ok(heap)
     }
@@ -331,7 +330,6 @@ impl Heap {
         // go now (INV-EP-3), in a fence of their own after the one that covered the victims.
         let runtime = &heap.shared().runtime;
         runtime.alloc.release(&runtime.media, &antis)?;
-        runtime.alloc.report_in_use(&runtime.media);
         runtime.alloc.fill_reserve(&runtime.media)?;
         Ok(heap)
     }
@@ -598,7 +596,7 @@ fn growth_limit(config: &HeapConfig, geometry: &Geometry, len: u64, file: Option
     let limit = match (config.max_size, file) {
         (Some(max), _) => max,
         // As far as the file system has room (unknown: no growth).
-        (None, Some(file)) => len.saturating_add(free_space(file).ok().flatten().unwrap_or(0)),
+        (None, Some(file)) => len.saturating_add(free_space(file).unwrap_or(0)),
         (None, None) => config.size,
     };
     limit.clamp(len, MAX_HEAP_SIZE)

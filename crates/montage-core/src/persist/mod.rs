@@ -476,17 +476,15 @@ pub(crate) fn allocate_file(
         needed: len,
         available,
     };
-    let available = crate::base::mapping::free_space(file).ok().flatten();
+    let available = crate::base::mapping::free_space(file);
     if let Some(available) = available.filter(|&available| available < len) {
         return Err(no_space(available));
     }
     match crate::base::mapping::allocate(file, offset, len) {
         Ok(()) => Ok(()),
+        // The check above passed, or the file system could not say: what is free now.
         Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Err(no_space(
-            crate::base::mapping::free_space(file)
-                .ok()
-                .flatten()
-                .unwrap_or(0),
+            crate::base::mapping::free_space(file).unwrap_or(0),
         )),
         Err(e) => Err(Error::io("fallocate", path, e)),
     }
