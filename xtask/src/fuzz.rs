@@ -7,8 +7,10 @@
 //! +nightly`, its sanitizer runtime or `cargo fuzz` is missing (`cargo install cargo-fuzz`).
 
 use std::process::Command;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::{Result, asan_unavailable, command_in_root, project_root, run};
+use crate::{Result, asan_unavailable, project_root, run};
 
 /// Every target in `fuzz/Cargo.toml`.
 const TARGETS: [&str; 5] = [
@@ -48,42 +50,122 @@ pub(crate) fn run_targets(args: &[String]) -> Result {
     }
     let root = project_root();
     let fuzz = root.join("fuzz");
+    // One build of every target first (they share all but their last crate), then the runs
+    // side by side, as many at once as the machine has cores (libFuzzer runs one thread):
+    // each run's output is printed whole when it ends.
+    let build = ["+nightly", "fuzz", "build", "--fuzz-dir", "fuzz"];
+    println!("$ cargo {}", build.join(" "));
+    run(nightly_command(&build), &build)?;
     let time = format!("-max_total_time={seconds}");
-    for target in chosen {
+    let mut runs = Vec::new();
+    for target in &chosen {
         let corpus = fuzz.join("corpus").join(target);
         std::fs::create_dir_all(&corpus)
             .map_err(|e| format!("cannot create {}: {e}", corpus.display()))?;
         let seeds = fuzz.join("seeds").join(target);
-        let corpus = corpus.to_string_lossy().into_owned();
-        let seeds = seeds.to_string_lossy().into_owned();
-        let args = [
-            "+nightly",
-            "fuzz",
-            "run",
-            "--fuzz-dir",
-            "fuzz",
-            target,
-            &corpus,
-            &seeds,
-            "--",
-            &time,
-            // The heap targets map a heap per input; libFuzzer's default 2 GiB counts the
-            // sanitizer's shadow memory too.
-            "-rss_limit_mb=4096",
-            // As in `cargo xtask asan`: threads that exit leave glibc's thread-local
-            // destructor list and crossbeam-epoch's deferred garbage behind, which are not
-            // leaks of ours.
-            "-detect_leaks=0",
-            "-print_final_stats=1",
-        ];
-        let mut command = command_in_root("cargo", &args, &[]);
-        command
-            .env_remove("RUSTUP_TOOLCHAIN")
-            .env_remove("RUSTC")
-            .env_remove("RUSTDOC");
-        run(command, &args)?;
+        runs.push((
+            *target,
+            corpus.to_string_lossy().into_owned(),
+            seeds.to_string_lossy().into_owned(),
+        ));
     }
-    Ok(())
+    let print = Mutex::new(());
+    side_by_side(&runs, |(target, corpus, seeds)| {
+        run_target(target, corpus, seeds, &time, &print)
+    })
+}
+
+/// Runs `target` for `time` (a libFuzzer `-max_total_time=` flag) from its `corpus` and
+/// `seeds`; prints its output whole, under `print`, when it ends.
+fn run_target(target: &str, corpus: &str, seeds: &str, time: &str, print: &Mutex<()>) -> Result {
+    let args = [
+        "+nightly",
+        "fuzz",
+        "run",
+        "--fuzz-dir",
+        "fuzz",
+        target,
+        corpus,
+        seeds,
+        "--",
+        time,
+        // The heap targets map a heap per input; libFuzzer's default 2 GiB counts the
+        // sanitizer's shadow memory too.
+        "-rss_limit_mb=4096",
+        // As in `cargo xtask asan`: threads that exit leave glibc's thread-local
+        // destructor list and crossbeam-epoch's deferred garbage behind, which are not
+        // leaks of ours.
+        "-detect_leaks=0",
+        "-print_final_stats=1",
+    ];
+    let started = std::time::Instant::now();
+    let output = nightly_command(&args)
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    let _printing = print
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    println!("$ cargo {}", args.join(" "));
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    println!(
+        "  (fuzz target {target}: {:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!("fuzz target {target} failed"))
+    }
+}
+
+/// Runs `each` on every item, as many at once as the machine has cores; fails if any did,
+/// after all have run.
+fn side_by_side<T: Sync>(items: &[T], each: impl Fn(&T) -> Result + Sync) -> Result {
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(items.len());
+    let failed: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut failed = Vec::new();
+                    while let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if let Err(e) = each(item) {
+                            failed.push(e);
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| vec!["a runner panicked".to_owned()])
+            })
+            .collect()
+    });
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+/// `cargo args` through the rustup proxy, so that `+nightly` picks the toolchain for cargo
+/// and rustc alike, whatever toolchain runs this xtask; from the project root, not echoed.
+fn nightly_command(args: &[&str]) -> Command {
+    let mut command = Command::new("cargo");
+    command
+        .args(args)
+        .current_dir(project_root())
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC");
+    command
 }
 
 /// Why the fuzz targets cannot run here, if they cannot.

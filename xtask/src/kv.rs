@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{Result, cargo, project_root};
+use crate::{Result, build_test_profile, built, cargo, project_root};
 
 /// A server process that is killed if it is still running when dropped.
 struct Running {
@@ -116,11 +116,8 @@ fn start_montage_kv(binary: &Path, heap: &Path, extra: &[&str]) -> Result<Runnin
 /// the server with SIGTERM, which must close the heap cleanly.
 pub(crate) fn conformance() -> Result {
     require("memccapable", "libmemcached-tools")?;
-    cargo(
-        &["build", "--package", "montage-kv"],
-        &[("RUSTFLAGS", "-D warnings")],
-    )?;
-    let binary = project_root().join("target/debug/montage-kv");
+    build_test_profile()?;
+    let binary = built("montage-kv");
     let dir = scratch("kv-conformance")?;
     let server = start_montage_kv(&binary, &dir.join("kv.heap"), &["--size", "64MiB"])?;
     println!("$ memccapable -h 127.0.0.1 -p {} -a", server.port);

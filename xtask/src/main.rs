@@ -96,6 +96,47 @@ fn run(mut command: Command, args: &[&str]) -> Result {
     }
 }
 
+/// Builds every binary and example of the workspace in the `test` profile, with the features
+/// `cargo test --workspace` unifies: after that command, only what it did not need (the
+/// binaries of packages without integration tests, for instance) is compiled.
+fn build_test_profile() -> Result {
+    cargo(
+        &[
+            "build",
+            "--workspace",
+            "--profile",
+            "test",
+            "--bins",
+            "--examples",
+        ],
+        &[("RUSTFLAGS", "-D warnings")],
+    )
+}
+
+/// The path of `name` (a binary, or `examples/<name>`) as [`build_test_profile`] built it.
+fn built(name: &str) -> PathBuf {
+    project_root().join("target").join("debug").join(name)
+}
+
+/// Runs `name` as [`build_test_profile`] built it, with `args`, from the project root.
+fn run_built(name: &str, args: &[&str]) -> Result {
+    let path = built(name);
+    println!("$ {} {}", path.display(), args.join(" "));
+    let started = std::time::Instant::now();
+    let mut command = Command::new(&path);
+    let status = command
+        .args(args)
+        .current_dir(project_root())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+    println!("  ({name}: {:.0} s)", started.elapsed().as_secs_f64());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("step failed: {name} {}", args.join(" ")))
+    }
+}
+
 /// The cargo invocation `args` with extra environment `env`, from the project root, echoed.
 fn cargo_command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
@@ -154,39 +195,39 @@ fn ci_steps() -> Result {
     )?;
     // The test command README.md gives.
     cargo(&["test", "--workspace"], &deny)?;
-    // The crash-simulator tests again, optimised, with more seeds than the debug run: 300
-    // seeds per mode of the heap tests (7,200 simulated power failures), 300 per model of a
-    // crash during repair, and 5,000 seeds of the epoch model test, each run in a
-    // persistent-memory model and the file model with three crashes each (30,000 simulated
-    // power failures, about 30 s).
-    for (test, seeds) in [
-        ("crash_sim", "300"),
-        ("repair", "300"),
-        ("epoch_model", "5000"),
-    ] {
-        cargo(
-            &release_core_test(test, &[]),
-            &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]],
-        )?;
-    }
-    // The lock-free indexes under a moving clock, optimised (more interleavings per second).
-    cargo(&release_core_test("lockfree_stress", &[]), &[deny[0]])?;
-    // Typed payloads with verified swaps, and the collections: 300 seeds, each run in two
-    // models with two crashes each.
-    for (package, test) in [
-        ("montage", "payload_crash"),
-        ("montage-collections", "map_crash"),
-        ("montage-collections", "queue_crash"),
-        ("montage-collections", "logged"),
-        ("montage-collections", "graph"),
-    ] {
-        cargo(
-            &["test", "--release", "--package", package, "--test", test],
-            &[("MONTAGE_CRASH_SEEDS", "300"), deny[0]],
-        )?;
-    }
+    // Everything after this runs what that command built, in its profile (`test`: opt-level
+    // 1, debug assertions and overflow checks on), so that CI compiles the workspace once:
+    // the binaries and examples it did not build, with the features it unified.
+    build_test_profile()?;
+    // The crash-simulator tests again with more seeds than the debug run: 300 seeds per mode
+    // of the heap tests (7,200 simulated power failures), 300 per model of a crash during
+    // repair, of the typed payloads with verified swaps and of the collections (each run in
+    // two models with two crashes each), and 5,000 seeds of the epoch model test, each run in
+    // a persistent-memory model and the file model with three crashes each (30,000 simulated
+    // power failures); and the lock-free indexes under a moving clock.
+    let long = |tests: &[&str], seeds: &str| {
+        let mut args = vec!["test", "--workspace"];
+        for test in tests {
+            args.extend(["--test", test]);
+        }
+        cargo(&args, &[("MONTAGE_CRASH_SEEDS", seeds), deny[0]])
+    };
+    long(
+        &[
+            "crash_sim",
+            "repair",
+            "lockfree_stress",
+            "payload_crash",
+            "map_crash",
+            "queue_crash",
+            "logged",
+            "graph",
+        ],
+        "300",
+    )?;
+    long(&["epoch_model"], "5000")?;
     // The main example, which checks what it recovers.
-    cargo(&["run", "--release", "--example", "ledger"], &[deny[0]])?;
+    run_built("examples/ledger", &[])?;
     loom()?;
     asan()?;
     fuzz::run_targets(&["--smoke".to_owned()])?;
@@ -195,21 +236,8 @@ fn ci_steps() -> Result {
     // and building them optimised took two minutes of CI's twenty; `cargo xtask bench
     // --criterion` builds and runs them.
     // The throughput harness and the memory measurement end to end, tiny and without the
-    // embedded stores (their builds are long; `cargo xtask bench` measures them).
-    let harness = |bin: &str, extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "--release",
-            "--package",
-            "montage-bench",
-            "--bin",
-            bin,
-            "--",
-        ];
-        args.extend_from_slice(extra);
-        cargo(&args, &[deny[0]])
-    };
-    harness(
+    // embedded stores (their builds are long; `cargo xtask bench` measures them, optimised).
+    run_built(
         "montage-bench",
         &[
             "--quick",
@@ -221,7 +249,7 @@ fn ci_steps() -> Result {
             "target/bench-ci",
         ],
     )?;
-    harness("montage-memory", &["20000"])?;
+    run_built("montage-memory", &["20000"])?;
     // The memcached server against memcached's own conformance tool.
     kv::conformance()?;
     tidy::run(&project_root())?;
