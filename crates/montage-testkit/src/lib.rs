@@ -261,93 +261,46 @@ pub fn crash_seeds(default: u64) -> Vec<u64> {
     seeds
 }
 
-/// Runs `test` once per seed of [`crash_seeds`], the seeds shared out over
-/// [`seed_threads`] threads. When one panics, prints the seed and how to replay it, stops
-/// handing out seeds and, once the running ones are done, lets the panic of the lowest failed
-/// seed continue; with `MONTAGE_CRASH_KEEP_GOING=1` it runs every seed first and fails at
-/// the end. Either way it ends with a line
+/// Runs `test` once per seed of [`crash_seeds`]. When one panics, prints the seed and how to
+/// replay it, then lets the panic continue; with `MONTAGE_CRASH_KEEP_GOING=1` it runs every
+/// seed first and fails at the end. Either way it ends with a line
 /// ``crash test `name`: N passed, M failed, K simulated power failures`` on standard error,
-/// counting seeds, and the crash images the test built on the threads that ran the seeds.
+/// counting seeds, and the crash images the test built on this thread.
 ///
 /// # Panics
 ///
 /// When `test` panics for a seed.
-pub fn for_each_seed(name: &str, default: u64, test: impl Fn(u64) + Sync) {
+pub fn for_each_seed(name: &str, default: u64, mut test: impl FnMut(u64)) {
     let keep_going = std::env::var_os("MONTAGE_CRASH_KEEP_GOING").is_some_and(|v| v == "1");
-    let seeds = crash_seeds(default);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let stop = AtomicBool::new(false);
-    // Each thread's seeds passed, (seed, panic) failed, and simulated power failures.
-    let run_seeds = || {
-        let crashes_before = sim::crashes_on_this_thread();
-        let (mut passed, mut failed) = (0u64, Vec::new());
-        while !stop.load(Ordering::Relaxed) {
-            let Some(&seed) = seeds.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                break;
-            };
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(seed)));
-            match result {
-                Ok(()) => passed += 1,
-                Err(panic) => {
-                    eprintln!(
-                        "crash test `{name}` failed at seed {seed}; replay with MONTAGE_CRASH_SEED={seed}"
-                    );
-                    failed.push((seed, panic));
-                    if !keep_going {
-                        stop.store(true, Ordering::Relaxed);
-                    }
+    let (mut passed, mut failed) = (0u64, Vec::new());
+    let crashes_before = sim::crashes_on_this_thread();
+    let summary = |passed: u64, failed: usize| {
+        let crashes = sim::crashes_on_this_thread() - crashes_before;
+        format!(
+            "crash test `{name}`: {passed} passed, {failed} failed, {crashes} simulated power failures"
+        )
+    };
+    for seed in crash_seeds(default) {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(seed)));
+        match result {
+            Ok(()) => passed += 1,
+            Err(panic) => {
+                eprintln!(
+                    "crash test `{name}` failed at seed {seed}; replay with MONTAGE_CRASH_SEED={seed}"
+                );
+                failed.push(seed);
+                if !keep_going {
+                    eprintln!("{}", summary(passed, 1));
+                    std::panic::resume_unwind(panic);
                 }
             }
         }
-        (
-            passed,
-            failed,
-            sim::crashes_on_this_thread() - crashes_before,
-        )
-    };
-    let threads = seed_threads().min(seeds.len()).max(1);
-    let results: Vec<_> = if threads == 1 {
-        vec![run_seeds()]
-    } else {
-        std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads).map(|_| s.spawn(run_seeds)).collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("a seed's panic is caught"))
-                .collect()
-        })
-    };
-    let (mut passed, mut failed, mut crashes) = (0, Vec::new(), 0);
-    for (p, f, c) in results {
-        passed += p;
-        failed.extend(f);
-        crashes += c;
     }
-    failed.sort_by_key(|&(seed, _)| seed);
-    eprintln!(
-        "crash test `{name}`: {passed} passed, {} failed, {crashes} simulated power failures",
-        failed.len()
+    eprintln!("{}", summary(passed, failed.len()));
+    assert!(
+        failed.is_empty(),
+        "crash test `{name}` failed at seeds {failed:?}"
     );
-    let seeds: Vec<u64> = failed.iter().map(|&(seed, _)| seed).collect();
-    if let Some((_, panic)) = failed.into_iter().next() {
-        if !keep_going {
-            std::panic::resume_unwind(panic);
-        }
-        panic!("crash test `{name}` failed at seeds {seeds:?}");
-    }
-}
-
-/// How many threads [`for_each_seed`] runs seeds on: `MONTAGE_CRASH_THREADS` if set (1 runs
-/// them in order on the calling thread), else the machine's available parallelism. Seeds are
-/// independent (each builds its own heap and crash images), so the result does not depend on
-/// this; a long run with one test left finishes sooner.
-#[must_use]
-pub fn seed_threads() -> usize {
-    std::env::var("MONTAGE_CRASH_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 /// The `main` of a test binary with `harness = false` whose tests spawn the binary itself
@@ -476,28 +429,5 @@ mod tests {
         assert!(check_synced(&[early, late], 20, Epoch::new(5)).is_ok());
         assert!(check_synced(&[early, late], 20, Epoch::new(4)).is_err());
         assert!(check_synced(&[early, late], 30, Epoch::new(8)).is_err());
-    }
-
-    #[test]
-    fn every_seed_runs_once_whatever_the_threads() {
-        let ran = Mutex::new(Vec::new());
-        for_each_seed("every seed", 64, |seed| {
-            ran.lock().unwrap().push(seed);
-        });
-        let mut ran = ran.into_inner().unwrap();
-        ran.sort_unstable();
-        let mut want = crash_seeds(64);
-        want.sort_unstable();
-        assert_eq!(ran, want);
-    }
-
-    #[test]
-    fn a_seed_that_fails_fails_the_test() {
-        let seeds = crash_seeds(64);
-        let bad = seeds[seeds.len() / 2];
-        let result = std::panic::catch_unwind(|| {
-            for_each_seed("one bad seed", 64, |seed| assert_ne!(seed, bad));
-        });
-        assert!(result.is_err());
     }
 }
