@@ -307,7 +307,10 @@ fn ui(args: &[String]) -> Result {
         [flag] if flag == "--bless" => &[("TRYBUILD", "overwrite")],
         _ => return Err("usage: cargo xtask ui [--bless]".to_owned()),
     };
-    cargo(&["test", "--test", "ui"], env)
+    cargo(
+        &["test", "--package", "montage-derive", "--test", "ui"],
+        env,
+    )
 }
 
 /// The target triple the sanitizer build names explicitly, so that build scripts and

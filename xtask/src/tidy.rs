@@ -79,7 +79,7 @@ pub(crate) fn run(root: &Path) -> Result {
 }
 
 fn check_rust(rel: &str, text: &str, problems: &mut Vec<String>) {
-    let is_ui = rel.starts_with("tests/ui/");
+    let is_ui = rel.starts_with("crates/montage-derive/tests/ui/");
     if !is_ui && !text.starts_with("//!") && !text.starts_with("#![doc") {
         problems.push(format!("{rel}: must start with a `//!` module comment"));
     }
