@@ -269,6 +269,8 @@ fn save_record(json: &std::path::Path, records: &mut Vec<Record>, record: Record
 /// the failures are returned.
 fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> Result<Vec<String>> {
     std::fs::create_dir_all(&plan.dirs.disk)?;
+    stores::remove_stale(&plan.dirs.pmem);
+    stores::remove_stale(&plan.dirs.disk);
     let mut failures = Vec::new();
     let mut failed = |what: String| {
         eprintln!("FAILED: {what}");

@@ -8,7 +8,7 @@ pub(crate) mod montage;
 #[cfg(feature = "peers")]
 pub(crate) mod peers;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// An error from any store.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -184,6 +184,54 @@ pub(crate) struct Dirs {
     pub(crate) keep_failed: bool,
 }
 
+/// How every scratch directory's name starts: `montage-bench-<pid>-<kind>-` (see
+/// [`scratch_dir`]).
+const SCRATCH: &str = "montage-bench-";
+
+/// A scratch directory in `parent` for one store (`kind`: `heap`, `peer`, `device`), removed
+/// when dropped; its name carries this process's id, so that a later run can remove it if this
+/// one is killed first ([`remove_stale`]).
+pub(crate) fn scratch_dir(parent: &Path, kind: &str) -> std::io::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!("{SCRATCH}{}-{kind}-", std::process::id()))
+        .tempdir_in(parent)
+}
+
+/// Removes the scratch directories in `parent` of processes that no longer run: a run killed
+/// before it could remove its stores leaves them behind, and on a tmpfs they hold memory
+/// until someone does. A directory kept by `--keep-failed` is renamed out of the pattern and
+/// stays.
+pub(crate) fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SCRATCH))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => eprintln!(
+                "removed {}, left by process {pid}, which no longer runs",
+                path.display()
+            ),
+            Err(e) => eprintln!(
+                "cannot remove {} (left by process {pid}): {e}",
+                path.display()
+            ),
+        }
+    }
+}
+
 /// How big a store is asked to get.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sizing {
@@ -223,9 +271,7 @@ pub(crate) fn with_map(
         Contender::LockedBTreeMapSharded => f(&baseline::LockedTrees::new(logged::SHARDS)),
         Contender::DashMap => f(&baseline::Dash::default()),
         Contender::Device => {
-            let dir = tempfile::Builder::new()
-                .prefix("montage-bench-device-")
-                .tempdir_in(&dirs.disk)?;
+            let dir = scratch_dir(&dirs.disk, "device")?;
             f(&device::Device::create(&dir.path().join("device"))?)
         }
         #[cfg(feature = "peers")]
@@ -250,5 +296,34 @@ pub(crate) fn with_queue(
         Contender::TransientQueue => f(&baseline::TransientQueue::default()),
         Contender::LoggedVecDeque => logged::with_queue(contender, backend, dirs, sizing, f),
         _ => montage::with_queue(contender, backend, dirs, sizing, f),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_scratch_directories_of_gone_processes_are_removed() {
+        let parent = tempfile::tempdir().unwrap();
+        // No process has this id (Linux's pid_max is at most 2^22).
+        let gone = u32::MAX;
+        let mine = scratch_dir(parent.path(), "heap").unwrap();
+        let names = [
+            format!("{SCRATCH}{gone}-heap-a1"),
+            format!("montage-failed-{SCRATCH}{gone}-heap-b2"),
+            format!("{SCRATCH}peer-c3"),
+            "unrelated".to_owned(),
+        ];
+        for name in &names {
+            std::fs::create_dir(parent.path().join(name)).unwrap();
+            std::fs::write(parent.path().join(name).join("bench.heap"), b"x").unwrap();
+        }
+        remove_stale(parent.path());
+        assert!(!parent.path().join(&names[0]).exists());
+        for name in &names[1..] {
+            assert!(parent.path().join(name).exists(), "{name} removed");
+        }
+        assert!(mine.path().exists());
     }
 }

@@ -22,9 +22,7 @@ pub(super) fn with_heap<R>(
                 Backend::Pmem => (&dirs.pmem, BackendKind::Pmem),
                 _ => (&dirs.disk, BackendKind::Journal),
             };
-            let dir = tempfile::Builder::new()
-                .prefix("montage-bench-")
-                .tempdir_in(parent)?;
+            let dir = super::scratch_dir(parent, "heap")?;
             // The grown contender's heap starts small, and the prefill grows it.
             let initial = if contender == Contender::MontageHashMapGrown {
                 size.min(1 << 20)
@@ -65,7 +63,17 @@ pub(super) fn with_heap<R>(
         && result.is_err()
         && dirs.keep_failed
     {
-        let kept = dir.keep();
+        // Out of the scratch pattern, so that no later run removes it.
+        let scratch = dir.keep();
+        let name = scratch
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let kept = scratch.with_file_name(format!("montage-failed-{name}"));
+        let kept = if std::fs::rename(&scratch, &kept).is_ok() {
+            kept
+        } else {
+            scratch
+        };
         eprintln!(
             "{} ({}): the failed run's heap is kept in {}",
             contender.name(),

@@ -35,9 +35,7 @@ pub(crate) fn with_map(
     sizing: Sizing,
     f: &mut dyn FnMut(&dyn MapStore) -> Result,
 ) -> Result {
-    let dir = tempfile::Builder::new()
-        .prefix("montage-bench-peer-")
-        .tempdir_in(&dirs.disk)?;
+    let dir = super::scratch_dir(&dirs.disk, "peer")?;
     let path = dir.path();
     match contender {
         Contender::Redb => f(&Redb::open(path)?),
