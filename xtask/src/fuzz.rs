@@ -6,11 +6,10 @@
 //! target runs; naming targets runs only those. Skipped, with a message, where `cargo
 //! +nightly`, its sanitizer runtime or `cargo fuzz` is missing (`cargo install cargo-fuzz`).
 
-use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::{Result, asan_unavailable, project_root, run};
+use crate::{Result, asan_unavailable, nightly_command, project_root, run_cargo};
 
 /// Every target in `fuzz/Cargo.toml`.
 const TARGETS: [&str; 5] = [
@@ -55,7 +54,7 @@ pub(crate) fn run_targets(args: &[String]) -> Result {
     // each run's output is printed whole when it ends.
     let build = ["+nightly", "fuzz", "build", "--fuzz-dir", "fuzz"];
     println!("$ cargo {}", build.join(" "));
-    run(nightly_command(&build), &build)?;
+    run_cargo(nightly_command(&build, &[]), &build)?;
     let time = format!("-max_total_time={seconds}");
     let mut runs = Vec::new();
     for target in &chosen {
@@ -99,7 +98,7 @@ fn run_target(target: &str, corpus: &str, seeds: &str, time: &str, print: &Mutex
         "-print_final_stats=1",
     ];
     let started = std::time::Instant::now();
-    let output = nightly_command(&args)
+    let output = nightly_command(&args, &[])
         .output()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     let _printing = print
@@ -155,28 +154,12 @@ fn side_by_side<T: Sync>(items: &[T], each: impl Fn(&T) -> Result + Sync) -> Res
     }
 }
 
-/// `cargo args` through the rustup proxy, so that `+nightly` picks the toolchain for cargo
-/// and rustc alike, whatever toolchain runs this xtask; from the project root, not echoed.
-fn nightly_command(args: &[&str]) -> Command {
-    let mut command = Command::new("cargo");
-    command
-        .args(args)
-        .current_dir(project_root())
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env_remove("RUSTC")
-        .env_remove("RUSTDOC");
-    command
-}
-
 /// Why the fuzz targets cannot run here, if they cannot.
 fn fuzz_unavailable() -> Option<String> {
     if let Some(why) = asan_unavailable() {
         return Some(why);
     }
-    let fuzz = Command::new("cargo")
-        .args(["+nightly", "fuzz", "--version"])
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .output();
+    let fuzz = nightly_command(&["+nightly", "fuzz", "--version"], &[]).output();
     match fuzz {
         Ok(out) if out.status.success() => None,
         _ => Some("`cargo fuzz` is not installed (`cargo install cargo-fuzz`)".to_owned()),

@@ -74,25 +74,27 @@ fn project_root() -> PathBuf {
 
 /// Runs cargo with `args` from the project root, with extra environment variables.
 fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result {
-    run(cargo_command(args, env), args)
+    run_cargo(cargo_command(args, env), args)
 }
 
-/// Runs `command` (a cargo invocation with `args`) and fails if it does; says how long it
-/// took (CI has a time limit, and this shows where the time goes).
-fn run(mut command: Command, args: &[&str]) -> Result {
+/// [`run`] for `command`, a cargo invocation with `args`.
+fn run_cargo(command: Command, args: &[&str]) -> Result {
+    let name = format!("cargo {}", args.first().copied().unwrap_or_default());
+    run(command, &name, &format!("cargo {}", args.join(" ")))
+}
+
+/// Runs `command` (`line`, for the failure message) and fails if it does; says how long
+/// `name` took (CI has a time limit, and this shows where the time goes).
+fn run(mut command: Command, name: &str, line: &str) -> Result {
     let started = std::time::Instant::now();
     let status = command
         .status()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    println!(
-        "  (cargo {}: {:.0} s)",
-        args.first().copied().unwrap_or_default(),
-        started.elapsed().as_secs_f64()
-    );
+        .map_err(|e| format!("cannot run {name}: {e}"))?;
+    println!("  ({name}: {:.0} s)", started.elapsed().as_secs_f64());
     if status.success() {
         Ok(())
     } else {
-        Err(format!("step failed: cargo {}", args.join(" ")))
+        Err(format!("step failed: {line}"))
     }
 }
 
@@ -121,33 +123,18 @@ fn built(name: &str) -> PathBuf {
 /// Runs `name` as [`build_test_profile`] built it, with `args`, from the project root.
 fn run_built(name: &str, args: &[&str]) -> Result {
     let path = built(name);
-    println!("$ {} {}", path.display(), args.join(" "));
-    let started = std::time::Instant::now();
+    let line = format!("{} {}", path.display(), args.join(" "));
+    println!("$ {line}");
     let mut command = Command::new(&path);
-    let status = command
-        .args(args)
-        .current_dir(project_root())
-        .status()
-        .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
-    println!("  ({name}: {:.0} s)", started.elapsed().as_secs_f64());
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("step failed: {name} {}", args.join(" ")))
-    }
+    command.args(args).current_dir(project_root());
+    run(command, name, &line)
 }
 
 /// The cargo invocation `args` with extra environment `env`, from the project root, echoed.
 fn cargo_command(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    command_in_root(&cargo, args, env)
-}
-
-/// `program args` with extra environment `env`, from the project root, echoed as a cargo
-/// command.
-fn command_in_root(program: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
     println!("$ cargo {}", args.join(" "));
-    let mut command = Command::new(program);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut command = Command::new(cargo);
     command
         .args(args)
         .envs(env.iter().copied())
@@ -359,14 +346,23 @@ fn asan() -> Result {
         ("CARGO_TARGET_DIR", &*target),
         ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1"),
     ];
-    // Through the rustup proxy, so that `+nightly` picks the toolchain for cargo and rustc
-    // alike, whatever toolchain runs this xtask.
-    let mut command = command_in_root("cargo", &args, &env);
+    println!("$ cargo {}", args.join(" "));
+    run_cargo(nightly_command(&args, &env), &args)
+}
+
+/// `cargo args` with extra environment `env` through the rustup proxy, so that `+nightly`
+/// picks the toolchain for cargo and rustc alike, whatever toolchain runs this xtask; from
+/// the project root, not echoed.
+fn nightly_command(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut command = Command::new("cargo");
     command
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(project_root())
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("RUSTC")
         .env_remove("RUSTDOC");
-    run(command, &args)
+    command
 }
 
 /// Why the sanitizer run cannot happen on this machine, if it cannot.

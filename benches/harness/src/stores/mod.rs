@@ -197,6 +197,24 @@ pub(crate) fn scratch_dir(parent: &Path, kind: &str) -> std::io::Result<tempfile
         .tempdir_in(parent)
 }
 
+/// How a scratch directory kept for a look afterwards is renamed: `montage-failed-<name>`.
+const KEPT: &str = "montage-failed-";
+
+/// Keeps `dir` after all, renamed out of the scratch pattern so that no later run removes
+/// it; returns where it is.
+pub(crate) fn keep_scratch(dir: tempfile::TempDir) -> PathBuf {
+    let scratch = dir.keep();
+    let name = scratch
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let kept = scratch.with_file_name(format!("{KEPT}{name}"));
+    if std::fs::rename(&scratch, &kept).is_ok() {
+        kept
+    } else {
+        scratch
+    }
+}
+
 /// Removes the scratch directories in `parent` of processes that no longer run: a run killed
 /// before it could remove its stores leaves them behind, and on a tmpfs they hold memory
 /// until someone does. A directory kept by `--keep-failed` is renamed out of the pattern and
@@ -311,7 +329,7 @@ mod tests {
         let mine = scratch_dir(parent.path(), "heap").unwrap();
         let names = [
             format!("{SCRATCH}{gone}-heap-a1"),
-            format!("montage-failed-{SCRATCH}{gone}-heap-b2"),
+            format!("{KEPT}{SCRATCH}{gone}-heap-b2"),
             format!("{SCRATCH}peer-c3"),
             "unrelated".to_owned(),
         ];

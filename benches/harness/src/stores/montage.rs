@@ -63,17 +63,7 @@ pub(super) fn with_heap<R>(
         && result.is_err()
         && dirs.keep_failed
     {
-        // Out of the scratch pattern, so that no later run removes it.
-        let scratch = dir.keep();
-        let name = scratch
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let kept = scratch.with_file_name(format!("montage-failed-{name}"));
-        let kept = if std::fs::rename(&scratch, &kept).is_ok() {
-            kept
-        } else {
-            scratch
-        };
+        let kept = super::keep_scratch(dir);
         eprintln!(
             "{} ({}): the failed run's heap is kept in {}",
             contender.name(),
