@@ -15,6 +15,9 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/montage-core/src/verified/atomic.rs",
     "crates/montage-core/src/verified/list.rs",
     "crates/montage-core/src/verified/queue.rs",
+    // A test's private tmpfs mount and a thread's priority are C library calls (unshare,
+    // mount, setpriority); the test kit has no other.
+    "crates/montage-testkit/src/tmpfs.rs",
     // Opening an LMDB environment (heed) is an `unsafe` call; the harness has no other.
     "benches/harness/src/stores/peers.rs",
 ];

@@ -33,8 +33,17 @@
 //!     assert_eq!(kept.len(), 1, "seed {seed}");
 //! });
 //! ```
+//!
+//! Beside those, for tests of a heap file on a tmpfs mounted for huge pages:
+//! [`on_huge_tmpfs`] and [`lowest_priority`] (the only code here that calls the C library
+//! directly, in `tmpfs.rs`; the rest is safe Rust).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)] // system calls, each with its safety argument
+mod tmpfs;
+
+pub use tmpfs::{lowest_priority, on_huge_tmpfs};
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -654,68 +654,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// Runs `f` on a thread of its own with a tmpfs mounted `huge=within_size` (at most
-    /// `size` bytes) at the path it is given, in a mount namespace of that thread's own, so
-    /// that nothing outside the test sees the mount and it goes when the thread ends. Skips
-    /// (says so and returns `false`) where this process may not make a mount namespace or
-    /// mount (it is not privileged), or the kernel cannot collapse a tmpfs file's pages.
-    fn on_huge_tmpfs(size: usize, f: impl FnOnce(&std::path::Path) + Send) -> bool {
-        use std::ffi::CString;
-        if can_collapse().is_none() {
-            eprintln!("skipped: a kernel that cannot collapse a tmpfs file's pages");
-            return false;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path();
-        let mounted = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let c = |s: &str| CString::new(s).unwrap();
-                    let target = c(path.to_str().unwrap());
-                    let options = c(&format!("huge=within_size,size={size}"));
-                    let (tmpfs, root) = (c("tmpfs"), c("/"));
-                    // SAFETY: `unshare` acts on this thread's own namespaces (a mount
-                    // namespace is per thread after it) and touches no memory.
-                    let mounted = unsafe { libc::unshare(libc::CLONE_NEWNS) } == 0
-                        // SAFETY: `mount` reads the NUL-terminated strings above, alive
-                        // until it returns. This one keeps the new namespace's mounts from
-                        // propagating to the process's.
-                        && unsafe {
-                            libc::mount(
-                                std::ptr::null(),
-                                root.as_ptr(),
-                                std::ptr::null(),
-                                libc::MS_REC | libc::MS_PRIVATE,
-                                std::ptr::null(),
-                            )
-                        } == 0
-                        // SAFETY: as above; on a directory this test made.
-                        && unsafe {
-                            libc::mount(
-                                tmpfs.as_ptr(),
-                                target.as_ptr(),
-                                tmpfs.as_ptr(),
-                                0,
-                                options.as_ptr().cast(),
-                            )
-                        } == 0;
-                    if mounted {
-                        f(path);
-                    }
-                    mounted
-                })
-                .join()
-                .unwrap()
-        });
-        if !mounted {
-            eprintln!(
-                "skipped: cannot mount a tmpfs here ({})",
-                io::Error::last_os_error()
-            );
-        }
-        mounted
-    }
-
     /// Stores into pages the file has allocated but nothing has written are all kept while
     /// the thread collapses them (see [`Collapser`]): two writers take 64 KiB chunks of a
     /// fresh file in turn, as the allocator hands out spans, mark them in use and fill them
@@ -730,7 +668,11 @@ pub(crate) mod tests {
         const ROUNDS: u64 = 10;
         let records = |chunk: usize| (chunk..=chunk + CHUNK - RECORD).step_by(RECORD);
         let word = |round: u64, at: usize, i: usize| (round << 56) | ((at + i) as u64);
-        on_huge_tmpfs(2 * LEN, |dir| {
+        if can_collapse().is_none() {
+            eprintln!("skipped: a kernel that cannot collapse a tmpfs file's pages");
+            return;
+        }
+        montage_testkit::on_huge_tmpfs(2 * LEN as u64, |dir| {
             for round in 1..=ROUNDS {
                 let path = dir.join("heap");
                 let file = std::fs::OpenOptions::new()
@@ -745,12 +687,7 @@ pub(crate) mod tests {
                 let region = crate::base::region::Region::with_len(mapping, LEN);
                 let next = std::sync::atomic::AtomicUsize::new(0);
                 let write = || {
-                    // At the collapsing thread's priority, so that it runs beside the
-                    // writers and not only after them.
-                    // SAFETY: as in `collapse`.
-                    let tid = unsafe { libc::gettid() }.unsigned_abs();
-                    // SAFETY: as in `collapse`.
-                    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) };
+                    montage_testkit::lowest_priority();
                     loop {
                         let chunk = next.fetch_add(CHUNK, Ordering::Relaxed);
                         if chunk >= WRITTEN {
