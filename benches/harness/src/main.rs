@@ -316,9 +316,8 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
                 let filled = Instant::now();
                 run::prefill(store, plan.key_range, value_size, 2)?;
                 eprintln!(
-                    "{} ({}), {value_size}-byte values: prefilled {} keys in {:.1} s",
-                    contender.name(),
-                    backend.name(),
+                    "{}, {value_size}-byte values: prefilled {} keys in {:.1} s",
+                    stores::label(contender, backend),
                     plan.key_range / 2,
                     filled.elapsed().as_secs_f64()
                 );
@@ -352,9 +351,8 @@ fn run_plan(plan: &Plan, json: &std::path::Path, records: &mut Vec<Record>) -> R
             });
             if let Err(e) = result {
                 failed(format!(
-                    "{} ({}), {value_size}-byte values: {e}",
-                    contender.name(),
-                    backend.name()
+                    "{}, {value_size}-byte values: {e}",
+                    stores::label(contender, backend)
                 ));
             }
             eprintln!("  ({:.1} s)", started.elapsed().as_secs_f64());
@@ -432,9 +430,8 @@ fn run_interleaved(
             let filled = Instant::now();
             run::prefill(store, plan.key_range, sizing.value_size, 2)?;
             eprintln!(
-                "{} ({}), {}-byte values: prefilled {} keys in {:.1} s",
-                contender.name(),
-                backend.name(),
+                "{}, {}-byte values: prefilled {} keys in {:.1} s",
+                stores::label(contender, backend),
                 sizing.value_size,
                 plan.key_range / 2,
                 filled.elapsed().as_secs_f64()
@@ -461,9 +458,8 @@ fn run_interleaved(
                             )
                             .map_err(|e| {
                                 format!(
-                                    "{} ({}), {} {}: {e}",
-                                    contender.name(),
-                                    backend.name(),
+                                    "{}, {} {}: {e}",
+                                    stores::label(contender, backend),
                                     workload.name(),
                                     dist.name()
                                 )
@@ -550,9 +546,8 @@ fn run_queues(
             });
             if let Err(e) = result {
                 failed(format!(
-                    "{} ({}), {value_size}-byte values, {threads} threads: {e}",
-                    contender.name(),
-                    backend.name()
+                    "{}, {value_size}-byte values, {threads} threads: {e}",
+                    stores::label(contender, backend)
                 ));
             }
         }

@@ -172,6 +172,11 @@ impl Backend {
     }
 }
 
+/// How messages name `contender` on `backend`: `montage-hashmap (pmem)`.
+pub(crate) fn label(contender: Contender, backend: Backend) -> String {
+    format!("{} ({})", contender.name(), backend.name())
+}
+
 /// Where stores keep their files.
 #[derive(Debug, Clone)]
 pub(crate) struct Dirs {

@@ -51,9 +51,8 @@ pub(super) fn with_heap<R>(
         // The page size decides how often a random read also misses the TLB, so a figure
         // should say which it had (docs/PERFORMANCE.md, "Sixth round").
         eprintln!(
-            "{} ({}): {} MiB of the heap resident, {:.0}% of it in huge pages",
-            contender.name(),
-            backend.name(),
+            "{}: {} MiB of the heap resident, {:.0}% of it in huge pages",
+            super::label(contender, backend),
             resident >> 20,
             100.0 * huge as f64 / resident.max(1) as f64
         );
@@ -65,9 +64,8 @@ pub(super) fn with_heap<R>(
     {
         let kept = super::keep_scratch(dir);
         eprintln!(
-            "{} ({}): the failed run's heap is kept in {}",
-            contender.name(),
-            backend.name(),
+            "{}: the failed run's heap is kept in {}",
+            super::label(contender, backend),
             kept.display()
         );
     }
