@@ -5,6 +5,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// Runs `f` on a thread of its own with a tmpfs of at most `size` bytes mounted
@@ -42,12 +43,9 @@ pub fn on_huge_tmpfs(size: u64, f: impl FnOnce(&Path) + Send) -> bool {
 /// Moves the calling thread to a new mount namespace, keeps its mounts from propagating
 /// to the process's, and mounts the tmpfs on `path`.
 fn mount_private_tmpfs(path: &Path, size: u64) -> io::Result<()> {
-    let c = |s: &str| CString::new(s).map_err(io::Error::other);
-    let target = c(path
-        .to_str()
-        .ok_or_else(|| io::Error::other("a path not in UTF-8"))?)?;
-    let options = c(&format!("huge=within_size,size={size}"))?;
-    let (tmpfs, root) = (c("tmpfs")?, c("/")?);
+    let target = CString::new(path.as_os_str().as_bytes())?;
+    let options = CString::new(format!("huge=within_size,size={size}"))?;
+    let (tmpfs, root) = (c"tmpfs", c"/");
     let check = |status| {
         if status == 0 {
             Ok(())

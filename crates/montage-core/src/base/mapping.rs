@@ -674,14 +674,7 @@ pub(crate) mod tests {
         }
         montage_testkit::on_huge_tmpfs(2 * LEN as u64, |dir| {
             for round in 1..=ROUNDS {
-                let path = dir.join("heap");
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&path)
-                    .unwrap();
+                let file = tempfile::tempfile_in(dir).unwrap();
                 allocate(&file, 0, LEN as u64).unwrap();
                 let mapping = Mapping::file(&file, LEN, false, true).unwrap();
                 let region = crate::base::region::Region::with_len(mapping, LEN);
@@ -721,8 +714,6 @@ pub(crate) mod tests {
                         1 + lost.count()
                     );
                 }
-                drop(region);
-                std::fs::remove_file(&path).unwrap();
             }
         });
     }
