@@ -80,8 +80,16 @@ fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result {
 
 /// [`run`] for `command`, a cargo invocation with `args`.
 fn run_cargo(command: Command, args: &[&str]) -> Result {
-    let name = format!("cargo {}", args.first().copied().unwrap_or_default());
-    run(command, &name, &format!("cargo {}", args.join(" ")))
+    run(
+        command,
+        &cargo_step(args),
+        &format!("cargo {}", args.join(" ")),
+    )
+}
+
+/// How a step's time is labelled: `cargo test` for `args` `["test", ...]`.
+fn cargo_step(args: &[&str]) -> String {
+    format!("cargo {}", args.first().copied().unwrap_or_default())
 }
 
 /// Runs `command` (`line`, for the failure message) and fails if it does; says how long
@@ -134,6 +142,11 @@ fn run_built(name: &str, args: &[&str]) -> Result {
 /// The cargo invocation `args` with extra environment `env`, from the project root, echoed.
 fn cargo_command(args: &[&str], env: &[(&str, &str)]) -> Command {
     println!("$ cargo {}", args.join(" "));
+    quiet_cargo_command(args, env)
+}
+
+/// [`cargo_command`] without the echo.
+fn quiet_cargo_command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut command = Command::new(cargo);
     command
@@ -187,7 +200,7 @@ fn ci_steps() -> Result {
     // 1, debug assertions and overflow checks on), so that CI compiles the workspace once:
     // the binaries and examples it did not build, with the features it unified.
     build_test_profile()?;
-    crash_runs()?;
+    crash_runs(deny[0])?;
     // The main example, which checks what it recovers.
     run_built("examples/ledger", &[])?;
     loom()?;
@@ -231,24 +244,25 @@ struct CrashRun {
 /// of the typed payloads with verified swaps and of the collections (each run in two models
 /// with two crashes each), and 5,000 seeds of the epoch model test, each run in a
 /// persistent-memory model and the file model with three crashes each (30,000 simulated
-/// power failures); and the lock-free indexes under a moving clock.
+/// power failures); and the lock-free indexes under a moving clock. Built and run with
+/// `rustflags` (the variable and its value), as the build before them was.
 ///
 /// Run one after the other, these binaries keep CI's two cores only partly busy (`crash_sim`
-/// 1.6 cores, `repair` and `map_crash` 1.1 to 1.3: one long test, or one outlasting the others),
-/// so once one build has made them all, `crash_sim` runs in one lane and the smaller heap and
-/// collection suites in another, side by side, each its own `cargo test` (77 s for both
-/// lanes, against 56 s and 42 s one after the other). The tests whose workers and clock
-/// yield the processor at every retry and tick run on their own afterwards: beside another
-/// busy process each yield waits out that process's time slice (`epoch_model` took 113 s
-/// instead of 50 s beside a lane of `crash_sim` and `logged`, and two halves of `payload_crash`'s seeds side by side
-/// 542 s, against 21 s for all of them alone).
-fn crash_runs() -> Result {
-    const LANES: [&[CrashRun]; 2] = [
-        &[CrashRun {
+/// 1.6 cores, `repair` and `map_crash` 1.1 to 1.3: one long test, or one outlasting the
+/// others), so once one build has made them all, `crash_sim` runs in one lane and the
+/// smaller heap and collection suites in another, side by side, each its own `cargo test`
+/// (77 s for both lanes, against 56 s and 42 s one after the other). The tests whose workers
+/// and clock yield the processor at every retry and tick run on their own afterwards: beside
+/// another busy process each yield waits out that process's time slice (`epoch_model` took
+/// 113 s instead of 50 s beside a lane of `crash_sim` and `logged`, and two halves of
+/// `payload_crash`'s seeds side by side 542 s, against 21 s for all of them alone).
+fn crash_runs(rustflags: (&str, &str)) -> Result {
+    const LANES: [CrashRun; 2] = [
+        CrashRun {
             tests: &["crash_sim"],
             seeds: "300",
-        }],
-        &[CrashRun {
+        },
+        CrashRun {
             tests: &[
                 "repair",
                 "map_crash",
@@ -257,7 +271,7 @@ fn crash_runs() -> Result {
                 "lockfree_stress",
             ],
             seeds: "300",
-        }],
+        },
     ];
     const ALONE: [CrashRun; 2] = [
         CrashRun {
@@ -277,72 +291,52 @@ fn crash_runs() -> Result {
         }
         args
     };
-    let env = |run: &CrashRun| {
-        [
-            ("MONTAGE_CRASH_SEEDS", run.seeds),
-            ("RUSTFLAGS", "-D warnings"),
-        ]
-    };
+    let env = |run: &CrashRun| [("MONTAGE_CRASH_SEEDS", run.seeds), rustflags];
     let all: Vec<&str> = LANES
         .iter()
-        .flat_map(|lane| lane.iter().flat_map(|run| run.tests.iter().copied()))
-        .chain(ALONE.iter().flat_map(|run| run.tests.iter().copied()))
+        .chain(&ALONE)
+        .flat_map(|run| run.tests.iter().copied())
         .collect();
-    cargo(&args(&all, &["--no-run"]), &env(&ALONE[0]))?;
+    cargo(&args(&all, &["--no-run"]), &[rustflags])?;
     let started = std::time::Instant::now();
-    let results: Vec<Result> = std::thread::scope(|s| {
+    let lanes: Vec<(Result, String)> = std::thread::scope(|s| {
         let lanes: Vec<_> = LANES
             .iter()
-            .map(|lane| {
-                s.spawn(move || {
-                    let mut report = String::new();
-                    for run in *lane {
-                        let (result, output) = run_captured(&args(run.tests, &[]), &env(run));
-                        report.push_str(&output);
-                        if result.is_err() {
-                            return (report, result);
-                        }
-                    }
-                    (report, Ok(()))
-                })
-            })
+            .map(|run| s.spawn(move || run_captured(&args(run.tests, &[]), &env(run))))
             .collect();
         lanes
             .into_iter()
             .map(|lane| {
-                let (report, result) = lane.join().unwrap_or_else(|_| {
-                    (String::new(), Err("a crash-run lane panicked".to_owned()))
-                });
-                print!("{report}");
-                result
+                lane.join().unwrap_or_else(|_| {
+                    (Err("a crash-run lane panicked".to_owned()), String::new())
+                })
             })
             .collect()
     });
+    for (_, report) in &lanes {
+        print!("{report}");
+    }
     println!(
         "  (crash runs in two lanes: {:.0} s)",
         started.elapsed().as_secs_f64()
     );
-    results.into_iter().collect::<Result<Vec<()>>>()?;
+    for (result, _) in lanes {
+        result?;
+    }
     for run in &ALONE {
         cargo(&args(run.tests, &[]), &env(run))?;
     }
     Ok(())
 }
 
-/// Runs cargo with `args` and extra environment `env` from the project root, its output
-/// captured and returned (with the command line and how long it took) instead of printed:
-/// for commands that run side by side.
+/// [`run_cargo`] for `cargo args` with extra environment `env`, with its output (the command
+/// line, what cargo and the tests printed, and how long it took) captured and returned
+/// instead of printed: for commands that run side by side.
 fn run_captured(args: &[&str], env: &[(&str, &str)]) -> (Result, String) {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let line = format!("cargo {}", args.join(" "));
-    let started = std::time::Instant::now();
-    let output = Command::new(cargo)
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(project_root())
-        .output();
     let mut report = format!("$ {line}\n");
-    let result = match output {
+    let started = std::time::Instant::now();
+    let result = match quiet_cargo_command(args, env).output() {
         Ok(output) => {
             report.push_str(&String::from_utf8_lossy(&output.stderr));
             report.push_str(&String::from_utf8_lossy(&output.stdout));
@@ -352,10 +346,10 @@ fn run_captured(args: &[&str], env: &[(&str, &str)]) -> (Result, String) {
                 Err(format!("step failed: {line}"))
             }
         }
-        Err(e) => Err(format!("cannot run {line}: {e}")),
+        Err(e) => Err(format!("cannot run {}: {e}", cargo_step(args))),
     };
     let seconds = started.elapsed().as_secs_f64();
-    writeln!(report, "  (cargo test: {seconds:.0} s)").expect("a String takes any text");
+    writeln!(report, "  ({}: {seconds:.0} s)", cargo_step(args)).expect("a String takes any text");
     (result, report)
 }
 
