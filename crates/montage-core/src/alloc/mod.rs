@@ -563,9 +563,7 @@ impl Allocator {
         offset: u64,
         header: &RawHeader,
     ) -> Result<()> {
-        for (at, word) in (offset + 8..).step_by(8).zip(header.body_words()) {
-            media.store(at, word)?;
-        }
+        media.store_words(offset + 8, &header.body_words())?;
         media.store(offset, header.meta(offset, self.geometry.creation_id))
     }
 

@@ -34,6 +34,20 @@ pub(crate) fn append(crc: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, bytes)
 }
 
+/// The crc32c of the little-endian bytes of `words` followed by `bytes` (as
+/// `append(append_words(0, words), bytes)`), with one feature check and one call for the two.
+#[inline]
+pub(crate) fn words_then_bytes(words: &[u64], bytes: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if bytes.len() < INLINE_MAX && std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: as in `append_words`.
+        let crc = unsafe { hw::words(u64::from(!0u32), words) };
+        // SAFETY: as in `append_words`.
+        return !(unsafe { hw::bytes(crc, bytes) } as u32);
+    }
+    append(append_words(0, words), bytes)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod hw {
     use std::arch::x86_64::{_mm_crc32_u8, _mm_crc32_u64};
@@ -50,13 +64,11 @@ mod hw {
     /// The raw crc32c register after `bytes`, eight at a time, then one at a time.
     #[target_feature(enable = "sse4.2")]
     pub(super) fn bytes(mut crc: u64, bytes: &[u8]) -> u64 {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            crc = _mm_crc32_u64(crc, u64::from_le_bytes(word));
+        let (chunks, rest) = bytes.as_chunks::<8>();
+        for chunk in chunks {
+            crc = _mm_crc32_u64(crc, u64::from_le_bytes(*chunk));
         }
-        for &byte in chunks.remainder() {
+        for &byte in rest {
             crc = u64::from(_mm_crc32_u8(crc as u32, byte));
         }
         crc
@@ -78,6 +90,15 @@ mod tests {
         #[test]
         fn bytes_match_the_crate(crc in any::<u32>(), bytes in prop::collection::vec(any::<u8>(), 0..600)) {
             prop_assert_eq!(append(crc, &bytes), crc32c::crc32c_append(crc, &bytes));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn words_then_bytes_checksums_the_concatenation(words in prop::collection::vec(any::<u64>(), 0..4), bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let mut all: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            all.extend_from_slice(&bytes);
+            prop_assert_eq!(words_then_bytes(&words, &bytes), crc32c::crc32c(&all));
         }
     }
 

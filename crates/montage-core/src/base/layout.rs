@@ -497,7 +497,7 @@ pub(crate) const fn block_capacity(size: u64) -> u64 {
 /// crc32c of the little-endian bytes of `words`, then of `tail`.
 #[inline]
 fn checksum(words: &[u64], tail: &[u8]) -> u32 {
-    super::crc::append(super::crc::append_words(0, words), tail)
+    super::crc::words_then_bytes(words, tail)
 }
 
 fn span_check(index: u64, creation_id: u64, upper: u64) -> u64 {

@@ -154,6 +154,27 @@ impl Region {
         Ok(self.word_at(at))
     }
 
+    /// The `count` consecutive 8-byte words from `offset`, as atomics: one bounds and
+    /// alignment check for all of them. `offset` must be 8-aligned and the words in bounds.
+    #[inline]
+    pub(crate) fn words(&self, offset: u64, count: usize) -> Result<&[AtomicU64]> {
+        let len = (count as u64).saturating_mul(8);
+        let at = self.check(offset, len)?;
+        if at % 8 != 0 {
+            return Err(Error::OutOfBounds { offset, len });
+        }
+        // INV-MEM-1: the base is page-aligned, so an 8-aligned index is an 8-aligned address.
+        #[allow(clippy::cast_ptr_alignment)]
+        let ptr = self.base.as_ptr().wrapping_add(at).cast::<AtomicU64>();
+        // SAFETY:
+        // - `[at, at + 8 * count)` lies inside the live mapping (`check` above), which `self`
+        //   owns and so outlives the returned slice;
+        // - `ptr` is 8-aligned (checked above, INV-MEM-1), the alignment of `AtomicU64`;
+        // - every access to heap memory is atomic (INV-MEM-2), so the slice's atomics race
+        //   with no non-atomic access.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, count) })
+    }
+
     /// The byte at the already-checked index `at`.
     fn byte(&self, at: usize) -> &AtomicU8 {
         debug_assert!(at < self.len());

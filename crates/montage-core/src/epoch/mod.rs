@@ -107,16 +107,25 @@ impl Bucket {
         victims: &mut Vec<PBlock>,
         antis: &mut Vec<PBlock>,
     ) {
-        self.persist.append(persist);
-        self.written.append(written);
-        self.victims.append(victims);
-        self.antis.append(antis);
+        move_all(&mut self.persist, persist);
+        move_all(&mut self.written, written);
+        move_all(&mut self.victims, victims);
+        move_all(&mut self.antis, antis);
         // The advancer read these lines when it last took this log: ask for the next ones now,
         // so that a later operation's entries do not wait for them (the wait would fall on
         // the next locked instruction, the operation's leave).
         crate::persist::prefetch_tail_for_write(&self.persist);
         crate::persist::prefetch_tail_for_write(&self.victims);
         crate::persist::prefetch_tail_for_write(&self.antis);
+    }
+}
+
+/// Moves everything in `from` to the end of `to`. Most operations leave one or two of a
+/// bucket's four lists empty, and skipping those saves a call each.
+#[inline]
+fn move_all<T>(to: &mut Vec<T>, from: &mut Vec<T>) {
+    if !from.is_empty() {
+        to.append(from);
     }
 }
 

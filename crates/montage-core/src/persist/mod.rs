@@ -218,6 +218,27 @@ impl Media {
         Ok(())
     }
 
+    /// Stores `values` into the consecutive words from `offset`, in order, each with Release
+    /// ordering (as [`store`](Self::store) would one by one), with one bounds check.
+    #[inline]
+    pub(crate) fn store_words(&self, offset: u64, values: &[u64]) -> Result<()> {
+        #[cfg(any(test, feature = "sim"))]
+        if let Some(sim) = self.simulator() {
+            self.check_poison()?;
+            for (at, &value) in (offset..).step_by(8).zip(values) {
+                // ORDERING: Release pairs with the Acquire in `load`.
+                sim.store(&self.region, at, value.to_le(), Ordering::Release)?;
+            }
+            return Ok(());
+        }
+        self.check_poison()?;
+        for (word, &value) in self.region.words(offset, values.len())?.iter().zip(values) {
+            // ORDERING: Release pairs with the Acquire in `load`.
+            word.store(value.to_le(), Ordering::Release);
+        }
+        Ok(())
+    }
+
     /// Compare-and-swap on the word at `offset`: `Ok(Ok(previous))` on success,
     /// `Ok(Err(actual))` when the word did not hold `current`.
     pub(crate) fn compare_exchange(
