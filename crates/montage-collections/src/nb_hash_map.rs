@@ -1,9 +1,11 @@
 //! [`NbHashMap`]: a nonblocking buffered durably linearizable hash map.
 //!
 //! Entries are payloads laid out as [`HashMap`](crate::HashMap)'s. The DRAM index is a
-//! fixed array of buckets, each a [`VerifiedList`] (montage-core's lock-free sorted list
-//! whose changes are epoch-verified swaps) from key to the offset of the entry's current
-//! payload. No method takes a lock.
+//! fixed array of buckets from key to the offset of the entry's current payload, each a
+//! [`VerifiedBucket`]: montage-core's lock-free sorted list, whose changes are
+//! epoch-verified swaps, behind one entry held in the bucket itself for a key that fits a
+//! word (the integer types), so that most lookups of such keys read no list node. No
+//! method takes a lock.
 //!
 //! # Linearization points
 //!
@@ -24,7 +26,7 @@ use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 
 use montage_core::payload::EncodeAs;
-use montage_core::verified::VerifiedList;
+use montage_core::verified::VerifiedBucket;
 use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result};
 
 use crate::count::Count;
@@ -41,7 +43,7 @@ pub struct NbHashMap<K, V> {
     attached: Attached,
     type_id: u64,
     hasher: std::collections::hash_map::RandomState,
-    buckets: Box<[VerifiedList<K>]>,
+    buckets: Box<[VerifiedBucket<K>]>,
     len: Count,
     _value: PhantomData<fn() -> V>,
 }
@@ -80,10 +82,13 @@ where
     /// two), creating it if the heap has no structure of that name and rebuilding its index
     /// from its payloads (scanned in parallel) if it has.
     ///
-    /// The table does not grow, and each bucket is a list searched node by node (a cache
-    /// miss a node): give it about as many buckets as it will hold keys. With a million keys
-    /// in the default 65,536 buckets, reads ran at 0.4x the striped [`HashMap`]'s; with a
-    /// million buckets (8 MiB of DRAM), at 0.68x to 0.86x (`docs/PERFORMANCE.md`).
+    /// The table does not grow. A bucket (24 bytes of DRAM) holds the first integer key
+    /// that lands in it itself ([`Codec::key_word`]) and every
+    /// other key in a list searched node by node (a cache miss a node): give it about as
+    /// many buckets as it will hold keys. With a million keys in the default 65,536 buckets
+    /// and every key in a list, reads ran at 0.4x the striped [`HashMap`]'s; with a million
+    /// buckets for half a million `u64` keys, the three mixes of the harness ran at 0.94x
+    /// to 0.95x of it (geometric means; `docs/PERFORMANCE.md`).
     ///
     /// [`HashMap`]: crate::HashMap
     ///
@@ -100,7 +105,7 @@ where
             type_id: entry::type_id::<K, V>("hash-map")?,
             hasher: std::collections::hash_map::RandomState::new(),
             buckets: (0..buckets.max(1).next_power_of_two())
-                .map(|_| VerifiedList::new())
+                .map(|_| VerifiedBucket::new())
                 .collect(),
             len: Count::default(),
             _value: PhantomData,
@@ -125,14 +130,14 @@ where
         Ok(map)
     }
 
-    fn bucket(&self, key: &K) -> &VerifiedList<K> {
+    fn bucket(&self, key: &K) -> &VerifiedBucket<K> {
         let hash = self.hasher.hash_one(key);
         &self.buckets[hash as usize & (self.buckets.len() - 1)]
     }
 
     /// `key`'s bucket, for a method about to begin an operation on it: its line is asked
     /// for first, so that it arrives while the operation begins.
-    fn bucket_ahead(&self, key: &K) -> &VerifiedList<K> {
+    fn bucket_ahead(&self, key: &K) -> &VerifiedBucket<K> {
         let bucket = self.bucket(key);
         bucket.prefetch();
         bucket
@@ -141,12 +146,12 @@ where
     /// The key's payload and value as `op` sees them. A payload replaced between the load
     /// of its offset and the read (it becomes invalid when the replacing operation ends)
     /// is looked up again.
-    fn find(op: &OpGuard<'_>, bucket: &VerifiedList<K>, key: &K) -> Result<Option<Found<V>>> {
+    fn find(op: &OpGuard<'_>, bucket: &VerifiedBucket<K>, key: &K) -> Result<Option<Found<V>>> {
         Self::find_with(op, bucket, key, |block| entry::read_value(op, block))
     }
 
     /// The key's payload, checked live (as [`find`](Self::find), without reading the value).
-    fn find_block(op: &OpGuard<'_>, bucket: &VerifiedList<K>, key: &K) -> Result<Option<PBlock>> {
+    fn find_block(op: &OpGuard<'_>, bucket: &VerifiedBucket<K>, key: &K) -> Result<Option<PBlock>> {
         Ok(
             Self::find_with(op, bucket, key, |block| op.info(block).map(|_| ()))?
                 .map(|found| found.block),
@@ -157,7 +162,7 @@ where
     /// payload was replaced between the load of its offset and the read.
     fn find_with<T>(
         op: &OpGuard<'_>,
-        bucket: &VerifiedList<K>,
+        bucket: &VerifiedBucket<K>,
         key: &K,
         read: impl Fn(PBlock) -> Result<T>,
     ) -> Result<Option<Found<T>>> {
@@ -255,7 +260,7 @@ where
     /// Replaces the entry `old` of `key` with a new version holding `bytes`.
     fn replace_in(
         op: &OpGuard<'_>,
-        bucket: &VerifiedList<K>,
+        bucket: &VerifiedBucket<K>,
         key: &K,
         old: PBlock,
         bytes: &[u8],
@@ -270,7 +275,7 @@ where
     fn insert_new(
         &self,
         op: &OpGuard<'_>,
-        bucket: &VerifiedList<K>,
+        bucket: &VerifiedBucket<K>,
         key: &K,
         bytes: &[u8],
     ) -> Result<()> {
@@ -318,7 +323,7 @@ where
     fn remove_in(
         &self,
         op: &OpGuard<'_>,
-        bucket: &VerifiedList<K>,
+        bucket: &VerifiedBucket<K>,
         key: &K,
         old: PBlock,
     ) -> Result<()> {

@@ -4,8 +4,10 @@
 //! the allocator while other threads traverse: a use-after-free or a lost node shows up as
 //! a wrong value.
 //!
-//! * List: each thread writes only its own keys (so it knows their exact state and checks
-//!   every result) and reads everyone's (a value read must be one its key's owner wrote).
+//! * List, and a table of buckets (`VerifiedBucket`: an inline entry the first key with a
+//!   word claims, then a list): each thread writes only its own keys (so it knows their
+//!   exact state and checks every result) and reads everyone's (a value read must be one
+//!   its key's owner wrote).
 //! * Queue: producers push their own increasing numbers, consumers pop; every number is
 //!   popped exactly once, and each producer's numbers come out in order.
 
@@ -17,8 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use montage_core::sim::SplitMix64;
-use montage_core::verified::{VerifiedList, VerifiedQueue};
+use montage_core::verified::{BucketKey, VerifiedBucket, VerifiedList, VerifiedQueue};
 use montage_core::{EpochLength, Error, Heap, HeapConfig};
+use montage_core::{OpGuard, Result};
 use montage_testkit::run_with_clock;
 
 const THREADS: u64 = 3;
@@ -41,9 +44,78 @@ fn value(key: u64, version: u64) -> u64 {
     (key << 24) | version
 }
 
+/// What the stress test drives: a list or a bucket, which have the same methods.
+trait Index<K>: Sync {
+    fn get(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<u64>>;
+    fn insert(&self, op: &OpGuard<'_>, key: &K, value: u64) -> Result<Outcome<(), u64>>;
+    fn replace(&self, op: &OpGuard<'_>, key: &K, current: u64, new: u64) -> Result<Found>;
+    fn remove(&self, op: &OpGuard<'_>, key: &K, current: u64) -> Result<Found>;
+    fn entries(&self, op: &OpGuard<'_>) -> Result<Vec<(K, u64)>>;
+}
+
+type Outcome<T, E> = std::result::Result<T, E>;
+type Found = Outcome<(), Option<u64>>;
+
+/// `Index` for a type whose own methods of those names it forwards to.
+macro_rules! index {
+    ($ty:ident, $($bound:tt)+) => {
+        impl<K: $($bound)+> Index<K> for $ty<K> {
+            fn get(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<u64>> {
+                $ty::get(self, op, key)
+            }
+            fn insert(&self, op: &OpGuard<'_>, key: &K, value: u64) -> Result<Outcome<(), u64>> {
+                $ty::insert(self, op, key, value)
+            }
+            fn replace(&self, op: &OpGuard<'_>, key: &K, current: u64, new: u64) -> Result<Found> {
+                $ty::replace(self, op, key, current, new)
+            }
+            fn remove(&self, op: &OpGuard<'_>, key: &K, current: u64) -> Result<Found> {
+                $ty::remove(self, op, key, current)
+            }
+            fn entries(&self, op: &OpGuard<'_>) -> Result<Vec<(K, u64)>> {
+                $ty::entries(self, op)
+            }
+        }
+    };
+}
+index!(VerifiedList, Ord + Clone + Send + Sync + 'static);
+index!(VerifiedBucket, BucketKey);
+
+/// The bucket of `key` among `buckets` (a fixed hash, the same on every thread).
+fn bucket_of<K: std::hash::Hash>(key: &K, buckets: usize) -> usize {
+    use std::hash::BuildHasher;
+    let hasher =
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+    hasher.hash_one(key) as usize % buckets
+}
+
+/// `count` buckets, and how to find a key's.
+fn buckets<K: BucketKey + std::hash::Hash>(
+    count: usize,
+) -> (Vec<VerifiedBucket<K>>, impl Fn(&K) -> usize + Sync) {
+    let table = (0..count).map(|_| VerifiedBucket::new()).collect();
+    (table, move |key: &K| bucket_of(key, count))
+}
+
 #[test]
 fn list_operations_keep_every_key_exact_under_a_moving_clock() {
-    list_stress(|k| k);
+    list_stress(&[VerifiedList::new()], |_| 0, |k| k);
+}
+
+/// Buckets: twelve keys a bucket race for its inline entry, and the key whose word is the
+/// empty marker (`u64::MAX - 0`) must live in the list.
+#[test]
+fn bucket_operations_keep_every_key_exact_under_a_moving_clock() {
+    let (table, pick) = buckets(4);
+    list_stress(&table, pick, |k| u64::MAX - k);
+}
+
+/// Buckets of signed keys, most of them alone in theirs, so that claims race with reads of
+/// absent keys in empty buckets.
+#[test]
+fn bucket_operations_on_many_buckets_keep_every_key_exact_under_a_moving_clock() {
+    let (table, pick) = buckets(64);
+    list_stress(&table, pick, |k| k as i32 - 24);
 }
 
 /// As above with keys that own heap memory, so that under the address sanitizer a key read
@@ -51,18 +123,21 @@ fn list_operations_keep_every_key_exact_under_a_moving_clock() {
 /// it happens to show.
 #[test]
 fn list_operations_keep_every_owned_key_exact_under_a_moving_clock() {
-    list_stress(|k| format!("key {k:>4}"));
+    list_stress(&[VerifiedList::new()], |_| 0, |k| format!("key {k:>4}"));
 }
 
-/// The list stress test with keys `key_of(0..KEYS)`, which sort as their numbers do.
-fn list_stress<K>(key_of: impl Fn(u64) -> K + Sync)
-where
+/// The stress test of the lists or buckets `indexes`, where `pick` finds a key's, with keys
+/// `key_of(0..KEYS)`, distinct for distinct numbers.
+fn list_stress<K>(
+    indexes: &[impl Index<K>],
+    pick: impl Fn(&K) -> usize + Sync,
+    key_of: impl Fn(u64) -> K + Sync,
+) where
     K: Ord + Clone + Send + Sync + std::fmt::Debug + 'static,
 {
     const KEYS: u64 = 48;
     const OPS: u64 = 100_000;
     let heap = heap();
-    let list = VerifiedList::<K>::new();
     with_moving_clock(&heap, |t| {
         let mut rng = SplitMix64::new(t + 1);
         // This thread's keys and their state.
@@ -76,32 +151,32 @@ where
             let state = mine[&key];
             let k = key_of(key);
             let result = heap.run_op(|op| match rng.next_u64() % 4 {
-                0 => list.get(op, &k).map(|got| {
+                0 => indexes[pick(&k)].get(op, &k).map(|got| {
                     assert_eq!(got, state, "thread {t} key {key}");
                     state
                 }),
                 1 => match state {
                     None => {
-                        assert_eq!(list.insert(op, &k, value(key, i))?, Ok(()));
+                        assert_eq!(indexes[pick(&k)].insert(op, &k, value(key, i))?, Ok(()));
                         Ok(Some(value(key, i)))
                     }
                     Some(v) => {
-                        assert_eq!(list.insert(op, &k, 1)?, Err(v));
+                        assert_eq!(indexes[pick(&k)].insert(op, &k, 1)?, Err(v));
                         Ok(state)
                     }
                 },
                 2 => {
                     if let Some(v) = state {
-                        assert_eq!(list.replace(op, &k, v, value(key, i))?, Ok(()));
+                        assert_eq!(indexes[pick(&k)].replace(op, &k, v, value(key, i))?, Ok(()));
                         Ok(Some(value(key, i)))
                     } else {
-                        assert_eq!(list.replace(op, &k, 0, 1)?, Err(None));
+                        assert_eq!(indexes[pick(&k)].replace(op, &k, 0, 1)?, Err(None));
                         Ok(None)
                     }
                 }
                 _ => match state {
                     Some(v) => {
-                        assert_eq!(list.remove(op, &k, v)?, Ok(()));
+                        assert_eq!(indexes[pick(&k)].remove(op, &k, v)?, Ok(()));
                         Ok(None)
                     }
                     None => Ok(None),
@@ -111,14 +186,23 @@ where
             mine.insert(key, new_state);
             // Read someone else's key: whatever is there was written for that key.
             let other = rng.next_u64() % KEYS;
-            match heap.run_op(|op| list.get(op, &key_of(other))) {
+            let other_key = key_of(other);
+            match heap.run_op(|op| indexes[pick(&other_key)].get(op, &other_key)) {
                 Ok(Some(v)) => assert_eq!(v >> 24, other, "a value of another key"),
                 Ok(None) => {}
                 Err(err) => panic!("{err}"),
             }
         }
         // What this thread leaves behind.
-        let entries = heap.run_op(|op| list.entries(op)).unwrap();
+        let entries = heap
+            .run_op(|op| {
+                let mut all = Vec::new();
+                for index in indexes {
+                    all.extend(index.entries(op)?);
+                }
+                Ok(all)
+            })
+            .unwrap();
         for (key, state) in &mine {
             let k = key_of(*key);
             let found = entries.iter().find(|(e, _)| *e == k).map(|&(_, v)| v);

@@ -39,6 +39,26 @@ pub trait Codec: Sized + Send + Sync + 'static {
     /// Decodes a value from exactly the bytes `encode` wrote; `None` if they are not one.
     fn decode(bytes: &[u8]) -> Option<Self>;
 
+    /// The value as one word, for a type whose values fit one: a nonblocking index keeps
+    /// such a key beside its value in its own table instead of in a node it must follow
+    /// ([`VerifiedBucket`](crate::verified::VerifiedBucket)). `None` (the default) where the type has no such word.
+    ///
+    /// Where it returns `Some`, it must be injective and agree with equality (two values
+    /// have the same word exactly when they are equal), and
+    /// [`from_key_word`](Self::from_key_word) must return the value again.
+    #[inline]
+    fn key_word(&self) -> Option<u64> {
+        None
+    }
+
+    /// The value whose [`key_word`](Self::key_word) is `word`; `None` if no value has it
+    /// (and always, by default).
+    #[inline]
+    fn from_key_word(word: u64) -> Option<Self> {
+        let _ = word;
+        None
+    }
+
     /// Decodes a value from its encoded bytes where a structure found them (in a block's
     /// payload, usually), as [`decode`](Self::decode) would from those bytes. Structures
     /// call it to decode straight from the heap.
@@ -265,8 +285,23 @@ impl Codec for String {
     }
 }
 
+impl<T: Codec + Ord + Clone> crate::verified::BucketKey for T {
+    #[inline]
+    fn key_word(&self) -> Option<u64> {
+        Codec::key_word(self)
+    }
+
+    #[inline]
+    fn from_key_word(word: u64) -> Option<Self> {
+        <T as Codec>::from_key_word(word)
+    }
+}
+
+/// Integers: their fixed little-endian bytes; those of up to 64 bits (given with their
+/// unsigned twin) also their bits as a key word, the twin zero-extended, so that every value
+/// has its own word.
 macro_rules! integer_codecs {
-    ($($t:ty),*) => {$(
+    ($($t:ty $(=> $u:ty)?),*) => {$(
         impl Codec for $t {
             const CODEC_ID: u64 = id(stringify!($t));
             fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
@@ -276,10 +311,25 @@ macro_rules! integer_codecs {
             fn decode(bytes: &[u8]) -> Option<Self> {
                 Some(<$t>::from_le_bytes(bytes.try_into().ok()?))
             }
+            $(
+                #[inline]
+                #[allow(clippy::cast_sign_loss)]
+                fn key_word(&self) -> Option<u64> {
+                    Some(u64::from(*self as $u))
+                }
+                #[inline]
+                #[allow(clippy::cast_possible_wrap)]
+                fn from_key_word(word: u64) -> Option<Self> {
+                    <$u>::try_from(word).ok().map(|bits| bits as $t)
+                }
+            )?
         }
     )*};
 }
-integer_codecs!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
+integer_codecs!(
+    u8 => u8, u16 => u16, u32 => u32, u64 => u64, u128,
+    i8 => u8, i16 => u16, i32 => u32, i64 => u64, i128
+);
 
 /// A pair whose first part is an integer: its fixed little-endian bytes, then the second
 /// part's encoding (so a key or an operation can be `(u64, String)`, `(i32, Vec<u8>)`, ...).
@@ -380,6 +430,38 @@ mod tests {
         owned.encode(&mut a).unwrap();
         borrowed.encode_as(&mut b).unwrap();
         (a, b)
+    }
+
+    /// `key_word` of every value in `values`, checked to round-trip and to be distinct
+    /// for distinct values.
+    fn key_words<T: Codec + PartialEq + std::fmt::Debug + Copy>(values: &[T]) {
+        let mut seen = std::collections::HashMap::new();
+        for &v in values {
+            let word = v
+                .key_word()
+                .expect("an integer of up to 64 bits has a key word");
+            assert_eq!(T::from_key_word(word), Some(v), "{v:?}");
+            if let Some(other) = seen.insert(word, v) {
+                assert_eq!(other, v, "two values with the word {word:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn integers_have_distinct_key_words_that_round_trip() {
+        key_words(&[0u8, 1, 127, 128, 255]);
+        key_words(&[i8::MIN, -1, 0, 1, i8::MAX]);
+        key_words(&[i16::MIN, -1, 0, 1, i16::MAX]);
+        key_words(&[i32::MIN, -1, 0, 1, i32::MAX]);
+        key_words(&[i64::MIN, -1, 0, 1, i64::MAX]);
+        key_words(&[0u64, 1, u64::MAX - 1, u64::MAX]);
+        // A word of a wider type is no value of a narrower one.
+        assert_eq!(i8::from_key_word(0x1ff), None);
+        assert_eq!(u32::from_key_word(1 << 40), None);
+        // Types without a word.
+        assert_eq!(1u128.key_word(), None);
+        assert_eq!(String::from("k").key_word(), None);
+        assert_eq!(Vec::<u8>::from_key_word(0), None);
     }
 
     #[test]

@@ -322,12 +322,26 @@ impl<T: CasWord> VerifiedAtomic<T> {
     ///
     /// If the word is shared with operations of another heap (a misuse).
     pub fn load(&self, op: &OpGuard<'_>) -> T {
-        self.load_in(Clock::of(op), &reclaim::pin())
+        self.load_unpinned(Clock::of(op))
     }
 
     /// [`load`](Self::load) for a caller that is already pinned (the lock-free indexes).
     pub(crate) fn load_in(&self, clock: Clock<'_>, guard: &reclaim::Guard) -> T {
         decode(self.word.load(clock, guard))
+    }
+
+    /// [`load`](Self::load) that pins the thread only if it finds a swap in progress (whose
+    /// descriptor it must then read): the same value, without the pin's fence when no swap
+    /// is in the word, as is almost always the case.
+    #[inline]
+    pub(crate) fn load_unpinned(&self, clock: Clock<'_>) -> T {
+        // ORDERING: SeqCst, as in `Word::load`, which returns the first value it reads that
+        // is no descriptor, as this does.
+        let found = self.word.0.load(Ordering::SeqCst);
+        if found.addr() & DESCRIPTOR == 0 {
+            return decode(Raw(found));
+        }
+        self.load_in(clock, &reclaim::pin())
     }
 
     /// Replaces `current` with `new` if the word holds `current` and the epoch clock still

@@ -33,7 +33,7 @@ use crate::verified::atomic::{
 };
 
 /// Value-word states above any live value (live values are below 2^61).
-const REMOVED: u64 = 1 << 61;
+pub(super) const REMOVED: u64 = 1 << 61;
 const DEAD: u64 = 1 << 62;
 /// The largest value a list holds.
 pub const MAX_LIST_VALUE: u64 = REMOVED - 1;
@@ -295,10 +295,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         let Some(curr) = position.curr.filter(|c| c.key == *key) else {
             return Ok(Err(None));
         };
-        match swap_word(&curr.value, op, current, new)? {
-            Ok(()) => Ok(Ok(())),
-            Err(found) => Ok(Err(live(op, found)?)),
-        }
+        swap_live(&curr.value, op, current, new)
     }
 
     /// Every live key and value, in key order.
@@ -336,7 +333,7 @@ fn mark(link: &Word, clock: Clock<'_>, guard: &reclaim::Guard) {
 }
 
 /// A verified swap of a value word: `Ok(Err(found))` if it did not hold `current`.
-fn swap_word(
+pub(super) fn swap_word(
     word: &VerifiedAtomic<u64>,
     op: &OpGuard<'_>,
     current: u64,
@@ -349,8 +346,22 @@ fn swap_word(
     }
 }
 
+/// A verified swap of a key's value word from `current` to `new`: `Ok(Err(found))`, with
+/// the live value found (`None` for a removed one), if it did not hold `current`.
+pub(super) fn swap_live(
+    word: &VerifiedAtomic<u64>,
+    op: &OpGuard<'_>,
+    current: u64,
+    new: u64,
+) -> Result<Result<(), Option<u64>>> {
+    match swap_word(word, op, current, new)? {
+        Ok(()) => Ok(Ok(())),
+        Err(found) => Ok(Err(live(op, found)?)),
+    }
+}
+
 /// A value word as seen by `op`: `Some` if live, `None` if removed (or dead).
-fn live(op: &OpGuard<'_>, value: u64) -> Result<Option<u64>> {
+pub(super) fn live(op: &OpGuard<'_>, value: u64) -> Result<Option<u64>> {
     if value & (REMOVED | DEAD) == 0 {
         return Ok(Some(value));
     }

@@ -1,7 +1,8 @@
 //! Epoch-verified DRAM structures for nonblocking indexes: [`VerifiedAtomic`], a word whose
 //! compare-and-swap succeeds only while the clock still reads the calling operation's epoch
-//! (Montage's DCSS), and the two lock-free structures built on it, [`VerifiedList`] (a
-//! sorted list of keys with value words) and [`VerifiedQueue`] (a Michael-Scott queue).
+//! (Montage's DCSS), and the lock-free structures built on it: [`VerifiedList`] (a sorted
+//! list of keys with value words), [`VerifiedBucket`] (a hash bucket: one entry inline, a
+//! list for the rest) and [`VerifiedQueue`] (a Michael-Scott queue).
 //!
 //! They live in DRAM: they are indexes, rebuilt from payloads after a restart. What makes
 //! them safe to use for a buffered durably linearizable structure is that every change a
@@ -9,11 +10,13 @@
 
 #[allow(unsafe_code)]
 pub(crate) mod atomic;
+pub(crate) mod bucket;
 #[allow(unsafe_code)]
 pub(crate) mod list;
 #[allow(unsafe_code)]
 pub(crate) mod queue;
 
 pub use atomic::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
+pub use bucket::{BucketKey, VerifiedBucket};
 pub use list::{MAX_LIST_VALUE, VerifiedList};
 pub use queue::VerifiedQueue;
