@@ -1,14 +1,21 @@
-//! The epoch-verified compare-and-swap for DRAM words (Montage's DCSS-based primitive).
+//! The epoch-verified compare-and-swap for DRAM words.
 //!
-//! A nonblocking structure links its DRAM index with [`VerifiedAtomic`] words. Its
-//! [`compare_exchange`](VerifiedAtomic::compare_exchange) succeeds only if the value matches
-//! *and* the epoch clock still reads the calling operation's epoch: a double-compare
-//! single-swap (Harris, Fraser and Pratt, "A practical multi-word compare-and-swap
-//! operation", 2002) whose second compare is against the clock. Without it an operation of
-//! epoch `e` could link its change after operations of `e + 1` had already acted on the old
-//! link, and recovery to the end of `e` would keep the later change but not the earlier one.
+//! A nonblocking structure links its DRAM index with verified words. A swap succeeds only
+//! if the value matches *and* the epoch clock still reads the calling operation's epoch.
+//! Without that an operation of epoch `e` could link its change after operations of `e + 1`
+//! had already acted on the old link, and recovery to the end of `e` would keep the later
+//! change but not the earlier one. Two ways get it (INV-CAS-1):
 //!
-//! # Protocol (INV-CAS-1)
+//! * [`VerifiedAtomic::compare_exchange`] swaps inside the clock's verify handshake
+//!   (`OpGuard::verified`, INV-EP-4): the advancer does not publish the next epoch while the
+//!   swap runs, and the swap does not run once the advance has begun. Nobody else has to
+//!   finish such a swap, so a `VerifiedAtomic` word never holds a descriptor.
+//! * The lock-free list's and queue's links (`publish_node`, the queue's head) swap by
+//!   [`dcss`]: a double-compare single-swap (Harris, Fraser and Pratt, "A practical
+//!   multi-word compare-and-swap operation", 2002) whose second compare is against the
+//!   clock, as below.
+//!
+//! # The DCSS
 //!
 //! 1. The owner allocates a descriptor `{epoch, expected, new, status}` and swaps it into the
 //!    word in place of `expected` (a tagged pointer, low bit 1; values are stored shifted
@@ -356,18 +363,52 @@ impl<T: CasWord> VerifiedAtomic<T> {
     ///
     /// If `new` cannot be encoded, or the word is shared with operations of another heap.
     pub fn compare_exchange(&self, op: &OpGuard<'_>, current: T, new: T) -> Result<T, CasError<T>> {
-        dcss(
-            &self.word,
-            Clock::of(op),
-            op.epoch(),
-            encode(current),
-            encode(new),
-        )
-        .map(decode)
-        .map_err(|(raw, kind)| CasError {
-            current: decode(raw),
-            kind,
-        })
+        let (expected, new) = (encode(current), encode(new));
+        loop {
+            // INV-CAS-1 through INV-EP-4: the swap runs only if no advance past the
+            // operation's epoch has begun, and the next publish waits until it is done, so
+            // the clock reads the operation's epoch at the swap. No descriptor is needed:
+            // nobody else has to complete this swap, so a value word never holds one.
+            // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
+            let swapped = op.verified(|| {
+                self.word
+                    .0
+                    .compare_exchange(expected.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
+            });
+            return match swapped {
+                Some(Ok(_)) => Ok(current),
+                Some(Err(found)) if found.addr() & DESCRIPTOR != 0 => {
+                    // Only `dcss` installs descriptors, and it is never given a value word;
+                    // completing one keeps this correct should that change.
+                    help(&self.word, found, Clock::of(op), &reclaim::pin());
+                    continue;
+                }
+                Some(Err(found)) => Err(CasError {
+                    current: decode(Raw(found)),
+                    kind: CasErrorKind::Mismatch,
+                }),
+                None => {
+                    // An advance past the operation's epoch has begun. Its publish waits only
+                    // for verified swaps, each a single instruction, so the clock moves on at
+                    // once: report the failure when it has, so that a retry runs in the new
+                    // epoch (as a swap that read the clock itself would).
+                    let clock = Clock::of(op);
+                    let mut spins = 0u32;
+                    while clock.tracker.current() <= op.epoch() {
+                        spins = spins.saturating_add(1);
+                        if spins < 64 {
+                            std::hint::spin_loop();
+                        } else {
+                            std::thread::yield_now();
+                        }
+                    }
+                    Err(CasError {
+                        current: self.load(op),
+                        kind: CasErrorKind::EpochAdvanced,
+                    })
+                }
+            };
+        }
     }
 
     /// The value, given exclusive access (no swap can be in progress).

@@ -1,6 +1,7 @@
 //! Epoch-verified DRAM structures for nonblocking indexes: [`VerifiedAtomic`], a word whose
-//! compare-and-swap succeeds only while the clock still reads the calling operation's epoch
-//! (Montage's DCSS), and the lock-free structures built on it: [`VerifiedList`] (a sorted
+//! compare-and-swap succeeds only while the clock still reads the calling operation's epoch,
+//! the DCSS that does the same for links (Montage's), and the lock-free structures built on
+//! them: [`VerifiedList`] (a sorted
 //! list of keys with value words), [`VerifiedBucket`] (a hash bucket: one entry inline, a
 //! list for the rest) and [`VerifiedQueue`] (a Michael-Scott queue).
 //!
