@@ -34,7 +34,6 @@ mod fuzz;
 mod kv;
 mod tidy;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -96,15 +95,31 @@ fn cargo_step(args: &[&str]) -> String {
 /// `name` took (CI has a time limit, and this shows where the time goes).
 fn run(mut command: Command, name: &str, line: &str) -> Result {
     let started = std::time::Instant::now();
-    let status = command
-        .status()
-        .map_err(|e| format!("cannot run {name}: {e}"))?;
-    println!("  ({name}: {:.0} s)", started.elapsed().as_secs_f64());
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("step failed: {line}"))
+    let ran = command.status().map(|status| status.success());
+    let spawned = ran.is_ok();
+    let (timing, result) = outcome(name, line, started, ran);
+    if spawned {
+        println!("{timing}");
     }
+    result
+}
+
+/// How a step that began at `started` ended, given whether its command could be run and
+/// succeeded: the line saying how long `name` took, and the step's result (`line` names
+/// the command in a failure).
+fn outcome(
+    name: &str,
+    line: &str,
+    started: std::time::Instant,
+    ran: std::io::Result<bool>,
+) -> (String, Result) {
+    let timing = format!("  ({name}: {:.0} s)", started.elapsed().as_secs_f64());
+    let result = match ran {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!("step failed: {line}")),
+        Err(e) => Err(format!("cannot run {name}: {e}")),
+    };
+    (timing, result)
 }
 
 /// Builds every binary and example of the workspace in the `test` profile, with the features
@@ -336,20 +351,14 @@ fn run_captured(args: &[&str], env: &[(&str, &str)]) -> (Result, String) {
     let line = format!("cargo {}", args.join(" "));
     let mut report = format!("$ {line}\n");
     let started = std::time::Instant::now();
-    let result = match quiet_cargo_command(args, env).output() {
-        Ok(output) => {
-            report.push_str(&String::from_utf8_lossy(&output.stderr));
-            report.push_str(&String::from_utf8_lossy(&output.stdout));
-            if output.status.success() {
-                Ok(())
-            } else {
-                Err(format!("step failed: {line}"))
-            }
-        }
-        Err(e) => Err(format!("cannot run {}: {e}", cargo_step(args))),
-    };
-    let seconds = started.elapsed().as_secs_f64();
-    writeln!(report, "  ({}: {seconds:.0} s)", cargo_step(args)).expect("a String takes any text");
+    let ran = quiet_cargo_command(args, env).output().map(|output| {
+        report.push_str(&String::from_utf8_lossy(&output.stderr));
+        report.push_str(&String::from_utf8_lossy(&output.stdout));
+        output.status.success()
+    });
+    let (timing, result) = outcome(&cargo_step(args), &line, started, ran);
+    report.push_str(&timing);
+    report.push('\n');
     (result, report)
 }
 

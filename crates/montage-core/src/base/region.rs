@@ -147,22 +147,24 @@ impl Region {
 
     /// The 8-byte word at `offset`, as an atomic. `offset` must be 8-aligned and in bounds.
     pub(crate) fn word(&self, offset: u64) -> Result<&AtomicU64> {
-        let at = self.check(offset, 8)?;
+        Ok(self.word_at(self.check_words(offset, 8)?))
+    }
+
+    /// [`check`](Self::check) for `len` bytes of words: `offset` must also be 8-aligned.
+    #[inline]
+    fn check_words(&self, offset: u64, len: u64) -> Result<usize> {
+        let at = self.check(offset, len)?;
         if at % 8 != 0 {
-            return Err(Error::OutOfBounds { offset, len: 8 });
+            return Err(Error::OutOfBounds { offset, len });
         }
-        Ok(self.word_at(at))
+        Ok(at)
     }
 
     /// The `count` consecutive 8-byte words from `offset`, as atomics: one bounds and
     /// alignment check for all of them. `offset` must be 8-aligned and the words in bounds.
     #[inline]
     pub(crate) fn words(&self, offset: u64, count: usize) -> Result<&[AtomicU64]> {
-        let len = (count as u64).saturating_mul(8);
-        let at = self.check(offset, len)?;
-        if at % 8 != 0 {
-            return Err(Error::OutOfBounds { offset, len });
-        }
+        let at = self.check_words(offset, (count as u64).saturating_mul(8))?;
         // INV-MEM-1: the base is page-aligned, so an 8-aligned index is an 8-aligned address.
         #[allow(clippy::cast_ptr_alignment)]
         let ptr = self.base.as_ptr().wrapping_add(at).cast::<AtomicU64>();

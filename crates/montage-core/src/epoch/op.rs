@@ -426,7 +426,8 @@ impl<'h> OpGuard<'h> {
     }
 
     /// Runs `f` only if the clock still reads this operation's epoch, and keeps the clock
-    /// from moving on until `f` returns (INV-EP-4): `None` if the epoch has moved.
+    /// from moving on until `f` returns (INV-EP-4): `None`, once the clock has moved past
+    /// the operation's epoch, if an advance had begun.
     pub(crate) fn verified<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
         self.announcement.borrow().verify(f)
     }

@@ -16,9 +16,10 @@
 //! a write that must land in epoch `e` increments its slot's `verifying` counter and then
 //! reads `closing`, the last epoch the advancer has begun to close; the advancer stores
 //! `closing = e` and then waits for every `verifying` counter to drain before it publishes
-//! `e + 1`. Either the writer sees `closing >= e` and gives up, or the advancer sees its
-//! increment and waits for the write to finish: a verified write of epoch `e` happens before
-//! any operation of `e + 1` begins.
+//! `e + 1`. Either the writer sees `closing >= e` and gives up (once the clock has moved
+//! on, which it then does at once, so that its retry runs in the new epoch), or the
+//! advancer sees its increment and waits for the write to finish: a verified write of epoch
+//! `e` happens before any operation of `e + 1` begins.
 //!
 //! # Slots (INV-SLOT-1)
 //!
@@ -215,12 +216,20 @@ impl Tracker {
         let counter = &counters.verifying;
         // ORDERING: SeqCst, the writer's half of the handshake (module docs).
         counter.fetch_add(1, Ordering::SeqCst);
-        let _leave = Leave(counter);
+        let leave = Leave(counter);
         // ORDERING: store-load: the SeqCst increment is ordered before the SeqCst read of
         // `closing`, as in `announce`.
         after_seqcst_rmw();
         // ORDERING: SeqCst, part of the handshake (module docs).
         if self.closing.load(Ordering::SeqCst) >= epoch.get() {
+            drop(leave);
+            // The advance past `epoch` has begun, and its publish waits only for verified
+            // writes, each short: return once the clock has moved on, so that the caller's
+            // retry runs in the new epoch.
+            let mut spins = 0u32;
+            while self.current() <= epoch {
+                backoff(&mut spins);
+            }
             return None;
         }
         Some(f())
@@ -240,12 +249,7 @@ impl Tracker {
             .iter()
             .any(|slot| slot.verifying.load(Ordering::SeqCst) != 0)
         {
-            spins = spins.saturating_add(1);
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                yield_now();
-            }
+            backoff(&mut spins);
         }
         // ORDERING: SeqCst, part of the handshake (module docs).
         self.current.store(epoch.get(), Ordering::SeqCst);
@@ -277,6 +281,18 @@ impl Tracker {
                 std::thread::sleep(std::time::Duration::from_micros(50));
             }
         }
+    }
+}
+
+/// One round of a short wait for another thread: a pause for the first 64 rounds, then a
+/// yield of the processor (every round under loom, where each wait must be a scheduling
+/// point).
+fn backoff(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    if !cfg!(montage_loom) && *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        yield_now();
     }
 }
 

@@ -205,17 +205,7 @@ impl Media {
     /// Stores `value` into the word at `offset` with Release ordering.
     #[inline]
     pub(crate) fn store(&self, offset: u64, value: u64) -> Result<()> {
-        let value = value.to_le();
-        #[cfg(any(test, feature = "sim"))]
-        if let Some(sim) = self.simulator() {
-            self.check_poison()?;
-            // ORDERING: Release pairs with the Acquire in `load`.
-            return sim.store(&self.region, offset, value, Ordering::Release);
-        }
-        self.check_poison()?;
-        // ORDERING: Release pairs with the Acquire in `load`.
-        self.region.word(offset)?.store(value, Ordering::Release);
-        Ok(())
+        self.store_words(offset, &[value])
     }
 
     /// Stores `values` into the consecutive words from `offset`, in order, each with Release

@@ -364,50 +364,30 @@ impl<T: CasWord> VerifiedAtomic<T> {
     /// If `new` cannot be encoded, or the word is shared with operations of another heap.
     pub fn compare_exchange(&self, op: &OpGuard<'_>, current: T, new: T) -> Result<T, CasError<T>> {
         let (expected, new) = (encode(current), encode(new));
-        loop {
-            // INV-CAS-1 through INV-EP-4: the swap runs only if no advance past the
-            // operation's epoch has begun, and the next publish waits until it is done, so
-            // the clock reads the operation's epoch at the swap. No descriptor is needed:
-            // nobody else has to complete this swap, so a value word never holds one.
-            // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
-            let swapped = op.verified(|| {
-                self.word
-                    .0
-                    .compare_exchange(expected.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
-            });
-            return match swapped {
-                Some(Ok(_)) => Ok(current),
-                Some(Err(found)) if found.addr() & DESCRIPTOR != 0 => {
-                    // Only `dcss` installs descriptors, and it is never given a value word;
-                    // completing one keeps this correct should that change.
-                    help(&self.word, found, Clock::of(op), &reclaim::pin());
-                    continue;
-                }
-                Some(Err(found)) => Err(CasError {
+        // INV-CAS-1 through INV-EP-4: the swap runs only if no advance past the operation's
+        // epoch has begun, and the next publish waits until it is done, so the clock reads
+        // the operation's epoch at the swap. Nobody else has to complete such a swap, so a
+        // value word never holds a descriptor.
+        // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
+        let swapped = op.verified(|| {
+            self.word
+                .0
+                .compare_exchange(expected.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
+        });
+        match swapped {
+            Some(Ok(_)) => Ok(current),
+            Some(Err(found)) => {
+                debug_assert_eq!(found.addr() & DESCRIPTOR, 0, "a value word never holds one");
+                Err(CasError {
                     current: decode(Raw(found)),
                     kind: CasErrorKind::Mismatch,
-                }),
-                None => {
-                    // An advance past the operation's epoch has begun. Its publish waits only
-                    // for verified swaps, each a single instruction, so the clock moves on at
-                    // once: report the failure when it has, so that a retry runs in the new
-                    // epoch (as a swap that read the clock itself would).
-                    let clock = Clock::of(op);
-                    let mut spins = 0u32;
-                    while clock.tracker.current() <= op.epoch() {
-                        spins = spins.saturating_add(1);
-                        if spins < 64 {
-                            std::hint::spin_loop();
-                        } else {
-                            std::thread::yield_now();
-                        }
-                    }
-                    Err(CasError {
-                        current: self.load(op),
-                        kind: CasErrorKind::EpochAdvanced,
-                    })
-                }
-            };
+                })
+            }
+            // `verified` refuses only once the clock has moved past the operation's epoch.
+            None => Err(CasError {
+                current: self.load(op),
+                kind: CasErrorKind::EpochAdvanced,
+            }),
         }
     }
 
