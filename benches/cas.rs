@@ -1,9 +1,9 @@
 //! The cost of the epoch-verified swaps beside a plain compare-and-swap, in one run:
 //!
 //! * `plain`: `AtomicU64::compare_exchange` on a DRAM word (the lower bound);
-//! * `verified_atomic`: `VerifiedAtomic::compare_exchange` (the DCSS: a descriptor, its
-//!   installation, a fence, the clock read, the status decision, the final swap, and the
-//!   descriptor's deferred reclamation), inside an open operation;
+//! * `verified_atomic`: `VerifiedAtomic::compare_exchange` (the DCSS: the slot's descriptor
+//!   filled in, the tag's installation, the clock read, the status decision and the final
+//!   swap), inside an open operation;
 //! * `verified_atomic_load`: `VerifiedAtomic::load`;
 //! * `payload_cas`: `cas_<field>` on a payload field in the heap (header check, the verify
 //!   handshake, the swap on the mapped word, the write-back log entry), inside an open

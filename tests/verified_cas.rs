@@ -1,5 +1,6 @@
-//! Stress tests of the two epoch-verified swaps of words: `VerifiedAtomic` (DRAM) and
-//! `cas_<field>` on a payload (persistent), both verified by the clock handshake. Threads
+//! Stress tests of the two epoch-verified swaps of words: `VerifiedAtomic` (DRAM, a DCSS
+//! against the clock) and `cas_<field>` on a payload (persistent, verified by the clock's
+//! handshake). Threads
 //! increment one counter by swaps while another thread moves the epoch clock as fast as it
 //! can. Every successful swap records the value it wrote and its operation's epoch; then:
 //!

@@ -16,8 +16,16 @@
 //! while the clock still reads the operation's epoch (INV-CAS-1). If the swap fails
 //! (another operation changed the key first, or the epoch moved), the operation aborts,
 //! which undoes its payload work, and runs again. A read linearizes at its load of the
-//! value word (and aborts if that holds a payload or a removal of a newer epoch). A
-//! failed swap means another operation's swap succeeded, so the map is lock-free.
+//! value word (and aborts if that holds a payload or a removal of a newer epoch).
+//!
+//! # Progress
+//!
+//! A swap fails only because another operation's swap succeeded or the clock moved on,
+//! and no thread waits for another inside a swap (a thread that meets one in progress
+//! completes it), so the map is lock-free for threads that own a slot of the heap
+//! ([`HeapConfig::thread_slots`](montage_core::HeapConfig::thread_slots)). Threads beyond
+//! them swap through the clock's verify handshake, which a thread stalled inside it holds
+//! back at the end of an epoch.
 //!
 //! The bucket count is fixed when the map is opened ([`NbHashMap::with_buckets`]); lists
 //! grow as needed, so a map far larger than its bucket count works, only slower.

@@ -51,17 +51,19 @@ pub(crate) fn yield_now() {
 }
 
 /// Completes the store-load order of a handshake whose first half was a `SeqCst`
-/// read-modify-write and whose second half is a `SeqCst` load, as in `announce` and `verify`
-/// of `epoch/tracker.rs`.
+/// read-modify-write (or a `SeqCst` load of what another thread's one stored) and whose
+/// second half is a `SeqCst` load, as in `announce` and `verify` of `epoch/tracker.rs` and
+/// the clock read of a verified swap (`verified/atomic.rs`).
 ///
 /// In the language's memory model (C++20's, which Rust adopts) every `SeqCst` operation
-/// takes a place in one total order consistent with program order, so a `SeqCst` RMW and a
-/// later `SeqCst` load of the same thread are already ordered and this is a no-op (on x86-64
-/// the RMW is a locked instruction, itself a full barrier, and an `mfence` after it would
-/// only cost cycles). Loom treats `SeqCst` accesses as acquire/release, which lets the load
-/// pass the RMW; there it is the `SeqCst` fence the model needs to see the order.
+/// takes a place in one total order consistent with program order, so a `SeqCst` access and
+/// a later `SeqCst` load of the same thread are already ordered and this is a no-op (on
+/// x86-64 the RMW is a locked instruction, itself a full barrier, and an `mfence` after it
+/// would only cost cycles). Loom treats `SeqCst` accesses as acquire/release, which lets
+/// the load pass the access before it; there it is the `SeqCst` fence the model needs to
+/// see the order.
 #[inline]
-pub(crate) fn after_seqcst_rmw() {
+pub(crate) fn after_seqcst_access() {
     #[cfg(montage_loom)]
     fence(Ordering::SeqCst);
 }

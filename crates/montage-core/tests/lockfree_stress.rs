@@ -26,9 +26,18 @@ use montage_testkit::run_with_clock;
 
 const THREADS: u64 = 3;
 
-fn heap() -> Heap {
-    Heap::create(&HeapConfig::in_memory(8 << 20).epoch_length(EpochLength::Manual)).unwrap()
+/// A heap with `slots` owned thread slots: with the default 64 every worker owns one and
+/// swaps with its slot's descriptor; with one, the workers (whose thread ids are not the
+/// lowest) share slots, and swap inside the clock's verify handshake instead.
+fn heap(slots: usize) -> Heap {
+    let config = HeapConfig::in_memory(8 << 20)
+        .epoch_length(EpochLength::Manual)
+        .thread_slots(slots);
+    Heap::create(&config).unwrap()
 }
+
+const OWNED: usize = 64;
+const SHARED: usize = 1;
 
 /// Runs `work(t)` on `THREADS` threads while another thread advances the clock.
 fn with_moving_clock(heap: &Heap, work: impl Fn(u64) + Sync) {
@@ -99,7 +108,12 @@ fn buckets<K: BucketKey + std::hash::Hash>(
 
 #[test]
 fn list_operations_keep_every_key_exact_under_a_moving_clock() {
-    list_stress(&[VerifiedList::new()], |_| 0, |k| k);
+    list_stress(OWNED, &[VerifiedList::new()], |_| 0, |k| k);
+}
+
+#[test]
+fn list_operations_in_shared_slots_keep_every_key_exact_under_a_moving_clock() {
+    list_stress(SHARED, &[VerifiedList::new()], |_| 0, |k| k);
 }
 
 /// Buckets: twelve keys a bucket race for its inline entry, and the key whose word is the
@@ -107,7 +121,7 @@ fn list_operations_keep_every_key_exact_under_a_moving_clock() {
 #[test]
 fn bucket_operations_keep_every_key_exact_under_a_moving_clock() {
     let (table, pick) = buckets(4);
-    list_stress(&table, pick, |k| u64::MAX - k);
+    list_stress(OWNED, &table, pick, |k| u64::MAX - k);
 }
 
 /// Buckets of signed keys, most of them alone in theirs, so that claims race with reads of
@@ -115,7 +129,7 @@ fn bucket_operations_keep_every_key_exact_under_a_moving_clock() {
 #[test]
 fn bucket_operations_on_many_buckets_keep_every_key_exact_under_a_moving_clock() {
     let (table, pick) = buckets(64);
-    list_stress(&table, pick, |k| k as i32 - 24);
+    list_stress(OWNED, &table, pick, |k| k as i32 - 24);
 }
 
 /// As above with keys that own heap memory, so that under the address sanitizer a key read
@@ -123,12 +137,18 @@ fn bucket_operations_on_many_buckets_keep_every_key_exact_under_a_moving_clock()
 /// it happens to show.
 #[test]
 fn list_operations_keep_every_owned_key_exact_under_a_moving_clock() {
-    list_stress(&[VerifiedList::new()], |_| 0, |k| format!("key {k:>4}"));
+    list_stress(
+        OWNED,
+        &[VerifiedList::new()],
+        |_| 0,
+        |k| format!("key {k:>4}"),
+    );
 }
 
 /// The stress test of the lists or buckets `indexes`, where `pick` finds a key's, with keys
-/// `key_of(0..KEYS)`, distinct for distinct numbers.
+/// `key_of(0..KEYS)`, distinct for distinct numbers, in a heap of `slots` owned slots.
 fn list_stress<K>(
+    slots: usize,
     indexes: &[impl Index<K>],
     pick: impl Fn(&K) -> usize + Sync,
     key_of: impl Fn(u64) -> K + Sync,
@@ -137,7 +157,7 @@ fn list_stress<K>(
 {
     const KEYS: u64 = 48;
     const OPS: u64 = 100_000;
-    let heap = heap();
+    let heap = heap(slots);
     with_moving_clock(&heap, |t| {
         let mut rng = SplitMix64::new(t + 1);
         // This thread's keys and their state.
@@ -214,8 +234,18 @@ fn list_stress<K>(
 
 #[test]
 fn queue_delivers_every_element_once_in_each_producers_order() {
+    queue_stress(OWNED);
+}
+
+#[test]
+fn queue_in_shared_slots_delivers_every_element_once_in_each_producers_order() {
+    queue_stress(SHARED);
+}
+
+/// The queue's stress test in a heap of `slots` owned slots.
+fn queue_stress(slots: usize) {
     const PER_PRODUCER: u64 = 100_000;
-    let heap = heap();
+    let heap = heap(slots);
     let queue = VerifiedQueue::new(0);
     let popped: Mutex<Vec<u64>> = Mutex::new(Vec::new());
     let producers_done = AtomicBool::new(false);

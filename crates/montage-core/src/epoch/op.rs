@@ -6,6 +6,7 @@
 use std::cell::{Cell, RefCell, RefMut};
 use std::marker::PhantomData;
 
+use super::tracker::Descriptor;
 use super::{OpAnnouncement, Runtime};
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, BlockView, OwnerId, PBlock};
 use crate::base::epoch::Epoch;
@@ -430,6 +431,13 @@ impl<'h> OpGuard<'h> {
     /// the operation's epoch, if an advance had begun.
     pub(crate) fn verified<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
         self.announcement.borrow().verify(f)
+    }
+
+    /// The swap descriptor of the operation's thread slot and the slot's number, if the
+    /// thread owns its slot (`verified/atomic.rs` runs its swaps with it).
+    #[inline]
+    pub(crate) fn descriptor(&self) -> Option<(usize, &'h Descriptor)> {
+        self.announcement.borrow().descriptor()
     }
 
     /// Checks that `type_id` may be stored under `name` in this heap, registering it the

@@ -54,8 +54,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::base::epoch::Epoch;
 use crate::primitive::{
-    AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, UnsafeCell, after_seqcst_rmw, fence, lock,
-    yield_now,
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering, UnsafeCell, after_seqcst_access,
+    fence, lock, yield_now,
 };
 use crate::thread_id::Held;
 
@@ -92,6 +92,36 @@ struct Counters {
     /// Whether the log of each epoch mod 4 may hold something: set by the operations that
     /// write to it, cleared by the advancer when it takes everything.
     filled: [AtomicBool; 4],
+    /// An owned slot's swap descriptor (unused in a shared slot).
+    descriptor: Descriptor,
+}
+
+/// The descriptor of an owned slot's double-compare single-swaps (`verified/atomic.rs`
+/// runs them): the one swap the slot's owner may have in progress, reused for every swap
+/// the owner makes, so that a swap allocates nothing and frees nothing. The tracker only
+/// keeps it beside the slot's counters; its fields are the swap's, and every thread that
+/// meets the swap in a word reads them.
+#[derive(Debug)]
+pub(crate) struct Descriptor {
+    /// The swap's sequence number and its state (`verified/atomic.rs` packs them).
+    pub(crate) status: AtomicU64,
+    /// The epoch the swap must linearize in.
+    pub(crate) epoch: AtomicU64,
+    /// The word's value the swap replaces.
+    pub(crate) expected: AtomicPtr<()>,
+    /// The value the swap puts in its place.
+    pub(crate) new: AtomicPtr<()>,
+}
+
+impl Descriptor {
+    fn new() -> Descriptor {
+        Descriptor {
+            status: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            expected: AtomicPtr::new(std::ptr::null_mut()),
+            new: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
 }
 
 impl Counters {
@@ -102,6 +132,7 @@ impl Counters {
             frozen: AtomicBool::new(false),
             busy: AtomicBool::new(false),
             filled: std::array::from_fn(|_| AtomicBool::new(false)),
+            descriptor: Descriptor::new(),
         }
     }
 
@@ -124,6 +155,13 @@ impl Tracker {
         }
     }
 
+    /// The swap descriptor of the slot numbered `index` (`None` if there is no such slot).
+    pub(crate) fn descriptor(&self, index: usize) -> Option<&Descriptor> {
+        self.counters
+            .get(index)
+            .map(|counters| &counters.descriptor)
+    }
+
     /// The epoch new operations join.
     pub(crate) fn current(&self) -> Epoch {
         // ORDERING: SeqCst, part of the handshake (module docs).
@@ -142,8 +180,8 @@ impl Tracker {
             counter.fetch_add(1, Ordering::SeqCst);
             // ORDERING: the store-load half of the handshake (a Dekker pattern): the SeqCst
             // increment precedes the SeqCst re-read in the single total order; loom needs a
-            // fence to see that (see `after_seqcst_rmw`).
-            after_seqcst_rmw();
+            // fence to see that (see `after_seqcst_access`).
+            after_seqcst_access();
             // ORDERING: SeqCst, the operation's half of the closing handshake (see
             // `close_heap`): read after the increment, so either `close_heap` sees the
             // increment or this sees the flag.
@@ -219,7 +257,7 @@ impl Tracker {
         let leave = Leave(counter);
         // ORDERING: store-load: the SeqCst increment is ordered before the SeqCst read of
         // `closing`, as in `announce`.
-        after_seqcst_rmw();
+        after_seqcst_access();
         // ORDERING: SeqCst, part of the handshake (module docs).
         if self.closing.load(Ordering::SeqCst) >= epoch.get() {
             drop(leave);
@@ -482,7 +520,7 @@ impl<S, L> Slots<S, L> {
         }
         // ORDERING: store-load: the flag precedes the reads of the counters (as in
         // `announce`).
-        after_seqcst_rmw();
+        after_seqcst_access();
         let result = counters.idle().then(|| {
             self.own[index].state.with_mut(|state| {
                 // SAFETY: INV-SLOT-1: the slot is frozen and was idle after the flag was set, so
@@ -640,6 +678,17 @@ impl<'s, S, L> Announcement<'s, S, L> {
                 f(unsafe { &mut *log })
             }),
             SlotId::Shared(j) => f(&mut lock(&self.slots.shared[j].logs)[index]),
+        }
+    }
+
+    /// The slot's swap descriptor and the slot's number ([`Tracker::descriptor`] finds it
+    /// by that), for an owned slot: its owner runs one operation at a time, so it has one
+    /// swap in progress at most. Operations in a shared slot can run side by side, so they
+    /// have none.
+    pub(crate) fn descriptor(&self) -> Option<(usize, &'s Descriptor)> {
+        match self.slot {
+            SlotId::Own(i) => Some((i, &self.slots.tracker.counters[i].descriptor)),
+            SlotId::Shared(_) => None,
         }
     }
 

@@ -1,45 +1,60 @@
 //! The epoch-verified compare-and-swap for DRAM words.
 //!
 //! A nonblocking structure links its DRAM index with verified words. A swap succeeds only
-//! if the value matches *and* the epoch clock still reads the calling operation's epoch.
-//! Without that an operation of epoch `e` could link its change after operations of `e + 1`
-//! had already acted on the old link, and recovery to the end of `e` would keep the later
-//! change but not the earlier one. Two ways get it (INV-CAS-1):
+//! if the word holds the expected value *and* the epoch clock still reads the calling
+//! operation's epoch. Without that an operation of epoch `e` could make its change after
+//! operations of `e + 1` had already acted on the old value, and recovery to the end of `e`
+//! would keep the later change but not the earlier one (INV-CAS-1).
 //!
-//! * [`VerifiedAtomic::compare_exchange`] swaps inside the clock's verify handshake
-//!   (`OpGuard::verified`, INV-EP-4): the advancer does not publish the next epoch while the
-//!   swap runs, and the swap does not run once the advance has begun. Nobody else has to
-//!   finish such a swap, so a `VerifiedAtomic` word never holds a descriptor.
-//! * The lock-free list's and queue's links (`publish_node`, the queue's head) swap by
-//!   [`dcss`]: a double-compare single-swap (Harris, Fraser and Pratt, "A practical
-//!   multi-word compare-and-swap operation", 2002) whose second compare is against the
-//!   clock, as below.
+//! # The double-compare single-swap
 //!
-//! # The DCSS
+//! Every verified swap of a word ([`VerifiedAtomic::compare_exchange`], the list's new
+//! links, the queue's head) is a DCSS (Harris, Fraser and Pratt, "A practical multi-word
+//! compare-and-swap operation", 2002) whose second compare is against the clock:
 //!
-//! 1. The owner allocates a descriptor `{epoch, expected, new, status}` and swaps it into the
-//!    word in place of `expected` (a tagged pointer, low bit 1; values are stored shifted
-//!    left by one, so their low bit is 0).
-//! 2. Anyone who finds a descriptor in the word (the owner, a competing CAS, a reader)
-//!    completes it: reads the clock, tries to move `status` from undecided to succeeded (the
-//!    clock reads the descriptor's epoch) or failed (it does not), and swaps the word from
-//!    the descriptor to `new` or back to `expected` as `status` says.
-//! 3. The first status transition decides; the DCSS linearizes at the clock read that
-//!    preceded it, when the clock read the operation's epoch. Nobody returns a value while
-//!    a descriptor is undecided, so no access can be ordered between that read and the
-//!    decision.
+//! 1. The owner writes the swap into its thread slot's descriptor (`epoch`, `expected`,
+//!    `new`, and a status that starts undecided) and swaps a tag naming the descriptor into
+//!    the word in place of `expected` (low bit 1; values are stored shifted left by one, so
+//!    their low bit is 0).
+//! 2. Anyone who finds a tag in the word (the owner, a competing swap, a reader) completes
+//!    the swap: reads the clock, tries to move the status from undecided to succeeded (the
+//!    clock reads the swap's epoch) or failed (it does not), and swaps the word from the tag
+//!    to `new` or back to `expected` as the status says.
+//! 3. The first status transition decides; the swap linearizes at the clock read that
+//!    preceded it, when the clock read the operation's epoch. Nobody returns a value while a
+//!    swap is undecided, so no access can be ordered between that read and the decision.
 //!
-//! Descriptors are freed through crossbeam-epoch: the owner retires its descriptor once the
-//! word no longer holds it, and anyone who may still dereference it is pinned. Under
-//! `cfg(montage_loom)` they are leaked instead (loom explores bounded executions).
+//! No thread ever waits for another: a thread stalled anywhere in a swap holds nobody
+//! back, since whoever meets its tag finishes the swap for it. The structures built on it
+//! are lock-free.
+//!
+//! # Descriptors that are reused, not allocated
+//!
+//! A descriptor is not allocated per swap. Each owned thread slot has one (beside the
+//! slot's counters in `epoch/tracker.rs`), reused by every swap of the slot's owner, which
+//! runs one operation at a time and so has one swap in progress at most (Arbel-Raviv and
+//! Brown, "Reuse, don't recycle", 2017). A swap has a sequence number, the slot's previous
+//! one plus one, and the tag carries the slot's number and the sequence number; the status
+//! word carries the sequence number beside the state. Before the owner overwrites the
+//! fields for a new swap it moves the status to the new number, so a helper that read the
+//! fields of an older swap finds the number changed when it checks the status afterwards
+//! (a sequence lock) and lets the swap be: it is over, and its tag has left the word. Every
+//! transition of the status names the sequence number it expects, so no helper can decide
+//! a later swap with an older one's fields. Nothing is freed, so nothing needs to be
+//! reclaimed, and no descriptor is ever read after it is gone.
+//!
+//! An operation in a shared slot (a thread beyond the heap's owned slots, or one in thread
+//! teardown) has no descriptor of its own; its swaps run inside the clock's verify
+//! handshake instead (`OpGuard::verified`, INV-EP-4), which holds the next publish back
+//! while the swap runs: correct as well, but a thread stalled inside it delays the clock.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
-use crate::epoch::tracker::Tracker;
-use crate::primitive::{AtomicPtr, AtomicU32, Ordering, fence};
+use crate::epoch::tracker::{Descriptor, Tracker};
+use crate::primitive::{AtomicPtr, Ordering, after_seqcst_access, fence};
 
 /// Why a compare-and-swap did not happen, with the value the word held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,21 +175,54 @@ impl CasWord for u64 {
     }
 }
 
-/// The low bit that marks a descriptor.
+/// The low bit that marks a tag.
 const DESCRIPTOR: usize = 1;
-const UNDECIDED: u32 = 0;
-const SUCCEEDED: u32 = 1;
-const FAILED: u32 = 2;
+/// The bits of a slot's number in a tag, above the tag bit; the sequence number is above
+/// them. A slot numbered beyond them has no descriptor (its swaps use the handshake).
+const SLOT_BITS: u32 = 16;
+const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
+/// Sequence numbers wrap at 2^47: a tag could be mistaken for an older one only by a
+/// helper stalled between reading a tag and swapping it out while its owner made 2^47
+/// more swaps.
+const SEQ_MASK: u64 = (1 << (usize::BITS - 1 - SLOT_BITS)) - 1;
+/// The state in the low two bits of a descriptor's status; the sequence number is above.
+const UNDECIDED: u64 = 0;
+const SUCCEEDED: u64 = 1;
+const FAILED: u64 = 2;
 
-/// One DCSS in progress.
-#[derive(Debug)]
-struct Descriptor {
-    /// The heap whose clock decides it.
-    instance: u64,
-    epoch: Epoch,
-    expected: Raw,
-    new: Raw,
-    status: AtomicU32,
+/// What a word holds while a swap is in progress: the owner's slot and the swap's
+/// sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tag {
+    slot: usize,
+    seq: u64,
+}
+
+impl Tag {
+    /// The word's content for this tag (an integer: it points at nothing).
+    fn encode(self) -> *mut () {
+        let seq = usize::try_from(self.seq).expect("a sequence number fits in 47 bits");
+        std::ptr::without_provenance_mut((seq << (SLOT_BITS + 1)) | (self.slot << 1) | DESCRIPTOR)
+    }
+
+    /// The tag in a word's content, if it holds one.
+    fn decode(found: *mut ()) -> Option<Tag> {
+        let raw = found.addr();
+        (raw & DESCRIPTOR != 0).then(|| Tag {
+            slot: (raw >> 1) & SLOT_MASK,
+            seq: (raw >> (SLOT_BITS + 1)) as u64,
+        })
+    }
+}
+
+/// A descriptor's status: a swap's sequence number and its state.
+fn status(seq: u64, state: u64) -> u64 {
+    (seq << 2) | state
+}
+
+/// The sequence number of a descriptor's status.
+fn status_seq(status: u64) -> u64 {
+    status >> 2
 }
 
 /// What a [`Word`] holds when no swap is in progress: a value shifted left by one (an
@@ -233,10 +281,9 @@ impl Raw {
     }
 }
 
-/// A DCSS word: a DRAM word that holds a [`Raw`], or, while a swap is in progress, a
-/// descriptor's address with the tag bit set. Only this module can store into it, and only
-/// `dcss` installs a descriptor, so a tagged word always holds the address of a descriptor
-/// that is live (INV-CAS-1), with the provenance of its allocation.
+/// A verified word: a DRAM word that holds a [`Raw`], or, while a swap is in progress, a
+/// [`Tag`]. Only this module can store into it, and only a swap installs a tag (module
+/// docs).
 #[derive(Debug)]
 pub(crate) struct Word(AtomicPtr<()>);
 
@@ -247,14 +294,16 @@ impl Word {
     }
 
     /// The word's value, completing any swap found in progress.
-    pub(crate) fn load(&self, clock: Clock<'_>, guard: &reclaim::Guard) -> Raw {
+    #[inline]
+    pub(crate) fn load(&self, clock: Clock<'_>) -> Raw {
         loop {
-            // ORDERING: SeqCst, as in `dcss`.
+            // ORDERING: SeqCst: the swaps need one total order of the word accesses, the
+            // status decisions and the clock reads (INV-CAS-1).
             let found = self.0.load(Ordering::SeqCst);
-            if found.addr() & DESCRIPTOR == 0 {
-                return Raw(found);
+            match Tag::decode(found) {
+                None => return Raw(found),
+                Some(tag) => help(self, tag, clock),
             }
-            help(self, found, clock, guard);
         }
     }
 
@@ -262,7 +311,7 @@ impl Word {
     /// linearization points (unlinking, marking, moving a lagging tail). Fails if the word
     /// holds anything else, a swap in progress included.
     pub(crate) fn swap_unverified(&self, current: Raw, new: Raw) -> bool {
-        // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
+        // ORDERING: SeqCst, as every access to verified words (INV-CAS-1).
         self.0
             .compare_exchange(current.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
@@ -284,19 +333,17 @@ impl Word {
     }
 }
 
-/// What a DCSS compares its epoch against: one heap's clock.
+/// What a swap compares its epoch against, and where it finds the descriptors of the tags
+/// it meets: one heap's clock.
 #[derive(Clone, Copy)]
 pub(crate) struct Clock<'a> {
     pub(crate) tracker: &'a Tracker,
-    pub(crate) instance: u64,
 }
 
 impl Clock<'_> {
     pub(crate) fn of<'a>(op: &'a OpGuard<'_>) -> Clock<'a> {
-        let epochs = &op.runtime().epochs;
         Clock {
-            tracker: epochs.tracker(),
-            instance: epochs.instance(),
+            tracker: op.runtime().epochs.tracker(),
         }
     }
 }
@@ -329,26 +376,13 @@ impl<T: CasWord> VerifiedAtomic<T> {
     ///
     /// If the word is shared with operations of another heap (a misuse).
     pub fn load(&self, op: &OpGuard<'_>) -> T {
-        self.load_unpinned(Clock::of(op))
+        self.load_in(Clock::of(op))
     }
 
-    /// [`load`](Self::load) for a caller that is already pinned (the lock-free indexes).
-    pub(crate) fn load_in(&self, clock: Clock<'_>, guard: &reclaim::Guard) -> T {
-        decode(self.word.load(clock, guard))
-    }
-
-    /// [`load`](Self::load) that pins the thread only if it finds a swap in progress (whose
-    /// descriptor it must then read): the same value, without the pin's fence when no swap
-    /// is in the word, as is almost always the case.
+    /// [`load`](Self::load) for a caller that has the clock at hand.
     #[inline]
-    pub(crate) fn load_unpinned(&self, clock: Clock<'_>) -> T {
-        // ORDERING: SeqCst, as in `Word::load`, which returns the first value it reads that
-        // is no descriptor, as this does.
-        let found = self.word.0.load(Ordering::SeqCst);
-        if found.addr() & DESCRIPTOR == 0 {
-            return decode(Raw(found));
-        }
-        self.load_in(clock, &reclaim::pin())
+    pub(crate) fn load_in(&self, clock: Clock<'_>) -> T {
+        decode(self.word.load(clock))
     }
 
     /// Replaces `current` with `new` if the word holds `current` and the epoch clock still
@@ -363,30 +397,11 @@ impl<T: CasWord> VerifiedAtomic<T> {
     ///
     /// If `new` cannot be encoded, or the word is shared with operations of another heap.
     pub fn compare_exchange(&self, op: &OpGuard<'_>, current: T, new: T) -> Result<T, CasError<T>> {
-        let (expected, new) = (encode(current), encode(new));
-        // INV-CAS-1 through INV-EP-4: the swap runs only if no advance past the operation's
-        // epoch has begun, and the next publish waits until it is done, so the clock reads
-        // the operation's epoch at the swap. Nobody else has to complete such a swap, so a
-        // value word never holds a descriptor.
-        // ORDERING: SeqCst, as every access to DCSS words (INV-CAS-1).
-        let swapped = op.verified(|| {
-            self.word
-                .0
-                .compare_exchange(expected.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
-        });
-        match swapped {
-            Some(Ok(_)) => Ok(current),
-            Some(Err(found)) => {
-                debug_assert_eq!(found.addr() & DESCRIPTOR, 0, "a value word never holds one");
-                Err(CasError {
-                    current: decode(Raw(found)),
-                    kind: CasErrorKind::Mismatch,
-                })
-            }
-            // `verified` refuses only once the clock has moved past the operation's epoch.
-            None => Err(CasError {
-                current: self.load(op),
-                kind: CasErrorKind::EpochAdvanced,
+        match dcss(&self.word, op, encode(current), encode(new)) {
+            Ok(()) => Ok(current),
+            Err((found, kind)) => Err(CasError {
+                current: decode(found),
+                kind,
             }),
         }
     }
@@ -419,82 +434,141 @@ fn decode<T: CasWord>(raw: Raw) -> T {
     T::from_raw(raw.to_value())
 }
 
-/// The DCSS (module docs): `Ok(expected)` on success, else the raw value found and why.
+/// The verified swap (module docs) of `word` from `expected` to `new` in `op`'s epoch:
+/// `Ok` on success, else the value found and why not.
 pub(crate) fn dcss(
     word: &Word,
+    op: &OpGuard<'_>,
+    expected: Raw,
+    new: Raw,
+) -> Result<(), (Raw, CasErrorKind)> {
+    match op.descriptor().filter(|&(slot, _)| slot <= SLOT_MASK) {
+        Some((slot, descriptor)) => {
+            let owner = Owner { slot, descriptor };
+            dcss_as(word, owner, Clock::of(op), op.epoch(), expected, new)
+        }
+        None => swap_in_handshake(word, op, expected, new),
+    }
+}
+
+/// The thread slot whose descriptor a swap uses, owned by the calling thread.
+#[derive(Clone, Copy)]
+struct Owner<'a> {
+    slot: usize,
+    descriptor: &'a Descriptor,
+}
+
+/// [`dcss`] by the owner of a descriptor, for an operation of `epoch`.
+fn dcss_as(
+    word: &Word,
+    owner: Owner<'_>,
     clock: Clock<'_>,
     epoch: Epoch,
     expected: Raw,
     new: Raw,
-) -> Result<Raw, (Raw, CasErrorKind)> {
-    let guard = reclaim::pin();
+) -> Result<(), (Raw, CasErrorKind)> {
+    let Owner { slot, descriptor } = owner;
     if clock.tracker.current() != epoch {
-        return Err((word.load(clock, &guard), CasErrorKind::EpochAdvanced));
+        return Err((word.load(clock), CasErrorKind::EpochAdvanced));
     }
-    let descriptor = Box::new(Descriptor {
-        instance: clock.instance,
+    // Only this thread changes the sequence number (the owner runs one operation, so one
+    // swap, at a time): the status holds the number of its last swap.
+    // ORDERING: Relaxed: this thread's own last store of the number.
+    let seq = (status_seq(descriptor.status.load(Ordering::Relaxed)) + 1) & SEQ_MASK;
+    // The sequence lock's write side: the new number first, so that a helper that reads any
+    // of the fields below finds the number changed when it checks it afterwards.
+    // ORDERING: Relaxed store, then a Release fence before the field stores (a sequence
+    // lock; pairs with the Acquire fence in `help`).
+    descriptor
+        .status
+        .store(status(seq, UNDECIDED), Ordering::Relaxed);
+    fence(Ordering::Release);
+    // ORDERING: Relaxed: the install below (SeqCst, so Release) publishes them to whoever
+    // reads the tag.
+    descriptor.epoch.store(epoch.get(), Ordering::Relaxed);
+    descriptor.expected.store(expected.0, Ordering::Relaxed);
+    descriptor.new.store(new.0, Ordering::Relaxed);
+    let tag = Tag { slot, seq };
+    loop {
+        // ORDERING: SeqCst, as every access to verified words (INV-CAS-1).
+        match word
+            .0
+            .compare_exchange(expected.0, tag.encode(), Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => break,
+            Err(found) => match Tag::decode(found) {
+                Some(other) => help(word, other, clock),
+                None => return Err((Raw(found), CasErrorKind::Mismatch)),
+            },
+        }
+    }
+    let swap = Swap {
+        tag,
         epoch,
         expected,
         new,
-        status: AtomicU32::new(UNDECIDED),
-    });
-    let descriptor = NonNull::from(Box::leak(descriptor));
-    // The descriptor's own pointer, tagged: its provenance goes into the word with it.
-    let tagged = descriptor
-        .as_ptr()
-        .cast::<()>()
-        .map_addr(|addr| addr | DESCRIPTOR);
-    loop {
-        // ORDERING: SeqCst: the DCSS needs one total order of the word swaps, the status
-        // decisions and the clock reads (INV-CAS-1).
-        match word
-            .0
-            .compare_exchange(expected.0, tagged, Ordering::SeqCst, Ordering::SeqCst)
-        {
-            Ok(_) => break,
-            Err(found) if found.addr() & DESCRIPTOR != 0 => help(word, found, clock, &guard),
-            Err(found) => {
-                // SAFETY: `descriptor` came from `Box::leak` above and was never stored in
-                // the word, so nobody else can reach it and it is freed exactly once.
-                drop(unsafe { Box::from_raw(descriptor.as_ptr()) });
-                return Err((Raw(found), CasErrorKind::Mismatch));
-            }
-        }
+    };
+    match complete(word, descriptor, swap, clock) {
+        Some(true) => Ok(()),
+        Some(false) => Err((expected, CasErrorKind::EpochAdvanced)),
+        None => unreachable!("only the owner moves its descriptor to a new swap"),
     }
-    // SAFETY: the owner holds the only reference that frees the descriptor (`retire` below),
-    // so it is live here.
-    let succeeded = complete(word, unsafe { descriptor.as_ref() }, tagged, clock);
-    // The word no longer holds the descriptor (`complete` swapped it out, or a helper did),
-    // so only threads pinned before now can still reach it.
-    reclaim::retire(descriptor, &guard);
-    if succeeded {
-        Ok(expected)
-    } else {
-        Err((expected, CasErrorKind::EpochAdvanced))
+}
+
+/// The swap of an operation without a descriptor (a shared slot's): a plain
+/// compare-and-swap inside the clock's verify handshake (module docs).
+#[cold]
+fn swap_in_handshake(
+    word: &Word,
+    op: &OpGuard<'_>,
+    expected: Raw,
+    new: Raw,
+) -> Result<(), (Raw, CasErrorKind)> {
+    let clock = Clock::of(op);
+    loop {
+        // INV-CAS-1 through INV-EP-4: the swap runs only if no advance past the operation's
+        // epoch has begun, and the next publish waits until it is done, so the clock reads
+        // the operation's epoch at the swap.
+        // ORDERING: SeqCst, as every access to verified words (INV-CAS-1).
+        let swapped = op.verified(|| {
+            word.0
+                .compare_exchange(expected.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
+        });
+        match swapped {
+            Some(Ok(_)) => return Ok(()),
+            Some(Err(found)) => match Tag::decode(found) {
+                // Another thread's swap: complete it, outside the handshake, and retry.
+                Some(tag) => help(word, tag, clock),
+                None => return Err((Raw(found), CasErrorKind::Mismatch)),
+            },
+            // `verified` refuses only once the clock has moved past the operation's epoch.
+            None => return Err((word.load(clock), CasErrorKind::EpochAdvanced)),
+        }
     }
 }
 
 /// Publishes `node`, a value leaked from a `Box` and never shared, by swapping `new` (its
-/// encoding) into `word` in place of `expected`, verified against `epoch` (INV-CAS-1):
-/// `Ok(true)` if it is linked, `Ok(false)` (node freed) if `word` held something else.
+/// encoding) into `word` in place of `expected`, verified against `op`'s epoch
+/// (INV-CAS-1): `Ok(true)` if it is linked, `Ok(false)` (node freed) if `word` held
+/// something else.
 ///
 /// # Errors
 ///
-/// [`Error::Aborted`](crate::Error::Aborted) (node freed) if the clock moved past `epoch`.
+/// [`Error::Aborted`](crate::Error::Aborted) (node freed) if the clock moved past the
+/// operation's epoch.
 ///
 /// # Safety
 ///
 /// `node` came from `Box::leak`, no other thread can reach it, and `new` encodes it.
 pub(crate) unsafe fn publish_node<T>(
     word: &Word,
-    clock: Clock<'_>,
-    epoch: Epoch,
+    op: &OpGuard<'_>,
     expected: Raw,
     new: Raw,
     node: NonNull<T>,
 ) -> crate::error::Result<bool> {
-    match dcss(word, clock, epoch, expected, new) {
-        Ok(_) => Ok(true),
+    match dcss(word, op, expected, new) {
+        Ok(()) => Ok(true),
         Err((_, kind)) => {
             // SAFETY: by the contract, `node` came from `Box::leak` and no other thread can
             // reach it; the swap that would have published it failed.
@@ -526,61 +600,83 @@ pub(crate) unsafe fn free_chain<T>(first: Raw, next: impl Fn(&T) -> Raw) {
     }
 }
 
-/// Completes the swap whose tagged descriptor pointer `tagged` was read from `word`.
-fn help(word: &Word, tagged: *mut (), clock: Clock<'_>, _guard: &reclaim::Guard) {
-    let ptr = tagged
-        .map_addr(|addr| addr & !DESCRIPTOR)
-        .cast::<Descriptor>();
-    // SAFETY:
-    // - `tagged` was read from a word, and only `dcss` stores a tagged pointer into one: the
-    //   pointer of a live `Box<Descriptor>`, with its provenance, tag bit set (cleared here);
-    // - it is still allocated: it was in the word after this thread pinned `_guard`, and a
-    //   descriptor is retired only after leaving the word, then freed only once every
-    //   thread pinned before the retirement has unpinned (crossbeam-epoch's guarantee);
-    //   under loom descriptors are never freed;
-    // - only shared references to a descriptor are ever formed, and its mutable state is
-    //   atomic.
-    let descriptor = unsafe { &*ptr };
-    assert_eq!(
-        descriptor.instance, clock.instance,
-        "a VerifiedAtomic was used by operations of two different heaps"
-    );
-    complete(word, descriptor, tagged, clock);
+/// One swap, as its descriptor described it.
+#[derive(Clone, Copy)]
+struct Swap {
+    tag: Tag,
+    epoch: Epoch,
+    expected: Raw,
+    new: Raw,
 }
 
-/// Decides the descriptor (if nobody has) and swaps it out of the word; true if it succeeded.
-fn complete(word: &Word, descriptor: &Descriptor, tagged: *mut (), clock: Clock<'_>) -> bool {
-    // ORDERING: store-load: the descriptor's installation (which this thread performed or
-    // read) is ordered before the clock read, pairing with the fence in `Tracker::publish`
-    // after the clock store (a Dekker pattern, as in the tracker's handshake). Either this
-    // read sees the new epoch, or the publisher's later reads of the word see the
-    // descriptor and complete it with the same decision. The fence makes this hold in
-    // models, like loom's, that treat SeqCst accesses as acquire/release.
-    fence(Ordering::SeqCst);
-    let decision = if clock.tracker.current() == descriptor.epoch {
+/// Completes the swap whose tag `tag` was read from `word`, unless it is over.
+#[cold]
+fn help(word: &Word, tag: Tag, clock: Clock<'_>) {
+    let descriptor = clock
+        .tracker
+        .descriptor(tag.slot)
+        .expect("a verified word was used by operations of two different heaps");
+    // The sequence lock's read side: the fields, then the number. The tag was read from
+    // the word (SeqCst, so Acquire), after its owner's install, so the fields are at least
+    // the swap's own; if the number still names the swap afterwards, the owner has not
+    // begun to overwrite them (it changes the number first).
+    // ORDERING: Relaxed loads, then an Acquire fence before the check (pairs with the
+    // Release fence in `dcss`).
+    let swap = Swap {
+        tag,
+        epoch: Epoch::new(descriptor.epoch.load(Ordering::Relaxed)),
+        expected: Raw(descriptor.expected.load(Ordering::Relaxed)),
+        new: Raw(descriptor.new.load(Ordering::Relaxed)),
+    };
+    fence(Ordering::Acquire);
+    // ORDERING: Relaxed, after the fence (the sequence lock's check).
+    if status_seq(descriptor.status.load(Ordering::Relaxed)) != tag.seq {
+        // The owner has begun a later swap, so this one is over and its tag is gone.
+        return;
+    }
+    complete(word, descriptor, swap, clock);
+}
+
+/// Decides `swap` (if nobody has) and swaps its tag out of the word: whether it succeeded,
+/// or `None` if the swap turned out to be over (its owner has begun another).
+fn complete(word: &Word, descriptor: &Descriptor, swap: Swap, clock: Clock<'_>) -> Option<bool> {
+    // ORDERING: the tag's installation (which this thread performed, or read) precedes the
+    // clock read in the single total order of SeqCst accesses, as the publish precedes every
+    // later check of the word by an operation of the next epoch: either this read sees the
+    // new epoch, or that check sees the tag and completes it with the same decision.
+    after_seqcst_access();
+    let decision = if clock.tracker.current() == swap.epoch {
         SUCCEEDED
     } else {
         FAILED
     };
-    // ORDERING: SeqCst, as in `dcss`; the first transition decides.
-    let _ =
-        descriptor
-            .status
-            .compare_exchange(UNDECIDED, decision, Ordering::SeqCst, Ordering::SeqCst);
-    // ORDERING: SeqCst, as in `dcss`.
-    let succeeded = descriptor.status.load(Ordering::SeqCst) == SUCCEEDED;
-    let value = if succeeded {
-        descriptor.new
-    } else {
-        descriptor.expected
-    };
-    // ORDERING: SeqCst, as in `dcss`. Failing means someone else already swapped it out.
-    let _ = word
-        .0
-        .compare_exchange(tagged, value.0, Ordering::SeqCst, Ordering::SeqCst);
-    succeeded
+    let seq = swap.tag.seq;
+    // ORDERING: SeqCst, as every access to verified words; the first transition decides,
+    // and it names the swap's number, so it cannot decide a later swap.
+    let _ = descriptor.status.compare_exchange(
+        status(seq, UNDECIDED),
+        status(seq, decision),
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    // ORDERING: SeqCst, as above.
+    let found = descriptor.status.load(Ordering::SeqCst);
+    if status_seq(found) != seq {
+        return None;
+    }
+    let succeeded = found & 3 == SUCCEEDED;
+    let value = if succeeded { swap.new } else { swap.expected };
+    // ORDERING: SeqCst, as above. Failing means someone else already swapped it out.
+    let _ = word.0.compare_exchange(
+        swap.tag.encode(),
+        value.0,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    Some(succeeded)
 }
 
+/// Deferred freeing of the list's and queue's nodes: through crossbeam-epoch.
 #[cfg(not(montage_loom))]
 pub(crate) mod reclaim {
     use std::ptr::NonNull;
@@ -589,13 +685,6 @@ pub(crate) mod reclaim {
 
     pub(crate) fn pin() -> Guard {
         crossbeam_epoch::pin()
-    }
-
-    /// Frees `descriptor` once no pinned thread can still reach it.
-    pub(super) fn retire(descriptor: NonNull<super::Descriptor>, guard: &Guard) {
-        // SAFETY: the owner retires its descriptor once, after `complete` swapped it out of
-        // the word (INV-CAS-1); it came from `Box::leak` in `dcss`.
-        unsafe { retire_box(descriptor, guard) };
     }
 
     /// Frees the `Box` at `ptr` once every thread pinned now has unpinned.
@@ -621,18 +710,17 @@ pub(crate) mod reclaim {
     }
 }
 
+/// Deferred freeing of the list's and queue's nodes: none, under loom.
 #[cfg(montage_loom)]
 pub(crate) mod reclaim {
     use std::ptr::NonNull;
 
-    /// Nothing to pin: descriptors and nodes are leaked under loom.
+    /// Nothing to pin: nodes are leaked under loom.
     pub(crate) struct Guard;
 
     pub(crate) fn pin() -> Guard {
         Guard
     }
-
-    pub(super) fn retire(_descriptor: NonNull<super::Descriptor>, _guard: &Guard) {}
 
     /// Leaks (loom explores bounded executions).
     ///
@@ -648,16 +736,40 @@ mod loom_tests {
     use crate::epoch::tracker::Slots;
     use loom::sync::Arc;
 
-    const INSTANCE: u64 = 1;
-
     /// Slots whose clock reads 1, and their publisher.
     type TestSlots = Slots<(), ()>;
 
     fn clock(slots: &TestSlots) -> Clock<'_> {
         Clock {
             tracker: slots.tracker(),
-            instance: INSTANCE,
         }
+    }
+
+    /// A swap of epoch 1 by the owner of slot `slot`.
+    fn swap(
+        slots: &TestSlots,
+        slot: usize,
+        word: &Word,
+        from: u32,
+        to: u32,
+    ) -> Result<(), (u32, CasErrorKind)> {
+        let owner = Owner {
+            slot,
+            descriptor: slots.tracker().descriptor(slot).unwrap(),
+        };
+        dcss_as(
+            word,
+            owner,
+            clock(slots),
+            Epoch::new(1),
+            encode(from),
+            encode(to),
+        )
+        .map_err(|(raw, kind)| (decode(raw), kind))
+    }
+
+    fn read(slots: &TestSlots, word: &Word) -> u32 {
+        decode(word.load(clock(slots)))
     }
 
     /// A swap of epoch 1 races with the publish of epoch 2 and a read after it: if the swap
@@ -666,24 +778,15 @@ mod loom_tests {
     #[test]
     fn a_swap_never_succeeds_after_the_epoch_moved() {
         loom::model(|| {
-            let (tracker, mut publisher) = TestSlots::new(Epoch::new(1), 1);
-            let tracker = Arc::new(tracker);
+            let (slots, mut publisher) = TestSlots::new(Epoch::new(1), 1);
+            let slots = Arc::new(slots);
             let word = Arc::new(Word::new(encode(0u32)));
             let owner = {
-                let (tracker, word) = (tracker.clone(), word.clone());
-                loom::thread::spawn(move || {
-                    dcss(
-                        &word,
-                        clock(&tracker),
-                        Epoch::new(1),
-                        encode(0u32),
-                        encode(1u32),
-                    )
-                    .is_ok()
-                })
+                let (slots, word) = (slots.clone(), word.clone());
+                loom::thread::spawn(move || swap(&slots, 0, &word, 0, 1).is_ok())
             };
-            tracker.publish(&mut publisher, Epoch::new(2));
-            let seen: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
+            slots.publish(&mut publisher, Epoch::new(2));
+            let seen = read(&slots, &word);
             let succeeded = owner.join().unwrap();
             if succeeded {
                 assert_eq!(
@@ -692,8 +795,11 @@ mod loom_tests {
                 );
             } else {
                 assert_eq!(seen, 0);
-                let last: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
-                assert_eq!(last, 0, "a failed swap left its value behind");
+                assert_eq!(
+                    read(&slots, &word),
+                    0,
+                    "a failed swap left its value behind"
+                );
             }
         });
     }
@@ -703,28 +809,18 @@ mod loom_tests {
     #[test]
     fn competing_swaps_lose_no_value() {
         loom::model(|| {
-            let (tracker, _publisher) = TestSlots::new(Epoch::new(1), 2);
-            let tracker = Arc::new(tracker);
+            let (slots, _publisher) = TestSlots::new(Epoch::new(1), 2);
+            let slots = Arc::new(slots);
             let word = Arc::new(Word::new(encode(0u32)));
             let swappers: Vec<_> = [1u32, 2]
                 .into_iter()
                 .map(|new| {
-                    let (tracker, word) = (tracker.clone(), word.clone());
-                    loom::thread::spawn(move || {
-                        dcss(
-                            &word,
-                            clock(&tracker),
-                            Epoch::new(1),
-                            encode(0u32),
-                            encode(new),
-                        )
-                        .map(decode::<u32>)
-                        .map_err(|(raw, kind)| (decode::<u32>(raw), kind))
-                    })
+                    let (slots, word) = (slots.clone(), word.clone());
+                    let slot = new as usize - 1;
+                    loom::thread::spawn(move || swap(&slots, slot, &word, 0, new))
                 })
                 .collect();
-            let read: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
-            assert!(read <= 2);
+            assert!(read(&slots, &word) <= 2);
             let results: Vec<_> = swappers.into_iter().map(|t| t.join().unwrap()).collect();
             let winners: Vec<u32> = results
                 .iter()
@@ -733,14 +829,34 @@ mod loom_tests {
                 .map(|(_, new)| new)
                 .collect();
             assert_eq!(winners.len(), 1, "{results:?}");
-            let last: u32 = decode(word.load(clock(&tracker), &reclaim::pin()));
-            assert_eq!(last, winners[0]);
+            assert_eq!(read(&slots, &word), winners[0]);
             for result in &results {
                 if let Err((found, kind)) = result {
                     assert_eq!(*kind, CasErrorKind::Mismatch);
                     assert_eq!(*found, winners[0]);
                 }
             }
+        });
+    }
+
+    /// The owner reuses its descriptor for a second swap of the same word while a helper
+    /// may still be completing the first: the helper never finishes the second swap with
+    /// the first one's fields (which would put 1 back where the second put 2).
+    #[test]
+    fn a_reused_descriptor_is_never_mistaken_for_an_earlier_swap() {
+        loom::model(|| {
+            let (slots, _publisher) = TestSlots::new(Epoch::new(1), 1);
+            let slots = Arc::new(slots);
+            let word = Arc::new(Word::new(encode(0u32)));
+            let helper = {
+                let (slots, word) = (slots.clone(), word.clone());
+                loom::thread::spawn(move || read(&slots, &word))
+            };
+            assert_eq!(swap(&slots, 0, &word, 0, 1), Ok(()));
+            assert_eq!(swap(&slots, 0, &word, 1, 2), Ok(()));
+            let seen = helper.join().unwrap();
+            assert!(seen <= 2, "the helper read {seen}");
+            assert_eq!(read(&slots, &word), 2, "the second swap was undone");
         });
     }
 }

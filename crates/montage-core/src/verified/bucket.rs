@@ -137,7 +137,7 @@ impl<K: BucketKey> VerifiedBucket<K> {
     /// As [`VerifiedList::get`].
     pub fn get(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<u64>> {
         match self.place(key, false) {
-            Place::Inline => live(op, self.value.load_unpinned(Clock::of(op))),
+            Place::Inline => live(op, self.value.load_in(Clock::of(op))),
             Place::List => self.list.get(op, key),
             Place::Absent => Ok(None),
         }
@@ -158,7 +158,7 @@ impl<K: BucketKey> VerifiedBucket<K> {
             return self.list.insert(op, key, value);
         }
         loop {
-            let found = self.value.load_unpinned(Clock::of(op));
+            let found = self.value.load_in(Clock::of(op));
             if let Some(v) = live(op, found)? {
                 return Ok(Err(v));
             }
@@ -222,7 +222,7 @@ impl<K: BucketKey> VerifiedBucket<K> {
         // ORDERING: as in `place`.
         let word = self.key.load(Ordering::SeqCst);
         if word != EMPTY
-            && let Some(v) = live(op, self.value.load_unpinned(Clock::of(op)))?
+            && let Some(v) = live(op, self.value.load_in(Clock::of(op)))?
         {
             // A claimed word came from `key_word` of a key, which `from_key_word` must give
             // back (the codec's contract).

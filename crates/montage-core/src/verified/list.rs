@@ -105,7 +105,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         let clock = Clock::of(op);
         'retry: loop {
             let mut pred: &'g Word = &self.head;
-            let mut curr_raw = pred.load(clock, guard);
+            let mut curr_raw = pred.load(clock);
             loop {
                 let curr_ptr = curr_raw.node::<Node<K>>();
                 if curr_ptr.is_null() {
@@ -118,9 +118,9 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                 // SAFETY: `curr_ptr` is not null and was just read from `pred`, a link of
                 // the list, while pinned by `guard`.
                 let curr: &'g Node<K> = unsafe { node(curr_ptr, guard) };
-                let next_raw = curr.next.load(clock, guard);
+                let next_raw = curr.next.load(clock);
                 // Michael's check: `pred` still points at `curr`, unmarked.
-                if pred.load(clock, guard) != curr_raw {
+                if pred.load(clock) != curr_raw {
                     continue 'retry;
                 }
                 if next_raw.is_marked() {
@@ -141,7 +141,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                     curr_raw = next_unmarked;
                     continue;
                 }
-                Self::retire_if_stale(op, curr, clock, guard);
+                Self::retire_if_stale(op, curr, clock);
                 if curr.key >= *key {
                     return Position {
                         pred,
@@ -157,8 +157,8 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
 
     /// Turns a node removed two or more epochs before the clock dead and marks its link, so
     /// that the next traversal unlinks it.
-    fn retire_if_stale(op: &OpGuard<'_>, curr: &Node<K>, clock: Clock<'_>, guard: &reclaim::Guard) {
-        let value = curr.value.load_in(clock, guard);
+    fn retire_if_stale(op: &OpGuard<'_>, curr: &Node<K>, clock: Clock<'_>) {
+        let value = curr.value.load_in(clock);
         let stale = value & REMOVED != 0
             && value & DEAD == 0
             && Epoch::new(value & !REMOVED).plus(2) <= op.epoch();
@@ -166,7 +166,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
             return;
         }
         if stale || value == DEAD {
-            mark(&curr.next, clock, guard);
+            mark(&curr.next, clock);
         }
     }
 
@@ -188,7 +188,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         let guard = reclaim::pin();
         let position = self.find(op, key, &guard);
         match position.curr.filter(|c| c.key == *key) {
-            Some(curr) => live(op, curr.value.load_in(Clock::of(op), &guard)),
+            Some(curr) => live(op, curr.value.load_in(Clock::of(op))),
             None => Ok(None),
         }
     }
@@ -209,7 +209,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         loop {
             let position = self.find(op, key, &guard);
             if let Some(curr) = position.curr.filter(|c| c.key == *key) {
-                let found = curr.value.load_in(Clock::of(op), &guard);
+                let found = curr.value.load_in(Clock::of(op));
                 if let Some(v) = live(op, found)? {
                     return Ok(Err(v));
                 }
@@ -228,19 +228,10 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                 next: Word::new(position.curr_raw),
             })));
             let new_raw = Raw::link(new.as_ptr(), false);
-            let clock = Clock::of(op);
             // SAFETY: `new` was leaked from a `Box` just above and is not shared yet;
             // `new_raw` encodes it.
-            let linked = unsafe {
-                publish_node(
-                    position.pred,
-                    clock,
-                    op.epoch(),
-                    position.curr_raw,
-                    new_raw,
-                    new,
-                )
-            };
+            let linked =
+                unsafe { publish_node(position.pred, op, position.curr_raw, new_raw, new) };
             if linked? {
                 return Ok(Ok(()));
             }
@@ -307,15 +298,15 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         let guard = reclaim::pin();
         let clock = Clock::of(op);
         let mut out = Vec::new();
-        let mut ptr = self.head.load(clock, &guard).node::<Node<K>>();
+        let mut ptr = self.head.load(clock).node::<Node<K>>();
         while !ptr.is_null() {
             // SAFETY: `ptr` is not null and was just read from a link of the list while
             // pinned by `guard`.
             let curr: &Node<K> = unsafe { node(ptr, &guard) };
-            if let Some(v) = live(op, curr.value.load_in(clock, &guard))? {
+            if let Some(v) = live(op, curr.value.load_in(clock))? {
                 out.push((curr.key.clone(), v));
             }
-            ptr = curr.next.load(clock, &guard).node::<Node<K>>();
+            ptr = curr.next.load(clock).node::<Node<K>>();
         }
         Ok(out)
     }
@@ -323,9 +314,9 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
 
 /// Marks `link` (a node's `next`), so that no node is linked after it and traversals
 /// unlink its node.
-fn mark(link: &Word, clock: Clock<'_>, guard: &reclaim::Guard) {
+fn mark(link: &Word, clock: Clock<'_>) {
     loop {
-        let raw = link.load(clock, guard);
+        let raw = link.load(clock);
         if raw.is_marked() || link.swap_unverified(raw, raw.with_mark(true)) {
             return;
         }

@@ -1,9 +1,10 @@
 //! Epoch-verified DRAM structures for nonblocking indexes: [`VerifiedAtomic`], a word whose
-//! compare-and-swap succeeds only while the clock still reads the calling operation's epoch,
-//! the DCSS that does the same for links (Montage's), and the lock-free structures built on
-//! them: [`VerifiedList`] (a sorted
-//! list of keys with value words), [`VerifiedBucket`] (a hash bucket: one entry inline, a
-//! list for the rest) and [`VerifiedQueue`] (a Michael-Scott queue).
+//! compare-and-swap succeeds only while the clock still reads the calling operation's epoch
+//! (a double-compare single-swap against the clock, Montage's, with descriptors that are
+//! reused instead of allocated), and the lock-free structures whose words swap the same
+//! way: [`VerifiedList`] (a sorted list of keys with value words), [`VerifiedBucket`] (a
+//! hash bucket: one entry inline, a list for the rest) and [`VerifiedQueue`] (a
+//! Michael-Scott queue).
 //!
 //! They live in DRAM: they are indexes, rebuilt from payloads after a restart. What makes
 //! them safe to use for a buffered durably linearizable structure is that every change a

@@ -115,11 +115,11 @@ impl VerifiedQueue {
         let guard = reclaim::pin();
         let clock = Clock::of(op);
         loop {
-            let tail_raw = self.tail.load(clock, &guard);
+            let tail_raw = self.tail.load(clock);
             // SAFETY: read from `tail` while pinned.
             let tail = unsafe { node(tail_raw, &guard) };
-            let next_raw = tail.next.load(clock, &guard);
-            if self.tail.load(clock, &guard) != tail_raw {
+            let next_raw = tail.next.load(clock);
+            if self.tail.load(clock) != tail_raw {
                 continue;
             }
             if next_raw != Raw::NULL {
@@ -133,8 +133,7 @@ impl VerifiedQueue {
             let new_raw = Raw::link(new.as_ptr(), false);
             // SAFETY: `new` was leaked from a `Box` just above and is not shared yet;
             // `new_raw` encodes it.
-            let linked =
-                unsafe { publish_node(&tail.next, clock, op.epoch(), next_raw, new_raw, new) };
+            let linked = unsafe { publish_node(&tail.next, op, next_raw, new_raw, new) };
             if linked? {
                 self.swing_tail(tail_raw, new_raw);
                 return Ok(number);
@@ -160,12 +159,12 @@ impl VerifiedQueue {
         let guard = reclaim::pin();
         let clock = Clock::of(op);
         loop {
-            let head_raw = self.head.load(clock, &guard);
-            let tail_raw = self.tail.load(clock, &guard);
+            let head_raw = self.head.load(clock);
+            let tail_raw = self.tail.load(clock);
             // SAFETY: read from `head` while pinned.
             let head = unsafe { node(head_raw, &guard) };
-            let next_raw = head.next.load(clock, &guard);
-            if self.head.load(clock, &guard) != head_raw {
+            let next_raw = head.next.load(clock);
+            if self.head.load(clock) != head_raw {
                 continue;
             }
             if next_raw == Raw::NULL {
@@ -184,8 +183,8 @@ impl VerifiedQueue {
             // the dequeue that made it so.
             next.taken.fetch_max(op.epoch().get(), Ordering::SeqCst);
             take(next.value, next.seq)?;
-            match dcss(&self.head, clock, op.epoch(), head_raw, next_raw) {
-                Ok(_) => {
+            match dcss(&self.head, op, head_raw, next_raw) {
+                Ok(()) => {
                     if let Some(ptr) = NonNull::new(head_raw.node::<Node>()) {
                         // SAFETY: the old dummy came from `Box::leak` in `new_node`, and `ptr`
                         // is that pointer (provenance kept by `Raw`); the swap
@@ -210,9 +209,9 @@ impl VerifiedQueue {
         let clock = Clock::of(op);
         let mut out = Vec::new();
         // SAFETY: read from `head` while pinned.
-        let mut curr = unsafe { node(self.head.load(clock, &guard), &guard) };
+        let mut curr = unsafe { node(self.head.load(clock), &guard) };
         loop {
-            let next = curr.next.load(clock, &guard);
+            let next = curr.next.load(clock);
             if next == Raw::NULL {
                 return out;
             }
