@@ -447,7 +447,9 @@ pub(crate) fn dcss(
             let owner = Owner { slot, descriptor };
             dcss_as(word, owner, Clock::of(op), op.epoch(), expected, new)
         }
-        None => swap_in_handshake(word, op, expected, new),
+        None => swap_in_handshake(word, Clock::of(op), expected, new, |attempt| {
+            op.verified(attempt)
+        }),
     }
 }
 
@@ -515,22 +517,26 @@ fn dcss_as(
     }
 }
 
+/// One compare-and-swap of a word's content: the content replaced, or the one found.
+type Attempt = Result<*mut (), *mut ()>;
+
 /// The swap of an operation without a descriptor (a shared slot's): a plain
-/// compare-and-swap inside the clock's verify handshake (module docs).
+/// compare-and-swap inside the clock's verify handshake (module docs), which `verified`
+/// runs (`OpGuard::verified`: `None` once the clock has moved past the operation's epoch).
 #[cold]
 fn swap_in_handshake(
     word: &Word,
-    op: &OpGuard<'_>,
+    clock: Clock<'_>,
     expected: Raw,
     new: Raw,
+    verified: impl Fn(&dyn Fn() -> Attempt) -> Option<Attempt>,
 ) -> Result<(), (Raw, CasErrorKind)> {
-    let clock = Clock::of(op);
     loop {
         // INV-CAS-1 through INV-EP-4: the swap runs only if no advance past the operation's
         // epoch has begun, and the next publish waits until it is done, so the clock reads
         // the operation's epoch at the swap.
         // ORDERING: SeqCst, as every access to verified words (INV-CAS-1).
-        let swapped = op.verified(|| {
+        let swapped = verified(&|| {
             word.0
                 .compare_exchange(expected.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
         });
@@ -734,6 +740,7 @@ pub(crate) mod reclaim {
 mod loom_tests {
     use super::*;
     use crate::epoch::tracker::Slots;
+    use crate::thread_id::Held;
     use loom::sync::Arc;
 
     /// Slots whose clock reads 1, and their publisher.
@@ -834,6 +841,68 @@ mod loom_tests {
                 if let Err((found, kind)) = result {
                     assert_eq!(*kind, CasErrorKind::Mismatch);
                     assert_eq!(*found, winners[0]);
+                }
+            }
+        });
+    }
+
+    /// A swap with a descriptor races with one through the handshake (an operation in a
+    /// shared slot) and with a publish: at most one succeeds, a swap of epoch 1 only while
+    /// the clock still read 1, the word ends with the winner's value, and a loser that found
+    /// a value reports the winner's.
+    #[test]
+    fn a_swap_with_a_descriptor_and_one_through_the_handshake_lose_no_value() {
+        loom::model(|| {
+            let (slots, mut publisher) = TestSlots::new(Epoch::new(1), 1);
+            let slots = Arc::new(slots);
+            let word = Arc::new(Word::new(encode(0u32)));
+            let owner = {
+                let (slots, word) = (slots.clone(), word.clone());
+                loom::thread::spawn(move || swap(&slots, 0, &word, 0, 1))
+            };
+            let shared = {
+                let (slots, word) = (slots.clone(), word.clone());
+                loom::thread::spawn(move || {
+                    // Thread id 1 is beyond the one owned slot: a shared slot's operation.
+                    let ann = slots.announce(Held::for_loom(1)).unwrap();
+                    assert!(ann.descriptor().is_none());
+                    let result = swap_in_handshake(
+                        &word,
+                        clock(&slots),
+                        encode(0u32),
+                        encode(2u32),
+                        |attempt| ann.verify(attempt),
+                    );
+                    (
+                        ann.epoch(),
+                        result.map_err(|(raw, kind)| (decode::<u32>(raw), kind)),
+                    )
+                })
+            };
+            slots.publish(&mut publisher, Epoch::new(2));
+            let seen = read(&slots, &word);
+            let by_owner = owner.join().unwrap();
+            let (epoch, by_shared) = shared.join().unwrap();
+            let last = read(&slots, &word);
+            assert!(
+                !(by_owner.is_ok() && by_shared.is_ok()),
+                "both swaps succeeded"
+            );
+            let winner = match (&by_owner, &by_shared) {
+                (Ok(()), _) => 1,
+                (_, Ok(())) => 2,
+                _ => 0,
+            };
+            assert_eq!(last, winner);
+            // A swap of epoch 1 that succeeded did so before epoch 2 began, so the read after
+            // the publish sees it. (The shared slot's operation may have begun in epoch 2.)
+            if by_owner.is_ok() || (by_shared.is_ok() && epoch == Epoch::new(1)) {
+                assert_eq!(seen, winner, "a swap of epoch 1 landed after epoch 2 began");
+            }
+            for (result, own) in [(by_owner, 1), (by_shared, 2)] {
+                if let Err((found, CasErrorKind::Mismatch)) = result {
+                    assert_ne!(found, own);
+                    assert_eq!(found, winner);
                 }
             }
         });
