@@ -9,14 +9,15 @@
 //!
 //! # Linearization points
 //!
-//! `push_back` writes its payload, then linearizes at the verified swap that links its
-//! node; `pop_front` claims the front element's payload (its anti-block) and linearizes at
-//! the verified swap of the head; a failed swap aborts the operation (undoing the payload
-//! work) and runs it again. A swap fails only because another operation's succeeded or
-//! the clock moved on, and no thread waits for another inside one, so the queue is
-//! lock-free for threads that own a slot of the heap, as
-//! [`NbHashMap`](crate::NbHashMap)'s progress section says. `pop_front` on an empty queue linearizes at its read of the head,
-//! and aborts if an operation newer than it emptied the queue.
+//! `push_back` writes its payload (with its sequence number, the tail's plus one), then
+//! linearizes at the verified swap that links its node; `pop_front` claims the front
+//! element's payload (its anti-block) and linearizes at the verified swap of the head; a
+//! failed swap aborts the operation (undoing the payload work) and runs it again. A swap
+//! fails only because another operation's succeeded or the clock moved on, and no thread
+//! waits for another inside one, so the queue is lock-free for threads that own a slot of
+//! the heap, as [`NbHashMap`](crate::NbHashMap)'s progress section says. `pop_front` on an
+//! empty queue linearizes at its read of the head, and aborts if an operation newer than
+//! it emptied the queue.
 
 use std::marker::PhantomData;
 
@@ -79,9 +80,20 @@ impl<T: Codec> NbQueue<T> {
     pub fn push_back(&self, value: T) -> Result<()> {
         queue::encode_element(&value, |bytes| {
             self.attached.heap().run_op(|op| {
-                let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
-                self.index.push(op, block.offset(), |seq| {
-                    op.write(block, 0, &seq.to_le_bytes()).map(|_| ())
+                // The payload is written once the sequence number is known, so that it
+                // goes in with the bytes; only a retried link (another push linked first)
+                // writes a new number into it.
+                let mut written: Option<PBlock> = None;
+                self.index.push_with(op, |seq| {
+                    let seq = seq.to_le_bytes();
+                    let block = if let Some(block) = written {
+                        op.write(block, 0, &seq)?;
+                        block
+                    } else {
+                        bytes[..8].copy_from_slice(&seq);
+                        *written.insert(op.alloc(self.attached.owner(), self.type_id, bytes)?)
+                    };
+                    Ok(block.offset())
                 })?;
                 self.len.increment();
                 Ok(())

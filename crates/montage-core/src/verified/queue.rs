@@ -112,6 +112,23 @@ impl VerifiedQueue {
         value: u64,
         mut seq: impl FnMut(u64) -> Result<()>,
     ) -> Result<u64> {
+        self.push_with(op, |number| seq(number).map(|()| value))
+    }
+
+    /// Appends the value `make` returns for the sequence number the element will have:
+    /// `make` is called before the swap that links it, and again, with the new number, if
+    /// the swap must be retried (another element was linked first), so that a caller can
+    /// write the number into what the value names before it is linked, once in the common
+    /// case. Returns the number.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Aborted`] if the clock moved past `op`'s epoch; whatever `make` returns.
+    pub fn push_with(
+        &self,
+        op: &OpGuard<'_>,
+        mut make: impl FnMut(u64) -> Result<u64>,
+    ) -> Result<u64> {
         let guard = reclaim::pin();
         let clock = Clock::of(op);
         loop {
@@ -128,7 +145,7 @@ impl VerifiedQueue {
                 continue;
             }
             let number = tail.seq.wrapping_add(1);
-            seq(number)?;
+            let value = make(number)?;
             let new = new_node(value, number);
             let new_raw = Raw::link(new.as_ptr(), false);
             // SAFETY: `new` was leaked from a `Box` just above and is not shared yet;
