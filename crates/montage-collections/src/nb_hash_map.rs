@@ -22,10 +22,9 @@
 //!
 //! A swap fails only because another operation's swap succeeded or the clock moved on,
 //! and no thread waits for another inside a swap (a thread that meets one in progress
-//! completes it), so the map is lock-free for threads that own a slot of the heap
-//! ([`HeapConfig::thread_slots`](montage_core::HeapConfig::thread_slots)). Threads beyond
-//! them swap through the clock's verify handshake, which a thread stalled inside it holds
-//! back at the end of an epoch.
+//! completes it), so the map is lock-free. (A thread in its teardown, whose thread id is
+//! gone, swaps through the clock's verify handshake instead, which a thread stalled inside
+//! it holds back at the end of an epoch; so does a thread whose id is beyond 65,535.)
 //!
 //! The bucket count is fixed when the map is opened ([`NbHashMap::with_buckets`]); lists
 //! grow as needed, so a map far larger than its bucket count works, only slower.

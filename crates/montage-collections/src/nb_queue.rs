@@ -14,8 +14,8 @@
 //! element's payload (its anti-block) and linearizes at the verified swap of the head; a
 //! failed swap aborts the operation (undoing the payload work) and runs it again. A swap
 //! fails only because another operation's succeeded or the clock moved on, and no thread
-//! waits for another inside one, so the queue is lock-free for threads that own a slot of
-//! the heap, as [`NbHashMap`](crate::NbHashMap)'s progress section says. `pop_front` on an
+//! waits for another inside one, so the queue is lock-free, as
+//! [`NbHashMap`](crate::NbHashMap)'s progress section says. `pop_front` on an
 //! empty queue linearizes at its read of the head, and aborts if an operation newer than
 //! it emptied the queue.
 

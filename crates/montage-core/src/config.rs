@@ -268,10 +268,7 @@ impl HeapConfig {
     /// heap of the process (by a small id each thread keeps until it exits) each own a
     /// slot: their operations announce themselves, allocate from their own cache and log
     /// their writes for the advancer without taking a lock. More threads than slots still
-    /// work correctly; they share a few slots under locks, which costs speed, and their
-    /// verified swaps (the lock-free structures') run inside the clock's handshake instead
-    /// of with a slot's own descriptor, which a thread stalled inside one can hold back at
-    /// the end of an epoch.
+    /// work correctly; they share a few slots under locks, which costs speed.
     #[must_use]
     pub fn thread_slots(mut self, slots: usize) -> Self {
         self.thread_slots = slots;

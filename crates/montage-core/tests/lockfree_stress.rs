@@ -26,9 +26,9 @@ use montage_testkit::run_with_clock;
 
 const THREADS: u64 = 3;
 
-/// A heap with `slots` owned thread slots: with the default 64 every worker owns one and
-/// swaps with its slot's descriptor; with one, the workers (whose thread ids are not the
-/// lowest) share slots, and swap inside the clock's verify handshake instead.
+/// A heap with `slots` owned thread slots: with the default 64 every worker owns one;
+/// with one, the workers (whose thread ids are not the lowest) announce their operations in
+/// the shared slots, under their locks.
 fn heap(slots: usize) -> Heap {
     let config = HeapConfig::in_memory(8 << 20)
         .epoch_length(EpochLength::Manual)

@@ -6,7 +6,6 @@
 use std::cell::{Cell, RefCell, RefMut};
 use std::marker::PhantomData;
 
-use super::tracker::Descriptor;
 use super::{OpAnnouncement, Runtime};
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, BlockView, OwnerId, PBlock};
 use crate::base::epoch::Epoch;
@@ -433,11 +432,11 @@ impl<'h> OpGuard<'h> {
         self.announcement.borrow().verify(f)
     }
 
-    /// The swap descriptor of the operation's thread slot and the slot's number, if the
-    /// thread owns its slot (`verified/atomic.rs` runs its swaps with it).
+    /// The id of the operation's thread, held while the operation runs (`None` in thread
+    /// teardown): `verified/atomic.rs` finds the thread's swap descriptor by it.
     #[inline]
-    pub(crate) fn descriptor(&self) -> Option<(usize, &'h Descriptor)> {
-        self.announcement.borrow().descriptor()
+    pub(crate) fn thread_id(&self) -> Option<usize> {
+        self.announcement.borrow().thread_id()
     }
 
     /// Checks that `type_id` may be stored under `name` in this heap, registering it the

@@ -54,8 +54,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::base::epoch::Epoch;
 use crate::primitive::{
-    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering, UnsafeCell, after_seqcst_access,
-    fence, lock, yield_now,
+    AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, UnsafeCell, after_seqcst_access, fence,
+    lock, yield_now,
 };
 use crate::thread_id::Held;
 
@@ -92,36 +92,6 @@ struct Counters {
     /// Whether the log of each epoch mod 4 may hold something: set by the operations that
     /// write to it, cleared by the advancer when it takes everything.
     filled: [AtomicBool; 4],
-    /// An owned slot's swap descriptor (unused in a shared slot).
-    descriptor: Descriptor,
-}
-
-/// The descriptor of an owned slot's double-compare single-swaps (`verified/atomic.rs`
-/// runs them): the one swap the slot's owner may have in progress, reused for every swap
-/// the owner makes, so that a swap allocates nothing and frees nothing. The tracker only
-/// keeps it beside the slot's counters; its fields are the swap's, and every thread that
-/// meets the swap in a word reads them.
-#[derive(Debug)]
-pub(crate) struct Descriptor {
-    /// The swap's sequence number and its state (`verified/atomic.rs` packs them).
-    pub(crate) status: AtomicU64,
-    /// The epoch the swap must linearize in.
-    pub(crate) epoch: AtomicU64,
-    /// The word's value the swap replaces.
-    pub(crate) expected: AtomicPtr<()>,
-    /// The value the swap puts in its place.
-    pub(crate) new: AtomicPtr<()>,
-}
-
-impl Descriptor {
-    fn new() -> Descriptor {
-        Descriptor {
-            status: AtomicU64::new(0),
-            epoch: AtomicU64::new(0),
-            expected: AtomicPtr::new(std::ptr::null_mut()),
-            new: AtomicPtr::new(std::ptr::null_mut()),
-        }
-    }
 }
 
 impl Counters {
@@ -132,7 +102,6 @@ impl Counters {
             frozen: AtomicBool::new(false),
             busy: AtomicBool::new(false),
             filled: std::array::from_fn(|_| AtomicBool::new(false)),
-            descriptor: Descriptor::new(),
         }
     }
 
@@ -153,13 +122,6 @@ impl Tracker {
                 .collect(),
             heap_closed: AtomicBool::new(false),
         }
-    }
-
-    /// The swap descriptor of the slot numbered `index` (`None` if there is no such slot).
-    pub(crate) fn descriptor(&self, index: usize) -> Option<&Descriptor> {
-        self.counters
-            .get(index)
-            .map(|counters| &counters.descriptor)
     }
 
     /// The epoch new operations join.
@@ -474,7 +436,7 @@ impl<S, L> Slots<S, L> {
             slots: self,
             slot,
             epoch,
-            _held: held,
+            held,
         })
     }
 
@@ -627,7 +589,7 @@ pub(crate) struct Announcement<'s, S, L> {
     epoch: Epoch,
     /// Keeps the thread's id, and so its owned slot, this thread's while the announcement
     /// lives.
-    _held: Held,
+    held: Held,
 }
 
 impl<'s, S, L> Announcement<'s, S, L> {
@@ -648,7 +610,7 @@ impl<'s, S, L> Announcement<'s, S, L> {
             SlotId::Own(i) => self.slots.own[i].state.with_mut(|state| {
                 // SAFETY: INV-SLOT-1: this announcement is alive, so the slot is not idle and no
                 // thief uses its state (a thief that froze it first has finished: announce
-                // waited for the flag to clear); this thread holds the owner's id (`_held`),
+                // waited for the flag to clear); this thread holds the owner's id (`held`),
                 // `busy` let it announce once, and `&mut self` makes this the only borrow.
                 f(unsafe { &mut *state })
             }),
@@ -673,7 +635,7 @@ impl<'s, S, L> Announcement<'s, S, L> {
                 // SAFETY: INV-SLOT-1: the operation is announced in `self.epoch`, so the
                 // advancer does not take this log before it leaves (it waits for the epoch to
                 // be quiescent), and no other epoch using the log can run meanwhile; this
-                // thread owns the slot (`_held`, `busy`), and `&mut self` makes this the only
+                // thread owns the slot (`held`, `busy`), and `&mut self` makes this the only
                 // borrow.
                 f(unsafe { &mut *log })
             }),
@@ -681,15 +643,10 @@ impl<'s, S, L> Announcement<'s, S, L> {
         }
     }
 
-    /// The slot's swap descriptor and the slot's number ([`Tracker::descriptor`] finds it
-    /// by that), for an owned slot: its owner runs one operation at a time, so it has one
-    /// swap in progress at most. Operations in a shared slot can run side by side, so they
-    /// have none.
-    pub(crate) fn descriptor(&self) -> Option<(usize, &'s Descriptor)> {
-        match self.slot {
-            SlotId::Own(i) => Some((i, &self.slots.tracker.counters[i].descriptor)),
-            SlotId::Shared(_) => None,
-        }
+    /// The id of the thread the operation runs in (`None` in thread teardown), held: no
+    /// other thread has it while the announcement lives.
+    pub(crate) fn thread_id(&self) -> Option<usize> {
+        self.held.id()
     }
 
     /// Runs `f` if no advance past the operation's epoch has begun (INV-EP-4; see

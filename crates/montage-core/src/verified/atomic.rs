@@ -12,10 +12,10 @@
 //! links, the queue's head) is a DCSS (Harris, Fraser and Pratt, "A practical multi-word
 //! compare-and-swap operation", 2002) whose second compare is against the clock:
 //!
-//! 1. The owner writes the swap into its thread slot's descriptor (`epoch`, `expected`,
-//!    `new`, and a status that starts undecided) and swaps a tag naming the descriptor into
-//!    the word in place of `expected` (low bit 1; values are stored shifted left by one, so
-//!    their low bit is 0).
+//! 1. The owner writes the swap into its descriptor (`epoch`, `expected`, `new`, and a
+//!    status that starts undecided) and swaps a tag naming the descriptor into the word in
+//!    place of `expected` (low bit 1; values are stored shifted left by one, so their low
+//!    bit is 0).
 //! 2. Anyone who finds a tag in the word (the owner, a competing swap, a reader) completes
 //!    the swap: reads the clock, tries to move the status from undecided to succeeded (the
 //!    clock reads the swap's epoch) or failed (it does not), and swaps the word from the tag
@@ -30,21 +30,20 @@
 //!
 //! # Descriptors that are reused, not allocated
 //!
-//! A descriptor is not allocated per swap. Each owned thread slot has one (beside the
-//! slot's counters in `epoch/tracker.rs`), reused by every swap of the slot's owner, which
-//! runs one operation at a time and so has one swap in progress at most (Arbel-Raviv and
-//! Brown, "Reuse, don't recycle", 2017). A swap has a sequence number, the slot's previous
-//! one plus one, and the tag carries the slot's number and the sequence number; the status
-//! word carries the sequence number beside the state. Before the owner overwrites the
-//! fields for a new swap it moves the status to the new number, so a helper that read the
-//! fields of an older swap finds the number changed when it checks the status afterwards
-//! (a sequence lock) and lets the swap be: it is over, and its tag has left the word. Every
-//! transition of the status names the sequence number it expects, so no helper can decide
-//! a later swap with an older one's fields. Nothing is freed, so nothing needs to be
-//! reclaimed, and no descriptor is ever read after it is gone.
+//! A descriptor is not allocated per swap. Each thread has one (`descriptor.rs`), reused
+//! by every swap it makes, since it makes one at a time (Arbel-Raviv and Brown, "Reuse,
+//! don't recycle", 2017). A swap has a sequence number, the descriptor's previous one plus
+//! one, and the tag carries the owner's thread id and the sequence number; the status word
+//! carries the sequence number beside the state. Before the owner overwrites the fields for
+//! a new swap it moves the status to the new number, so a helper that read the fields of
+//! an older swap finds the number changed when it checks the status afterwards (a sequence
+//! lock) and lets the swap be: it is over, and its tag has left the word. Every transition
+//! of the status names the sequence number it expects, so no helper can decide a later
+//! swap with an older one's fields. Nothing is freed, so nothing needs to be reclaimed, and
+//! no descriptor is ever read after it is gone.
 //!
-//! An operation in a shared slot (a thread beyond the heap's owned slots, or one in thread
-//! teardown) has no descriptor of its own; its swaps run inside the clock's verify
+//! An operation of a thread without a descriptor (one in thread teardown, whose id is
+//! gone, or one whose id is beyond what a tag can name) swaps inside the clock's verify
 //! handshake instead (`OpGuard::verified`, INV-EP-4), which holds the next publish back
 //! while the swap runs: correct as well, but a thread stalled inside it delays the clock.
 
@@ -53,8 +52,9 @@ use std::ptr::NonNull;
 
 use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
-use crate::epoch::tracker::{Descriptor, Tracker};
+use crate::epoch::tracker::Tracker;
 use crate::primitive::{AtomicPtr, Ordering, after_seqcst_access, fence};
+use crate::verified::descriptor::{self, Descriptor, Descriptors, THREAD_BITS};
 
 /// Why a compare-and-swap did not happen, with the value the word held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,24 +177,23 @@ impl CasWord for u64 {
 
 /// The low bit that marks a tag.
 const DESCRIPTOR: usize = 1;
-/// The bits of a slot's number in a tag, above the tag bit; the sequence number is above
-/// them. A slot numbered beyond them has no descriptor (its swaps use the handshake).
-const SLOT_BITS: u32 = 16;
-const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
+/// The thread id in a tag, above the tag bit ([`THREAD_BITS`] of them); the sequence number
+/// is above it.
+const THREAD_MASK: usize = (1 << THREAD_BITS) - 1;
 /// Sequence numbers wrap at 2^47: a tag could be mistaken for an older one only by a
 /// helper stalled between reading a tag and swapping it out while its owner made 2^47
 /// more swaps.
-const SEQ_MASK: u64 = (1 << (usize::BITS - 1 - SLOT_BITS)) - 1;
+const SEQ_MASK: u64 = (1 << (usize::BITS - 1 - THREAD_BITS)) - 1;
 /// The state in the low two bits of a descriptor's status; the sequence number is above.
 const UNDECIDED: u64 = 0;
 const SUCCEEDED: u64 = 1;
 const FAILED: u64 = 2;
 
-/// What a word holds while a swap is in progress: the owner's slot and the swap's
+/// What a word holds while a swap is in progress: the owner's thread id and the swap's
 /// sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tag {
-    slot: usize,
+    thread: usize,
     seq: u64,
 }
 
@@ -202,15 +201,17 @@ impl Tag {
     /// The word's content for this tag (an integer: it points at nothing).
     fn encode(self) -> *mut () {
         let seq = usize::try_from(self.seq).expect("a sequence number fits in 47 bits");
-        std::ptr::without_provenance_mut((seq << (SLOT_BITS + 1)) | (self.slot << 1) | DESCRIPTOR)
+        std::ptr::without_provenance_mut(
+            (seq << (THREAD_BITS + 1)) | (self.thread << 1) | DESCRIPTOR,
+        )
     }
 
     /// The tag in a word's content, if it holds one.
     fn decode(found: *mut ()) -> Option<Tag> {
         let raw = found.addr();
         (raw & DESCRIPTOR != 0).then(|| Tag {
-            slot: (raw >> 1) & SLOT_MASK,
-            seq: (raw >> (SLOT_BITS + 1)) as u64,
+            thread: (raw >> 1) & THREAD_MASK,
+            seq: (raw >> (THREAD_BITS + 1)) as u64,
         })
     }
 }
@@ -333,17 +334,22 @@ impl Word {
     }
 }
 
-/// What a swap compares its epoch against, and where it finds the descriptors of the tags
-/// it meets: one heap's clock.
+/// What a swap compares its epoch against (one heap's clock, and the heap's instance
+/// number), and where it finds the descriptors of the tags it meets.
 #[derive(Clone, Copy)]
 pub(crate) struct Clock<'a> {
     pub(crate) tracker: &'a Tracker,
+    pub(crate) instance: u64,
+    pub(crate) descriptors: &'a Descriptors,
 }
 
 impl Clock<'_> {
     pub(crate) fn of<'a>(op: &'a OpGuard<'_>) -> Clock<'a> {
+        let epochs = &op.runtime().epochs;
         Clock {
-            tracker: op.runtime().epochs.tracker(),
+            tracker: epochs.tracker(),
+            instance: epochs.instance(),
+            descriptors: descriptor::process(),
         }
     }
 }
@@ -442,21 +448,24 @@ pub(crate) fn dcss(
     expected: Raw,
     new: Raw,
 ) -> Result<(), (Raw, CasErrorKind)> {
-    match op.descriptor().filter(|&(slot, _)| slot <= SLOT_MASK) {
-        Some((slot, descriptor)) => {
-            let owner = Owner { slot, descriptor };
-            dcss_as(word, owner, Clock::of(op), op.epoch(), expected, new)
+    let clock = Clock::of(op);
+    // The id is held while the operation runs, so the descriptor is this thread's alone.
+    let mine = op
+        .thread_id()
+        .and_then(|thread| Some((thread, clock.descriptors.own(thread)?)));
+    match mine {
+        Some((thread, descriptor)) => {
+            let owner = Owner { thread, descriptor };
+            dcss_as(word, owner, clock, op.epoch(), expected, new)
         }
-        None => swap_in_handshake(word, Clock::of(op), expected, new, |attempt| {
-            op.verified(attempt)
-        }),
+        None => swap_in_handshake(word, clock, expected, new, |attempt| op.verified(attempt)),
     }
 }
 
-/// The thread slot whose descriptor a swap uses, owned by the calling thread.
+/// The descriptor a swap uses, the calling thread's, and the thread's id.
 #[derive(Clone, Copy)]
 struct Owner<'a> {
-    slot: usize,
+    thread: usize,
     descriptor: &'a Descriptor,
 }
 
@@ -469,12 +478,12 @@ fn dcss_as(
     expected: Raw,
     new: Raw,
 ) -> Result<(), (Raw, CasErrorKind)> {
-    let Owner { slot, descriptor } = owner;
+    let Owner { thread, descriptor } = owner;
     if clock.tracker.current() != epoch {
         return Err((word.load(clock), CasErrorKind::EpochAdvanced));
     }
-    // Only this thread changes the sequence number (the owner runs one operation, so one
-    // swap, at a time): the status holds the number of its last swap.
+    // Only this thread changes the sequence number (it makes one swap at a time): the
+    // status holds the number of its last swap.
     // ORDERING: Relaxed: this thread's own last store of the number.
     let seq = (status_seq(descriptor.status.load(Ordering::Relaxed)) + 1) & SEQ_MASK;
     // The sequence lock's write side: the new number first, so that a helper that reads any
@@ -487,10 +496,11 @@ fn dcss_as(
     fence(Ordering::Release);
     // ORDERING: Relaxed: the install below (SeqCst, so Release) publishes them to whoever
     // reads the tag.
+    descriptor.heap.store(clock.instance, Ordering::Relaxed);
     descriptor.epoch.store(epoch.get(), Ordering::Relaxed);
     descriptor.expected.store(expected.0, Ordering::Relaxed);
     descriptor.new.store(new.0, Ordering::Relaxed);
-    let tag = Tag { slot, seq };
+    let tag = Tag { thread, seq };
     loop {
         // ORDERING: SeqCst, as every access to verified words (INV-CAS-1).
         match word
@@ -520,7 +530,7 @@ fn dcss_as(
 /// One compare-and-swap of a word's content: the content replaced, or the one found.
 type Attempt = Result<*mut (), *mut ()>;
 
-/// The swap of an operation without a descriptor (a shared slot's): a plain
+/// The swap of an operation without a descriptor (module docs): a plain
 /// compare-and-swap inside the clock's verify handshake (module docs), which `verified`
 /// runs (`OpGuard::verified`: `None` once the clock has moved past the operation's epoch).
 #[cold]
@@ -619,15 +629,16 @@ struct Swap {
 #[cold]
 fn help(word: &Word, tag: Tag, clock: Clock<'_>) {
     let descriptor = clock
-        .tracker
-        .descriptor(tag.slot)
-        .expect("a verified word was used by operations of two different heaps");
+        .descriptors
+        .find(tag.thread)
+        .expect("a tag names the descriptor of the swap that installed it");
     // The sequence lock's read side: the fields, then the number. The tag was read from
     // the word (SeqCst, so Acquire), after its owner's install, so the fields are at least
     // the swap's own; if the number still names the swap afterwards, the owner has not
     // begun to overwrite them (it changes the number first).
     // ORDERING: Relaxed loads, then an Acquire fence before the check (pairs with the
     // Release fence in `dcss`).
+    let heap = descriptor.heap.load(Ordering::Relaxed);
     let swap = Swap {
         tag,
         epoch: Epoch::new(descriptor.epoch.load(Ordering::Relaxed)),
@@ -640,6 +651,11 @@ fn help(word: &Word, tag: Tag, clock: Clock<'_>) {
         // The owner has begun a later swap, so this one is over and its tag is gone.
         return;
     }
+    // The swap must be decided against its own heap's clock, which this thread has not.
+    assert_eq!(
+        heap, clock.instance,
+        "a verified word was used by operations of two different heaps"
+    );
     complete(word, descriptor, swap, clock);
 }
 
@@ -736,47 +752,110 @@ pub(crate) mod reclaim {
     pub(crate) unsafe fn retire_box<T: Send>(_ptr: NonNull<T>, _guard: &Guard) {}
 }
 
+#[cfg(all(test, not(montage_loom)))]
+mod tests {
+    use super::*;
+    use crate::{Heap, HeapConfig};
+
+    /// A word that one heap's operation is swapping, met by an operation of another heap:
+    /// the reader stops with the misuse named instead of completing the swap against its
+    /// own clock (where it could write the other heap's values into the word).
+    #[test]
+    fn a_word_shared_by_two_heaps_is_refused() {
+        let first = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let second = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let word = VerifiedAtomic::new(0u32);
+        // The first heap's swap, stopped after it installed its tag (as a thread stalled
+        // there would leave it): its descriptor filled in, the tag in the word.
+        let op = first.begin_op().unwrap();
+        let clock = Clock::of(&op);
+        let thread = op.thread_id().unwrap();
+        let descriptor = clock.descriptors.own(thread).unwrap();
+        let seq = (status_seq(descriptor.status.load(Ordering::Relaxed)) + 1) & SEQ_MASK;
+        descriptor
+            .status
+            .store(status(seq, UNDECIDED), Ordering::Relaxed);
+        descriptor.heap.store(clock.instance, Ordering::Relaxed);
+        descriptor.epoch.store(op.epoch().get(), Ordering::Relaxed);
+        descriptor.expected.store(encode(0u32).0, Ordering::Relaxed);
+        descriptor.new.store(encode(1u32).0, Ordering::Relaxed);
+        word.word
+            .0
+            .store(Tag { thread, seq }.encode(), Ordering::SeqCst);
+        drop(op);
+        // Another thread, in an operation of the second heap.
+        let read = std::thread::scope(|s| s.spawn(|| second.run_op(|op| Ok(word.load(op)))).join());
+        let panic = read.expect_err("a reader completed another heap's swap");
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        assert!(
+            message.contains("a verified word was used by operations of two different heaps"),
+            "the reader stopped for another reason: {message}"
+        );
+    }
+}
+
 #[cfg(all(test, montage_loom))]
 mod loom_tests {
     use super::*;
-    use crate::epoch::tracker::Slots;
+    use crate::epoch::tracker::{Publisher, Slots};
     use crate::thread_id::Held;
     use loom::sync::Arc;
 
-    /// Slots whose clock reads 1, and their publisher.
-    type TestSlots = Slots<(), ()>;
+    /// A heap's slots, whose clock reads 1, and a table of descriptors, for one execution.
+    struct Env {
+        slots: Slots<(), ()>,
+        descriptors: Descriptors,
+    }
 
-    fn clock(slots: &TestSlots) -> Clock<'_> {
-        Clock {
-            tracker: slots.tracker(),
+    impl Env {
+        /// The slots with `own` owned slots, a table whose descriptors for the first ids
+        /// exist already (loom does not see into the table's `OnceLock`), and the
+        /// publisher.
+        fn new(own: usize) -> (Env, Publisher) {
+            let (slots, publisher) = Slots::new(Epoch::new(1), own);
+            let descriptors = Descriptors::new();
+            assert!(descriptors.own(0).is_some());
+            (Env { slots, descriptors }, publisher)
         }
-    }
 
-    /// A swap of epoch 1 by the owner of slot `slot`.
-    fn swap(
-        slots: &TestSlots,
-        slot: usize,
-        word: &Word,
-        from: u32,
-        to: u32,
-    ) -> Result<(), (u32, CasErrorKind)> {
-        let owner = Owner {
-            slot,
-            descriptor: slots.tracker().descriptor(slot).unwrap(),
-        };
-        dcss_as(
-            word,
-            owner,
-            clock(slots),
-            Epoch::new(1),
-            encode(from),
-            encode(to),
-        )
-        .map_err(|(raw, kind)| (decode(raw), kind))
-    }
+        fn clock(&self) -> Clock<'_> {
+            Clock {
+                tracker: self.slots.tracker(),
+                instance: 1,
+                descriptors: &self.descriptors,
+            }
+        }
 
-    fn read(slots: &TestSlots, word: &Word) -> u32 {
-        decode(word.load(clock(slots)))
+        /// A swap of epoch 1 by the thread whose id is `thread`.
+        fn swap(
+            &self,
+            thread: usize,
+            word: &Word,
+            from: u32,
+            to: u32,
+        ) -> Result<(), (u32, CasErrorKind)> {
+            let owner = Owner {
+                thread,
+                descriptor: self.descriptors.find(thread).unwrap(),
+            };
+            dcss_as(
+                word,
+                owner,
+                self.clock(),
+                Epoch::new(1),
+                encode(from),
+                encode(to),
+            )
+            .map_err(|(raw, kind)| (decode(raw), kind))
+        }
+
+        fn read(&self, word: &Word) -> u32 {
+            decode(word.load(self.clock()))
+        }
     }
 
     /// A swap of epoch 1 races with the publish of epoch 2 and a read after it: if the swap
@@ -785,15 +864,15 @@ mod loom_tests {
     #[test]
     fn a_swap_never_succeeds_after_the_epoch_moved() {
         loom::model(|| {
-            let (slots, mut publisher) = TestSlots::new(Epoch::new(1), 1);
-            let slots = Arc::new(slots);
+            let (env, mut publisher) = Env::new(1);
+            let env = Arc::new(env);
             let word = Arc::new(Word::new(encode(0u32)));
             let owner = {
-                let (slots, word) = (slots.clone(), word.clone());
-                loom::thread::spawn(move || swap(&slots, 0, &word, 0, 1).is_ok())
+                let (env, word) = (env.clone(), word.clone());
+                loom::thread::spawn(move || env.swap(0, &word, 0, 1).is_ok())
             };
-            slots.publish(&mut publisher, Epoch::new(2));
-            let seen = read(&slots, &word);
+            env.slots.publish(&mut publisher, Epoch::new(2));
+            let seen = env.read(&word);
             let succeeded = owner.join().unwrap();
             if succeeded {
                 assert_eq!(
@@ -802,11 +881,7 @@ mod loom_tests {
                 );
             } else {
                 assert_eq!(seen, 0);
-                assert_eq!(
-                    read(&slots, &word),
-                    0,
-                    "a failed swap left its value behind"
-                );
+                assert_eq!(env.read(&word), 0, "a failed swap left its value behind");
             }
         });
     }
@@ -816,18 +891,18 @@ mod loom_tests {
     #[test]
     fn competing_swaps_lose_no_value() {
         loom::model(|| {
-            let (slots, _publisher) = TestSlots::new(Epoch::new(1), 2);
-            let slots = Arc::new(slots);
+            let (env, _publisher) = Env::new(2);
+            let env = Arc::new(env);
             let word = Arc::new(Word::new(encode(0u32)));
             let swappers: Vec<_> = [1u32, 2]
                 .into_iter()
                 .map(|new| {
-                    let (slots, word) = (slots.clone(), word.clone());
-                    let slot = new as usize - 1;
-                    loom::thread::spawn(move || swap(&slots, slot, &word, 0, new))
+                    let (env, word) = (env.clone(), word.clone());
+                    let thread = new as usize - 1;
+                    loom::thread::spawn(move || env.swap(thread, &word, 0, new))
                 })
                 .collect();
-            assert!(read(&slots, &word) <= 2);
+            assert!(env.read(&word) <= 2);
             let results: Vec<_> = swappers.into_iter().map(|t| t.join().unwrap()).collect();
             let winners: Vec<u32> = results
                 .iter()
@@ -836,7 +911,7 @@ mod loom_tests {
                 .map(|(_, new)| new)
                 .collect();
             assert_eq!(winners.len(), 1, "{results:?}");
-            assert_eq!(read(&slots, &word), winners[0]);
+            assert_eq!(env.read(&word), winners[0]);
             for result in &results {
                 if let Err((found, kind)) = result {
                     assert_eq!(*kind, CasErrorKind::Mismatch);
@@ -846,29 +921,29 @@ mod loom_tests {
         });
     }
 
-    /// A swap with a descriptor races with one through the handshake (an operation in a
-    /// shared slot) and with a publish: at most one succeeds, a swap of epoch 1 only while
+    /// A swap with a descriptor races with one through the handshake (an operation of a
+    /// thread without a descriptor) and with a publish: at most one succeeds, a swap of epoch 1 only while
     /// the clock still read 1, the word ends with the winner's value, and a loser that found
     /// a value reports the winner's.
     #[test]
     fn a_swap_with_a_descriptor_and_one_through_the_handshake_lose_no_value() {
         loom::model(|| {
-            let (slots, mut publisher) = TestSlots::new(Epoch::new(1), 1);
-            let slots = Arc::new(slots);
+            let (env, mut publisher) = Env::new(1);
+            let env = Arc::new(env);
             let word = Arc::new(Word::new(encode(0u32)));
             let owner = {
-                let (slots, word) = (slots.clone(), word.clone());
-                loom::thread::spawn(move || swap(&slots, 0, &word, 0, 1))
+                let (env, word) = (env.clone(), word.clone());
+                loom::thread::spawn(move || env.swap(0, &word, 0, 1))
             };
             let shared = {
-                let (slots, word) = (slots.clone(), word.clone());
+                let (env, word) = (env.clone(), word.clone());
                 loom::thread::spawn(move || {
-                    // Thread id 1 is beyond the one owned slot: a shared slot's operation.
-                    let ann = slots.announce(Held::for_loom(1)).unwrap();
-                    assert!(ann.descriptor().is_none());
+                    // An operation (in a shared slot: thread id 1 is beyond the one owned
+                    // slot) that swaps as a thread without a descriptor does.
+                    let ann = env.slots.announce(Held::for_loom(1)).unwrap();
                     let result = swap_in_handshake(
                         &word,
-                        clock(&slots),
+                        env.clock(),
                         encode(0u32),
                         encode(2u32),
                         |attempt| ann.verify(attempt),
@@ -879,11 +954,11 @@ mod loom_tests {
                     )
                 })
             };
-            slots.publish(&mut publisher, Epoch::new(2));
-            let seen = read(&slots, &word);
+            env.slots.publish(&mut publisher, Epoch::new(2));
+            let seen = env.read(&word);
             let by_owner = owner.join().unwrap();
             let (epoch, by_shared) = shared.join().unwrap();
-            let last = read(&slots, &word);
+            let last = env.read(&word);
             assert!(
                 !(by_owner.is_ok() && by_shared.is_ok()),
                 "both swaps succeeded"
@@ -914,18 +989,18 @@ mod loom_tests {
     #[test]
     fn a_reused_descriptor_is_never_mistaken_for_an_earlier_swap() {
         loom::model(|| {
-            let (slots, _publisher) = TestSlots::new(Epoch::new(1), 1);
-            let slots = Arc::new(slots);
+            let (env, _publisher) = Env::new(1);
+            let env = Arc::new(env);
             let word = Arc::new(Word::new(encode(0u32)));
             let helper = {
-                let (slots, word) = (slots.clone(), word.clone());
-                loom::thread::spawn(move || read(&slots, &word))
+                let (env, word) = (env.clone(), word.clone());
+                loom::thread::spawn(move || env.read(&word))
             };
-            assert_eq!(swap(&slots, 0, &word, 0, 1), Ok(()));
-            assert_eq!(swap(&slots, 0, &word, 1, 2), Ok(()));
+            assert_eq!(env.swap(0, &word, 0, 1), Ok(()));
+            assert_eq!(env.swap(0, &word, 1, 2), Ok(()));
             let seen = helper.join().unwrap();
             assert!(seen <= 2, "the helper read {seen}");
-            assert_eq!(read(&slots, &word), 2, "the second swap was undone");
+            assert_eq!(env.read(&word), 2, "the second swap was undone");
         });
     }
 }

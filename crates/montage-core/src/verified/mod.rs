@@ -13,6 +13,7 @@
 #[allow(unsafe_code)]
 pub(crate) mod atomic;
 pub(crate) mod bucket;
+pub(crate) mod descriptor;
 #[allow(unsafe_code)]
 pub(crate) mod list;
 #[allow(unsafe_code)]
