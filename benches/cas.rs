@@ -1,7 +1,7 @@
 //! The cost of the epoch-verified swaps beside a plain compare-and-swap, in one run:
 //!
 //! * `plain`: `AtomicU64::compare_exchange` on a DRAM word (the lower bound);
-//! * `verified_atomic`: `VerifiedAtomic::compare_exchange` (the DCSS: the slot's descriptor
+//! * `verified_atomic`: `VerifiedAtomic::compare_exchange` (the DCSS: the thread's descriptor
 //!   filled in, the tag's installation, the clock read, the status decision and the final
 //!   swap), inside an open operation;
 //! * `verified_atomic_load`: `VerifiedAtomic::load`;
