@@ -53,8 +53,8 @@ use std::ptr::NonNull;
 use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::epoch::tracker::Tracker;
-use crate::primitive::{AtomicPtr, Ordering, after_seqcst_access, fence};
-use crate::verified::descriptor::{self, Descriptor, Descriptors, THREAD_BITS};
+use crate::primitive::{AtomicPtr, Ordering, after_seqcst_access};
+use crate::verified::descriptor::{self, Descriptor, Descriptors, SEQ_MASK, Swap, THREAD_BITS};
 
 /// Why a compare-and-swap did not happen, with the value the word held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,14 +180,6 @@ const DESCRIPTOR: usize = 1;
 /// The thread id in a tag, above the tag bit ([`THREAD_BITS`] of them); the sequence number
 /// is above it.
 const THREAD_MASK: usize = (1 << THREAD_BITS) - 1;
-/// Sequence numbers wrap at 2^47: a tag could be mistaken for an older one only by a
-/// helper stalled between reading a tag and swapping it out while its owner made 2^47
-/// more swaps.
-const SEQ_MASK: u64 = (1 << (usize::BITS - 1 - THREAD_BITS)) - 1;
-/// The state in the low two bits of a descriptor's status; the sequence number is above.
-const UNDECIDED: u64 = 0;
-const SUCCEEDED: u64 = 1;
-const FAILED: u64 = 2;
 
 /// What a word holds while a swap is in progress: the owner's thread id and the swap's
 /// sequence number.
@@ -200,7 +192,8 @@ struct Tag {
 impl Tag {
     /// The word's content for this tag (an integer: it points at nothing).
     fn encode(self) -> *mut () {
-        let seq = usize::try_from(self.seq).expect("a sequence number fits in 47 bits");
+        debug_assert!(self.seq <= SEQ_MASK);
+        let seq = usize::try_from(self.seq).expect("words are 64 bits");
         std::ptr::without_provenance_mut(
             (seq << (THREAD_BITS + 1)) | (self.thread << 1) | DESCRIPTOR,
         )
@@ -214,16 +207,6 @@ impl Tag {
             seq: (raw >> (THREAD_BITS + 1)) as u64,
         })
     }
-}
-
-/// A descriptor's status: a swap's sequence number and its state.
-fn status(seq: u64, state: u64) -> u64 {
-    (seq << 2) | state
-}
-
-/// The sequence number of a descriptor's status.
-fn status_seq(status: u64) -> u64 {
-    status >> 2
 }
 
 /// What a [`Word`] holds when no swap is in progress: a value shifted left by one (an
@@ -482,24 +465,13 @@ fn dcss_as(
     if clock.tracker.current() != epoch {
         return Err((word.load(clock), CasErrorKind::EpochAdvanced));
     }
-    // Only this thread changes the sequence number (it makes one swap at a time): the
-    // status holds the number of its last swap.
-    // ORDERING: Relaxed: this thread's own last store of the number.
-    let seq = (status_seq(descriptor.status.load(Ordering::Relaxed)) + 1) & SEQ_MASK;
-    // The sequence lock's write side: the new number first, so that a helper that reads any
-    // of the fields below finds the number changed when it checks it afterwards.
-    // ORDERING: Relaxed store, then a Release fence before the field stores (a sequence
-    // lock; pairs with the Acquire fence in `help`).
-    descriptor
-        .status
-        .store(status(seq, UNDECIDED), Ordering::Relaxed);
-    fence(Ordering::Release);
-    // ORDERING: Relaxed: the install below (SeqCst, so Release) publishes them to whoever
-    // reads the tag.
-    descriptor.heap.store(clock.instance, Ordering::Relaxed);
-    descriptor.epoch.store(epoch.get(), Ordering::Relaxed);
-    descriptor.expected.store(expected.0, Ordering::Relaxed);
-    descriptor.new.store(new.0, Ordering::Relaxed);
+    let swap = Swap {
+        heap: clock.instance,
+        epoch,
+        expected: expected.0,
+        new: new.0,
+    };
+    let seq = descriptor.begin(swap);
     let tag = Tag { thread, seq };
     loop {
         // ORDERING: SeqCst, as every access to verified words (INV-CAS-1).
@@ -514,13 +486,7 @@ fn dcss_as(
             },
         }
     }
-    let swap = Swap {
-        tag,
-        epoch,
-        expected,
-        new,
-    };
-    match complete(word, descriptor, swap, clock) {
+    match complete(word, descriptor, tag, swap, clock) {
         Some(true) => Ok(()),
         Some(false) => Err((expected, CasErrorKind::EpochAdvanced)),
         None => unreachable!("only the owner moves its descriptor to a new swap"),
@@ -616,15 +582,6 @@ pub(crate) unsafe fn free_chain<T>(first: Raw, next: impl Fn(&T) -> Raw) {
     }
 }
 
-/// One swap, as its descriptor described it.
-#[derive(Clone, Copy)]
-struct Swap {
-    tag: Tag,
-    epoch: Epoch,
-    expected: Raw,
-    new: Raw,
-}
-
 /// Completes the swap whose tag `tag` was read from `word`, unless it is over.
 #[cold]
 fn help(word: &Word, tag: Tag, clock: Clock<'_>) {
@@ -632,69 +589,40 @@ fn help(word: &Word, tag: Tag, clock: Clock<'_>) {
         .descriptors
         .find(tag.thread)
         .expect("a tag names the descriptor of the swap that installed it");
-    // The sequence lock's read side: the fields, then the number. The tag was read from
-    // the word (SeqCst, so Acquire), after its owner's install, so the fields are at least
-    // the swap's own; if the number still names the swap afterwards, the owner has not
-    // begun to overwrite them (it changes the number first).
-    // ORDERING: Relaxed loads, then an Acquire fence before the check (pairs with the
-    // Release fence in `dcss`).
-    let heap = descriptor.heap.load(Ordering::Relaxed);
-    let swap = Swap {
-        tag,
-        epoch: Epoch::new(descriptor.epoch.load(Ordering::Relaxed)),
-        expected: Raw(descriptor.expected.load(Ordering::Relaxed)),
-        new: Raw(descriptor.new.load(Ordering::Relaxed)),
-    };
-    fence(Ordering::Acquire);
-    // ORDERING: Relaxed, after the fence (the sequence lock's check).
-    if status_seq(descriptor.status.load(Ordering::Relaxed)) != tag.seq {
+    let Some(swap) = descriptor.read(tag.seq) else {
         // The owner has begun a later swap, so this one is over and its tag is gone.
         return;
-    }
+    };
     // The swap must be decided against its own heap's clock, which this thread has not.
     assert_eq!(
-        heap, clock.instance,
+        swap.heap, clock.instance,
         "a verified word was used by operations of two different heaps"
     );
-    complete(word, descriptor, swap, clock);
+    complete(word, descriptor, tag, swap, clock);
 }
 
-/// Decides `swap` (if nobody has) and swaps its tag out of the word: whether it succeeded,
-/// or `None` if the swap turned out to be over (its owner has begun another).
-fn complete(word: &Word, descriptor: &Descriptor, swap: Swap, clock: Clock<'_>) -> Option<bool> {
+/// Decides `swap`, whose tag is `tag` (if nobody has), and swaps the tag out of the word:
+/// whether it succeeded, or `None` if the swap turned out to be over (its owner has begun
+/// another).
+fn complete(
+    word: &Word,
+    descriptor: &Descriptor,
+    tag: Tag,
+    swap: Swap,
+    clock: Clock<'_>,
+) -> Option<bool> {
     // ORDERING: the tag's installation (which this thread performed, or read) precedes the
     // clock read in the single total order of SeqCst accesses, as the publish precedes every
     // later check of the word by an operation of the next epoch: either this read sees the
     // new epoch, or that check sees the tag and completes it with the same decision.
     after_seqcst_access();
-    let decision = if clock.tracker.current() == swap.epoch {
-        SUCCEEDED
-    } else {
-        FAILED
-    };
-    let seq = swap.tag.seq;
-    // ORDERING: SeqCst, as every access to verified words; the first transition decides,
-    // and it names the swap's number, so it cannot decide a later swap.
-    let _ = descriptor.status.compare_exchange(
-        status(seq, UNDECIDED),
-        status(seq, decision),
-        Ordering::SeqCst,
-        Ordering::SeqCst,
-    );
-    // ORDERING: SeqCst, as above.
-    let found = descriptor.status.load(Ordering::SeqCst);
-    if status_seq(found) != seq {
-        return None;
-    }
-    let succeeded = found & 3 == SUCCEEDED;
+    let succeeded = descriptor.decide(tag.seq, clock.tracker.current() == swap.epoch)?;
     let value = if succeeded { swap.new } else { swap.expected };
-    // ORDERING: SeqCst, as above. Failing means someone else already swapped it out.
-    let _ = word.0.compare_exchange(
-        swap.tag.encode(),
-        value.0,
-        Ordering::SeqCst,
-        Ordering::SeqCst,
-    );
+    // ORDERING: SeqCst, as every access to verified words. Failing means someone else
+    // already swapped it out.
+    let _ = word
+        .0
+        .compare_exchange(tag.encode(), value, Ordering::SeqCst, Ordering::SeqCst);
     Some(succeeded)
 }
 
@@ -771,14 +699,12 @@ mod tests {
         let clock = Clock::of(&op);
         let thread = op.thread_id().unwrap();
         let descriptor = clock.descriptors.own(thread).unwrap();
-        let seq = (status_seq(descriptor.status.load(Ordering::Relaxed)) + 1) & SEQ_MASK;
-        descriptor
-            .status
-            .store(status(seq, UNDECIDED), Ordering::Relaxed);
-        descriptor.heap.store(clock.instance, Ordering::Relaxed);
-        descriptor.epoch.store(op.epoch().get(), Ordering::Relaxed);
-        descriptor.expected.store(encode(0u32).0, Ordering::Relaxed);
-        descriptor.new.store(encode(1u32).0, Ordering::Relaxed);
+        let seq = descriptor.begin(Swap {
+            heap: clock.instance,
+            epoch: op.epoch(),
+            expected: encode(0u32).0,
+            new: encode(1u32).0,
+        });
         word.word
             .0
             .store(Tag { thread, seq }.encode(), Ordering::SeqCst);
@@ -815,11 +741,23 @@ mod loom_tests {
         /// The slots with `own` owned slots, a table whose descriptors for the first ids
         /// exist already (loom does not see into the table's `OnceLock`), and the
         /// publisher.
-        fn new(own: usize) -> (Env, Publisher) {
+        fn new(own: usize) -> (Arc<Env>, Publisher) {
             let (slots, publisher) = Slots::new(Epoch::new(1), own);
             let descriptors = Descriptors::new();
             assert!(descriptors.own(0).is_some());
-            (Env { slots, descriptors }, publisher)
+            (Arc::new(Env { slots, descriptors }), publisher)
+        }
+
+        /// [`swap`](Self::swap) on a thread of its own.
+        fn spawn_swap(
+            env: &Arc<Env>,
+            thread: usize,
+            word: &Arc<Word>,
+            from: u32,
+            to: u32,
+        ) -> loom::thread::JoinHandle<Result<(), (u32, CasErrorKind)>> {
+            let (env, word) = (env.clone(), word.clone());
+            loom::thread::spawn(move || env.swap(thread, &word, from, to))
         }
 
         fn clock(&self) -> Clock<'_> {
@@ -865,15 +803,11 @@ mod loom_tests {
     fn a_swap_never_succeeds_after_the_epoch_moved() {
         loom::model(|| {
             let (env, mut publisher) = Env::new(1);
-            let env = Arc::new(env);
             let word = Arc::new(Word::new(encode(0u32)));
-            let owner = {
-                let (env, word) = (env.clone(), word.clone());
-                loom::thread::spawn(move || env.swap(0, &word, 0, 1).is_ok())
-            };
+            let owner = Env::spawn_swap(&env, 0, &word, 0, 1);
             env.slots.publish(&mut publisher, Epoch::new(2));
             let seen = env.read(&word);
-            let succeeded = owner.join().unwrap();
+            let succeeded = owner.join().unwrap().is_ok();
             if succeeded {
                 assert_eq!(
                     seen, 1,
@@ -892,15 +826,10 @@ mod loom_tests {
     fn competing_swaps_lose_no_value() {
         loom::model(|| {
             let (env, _publisher) = Env::new(2);
-            let env = Arc::new(env);
             let word = Arc::new(Word::new(encode(0u32)));
             let swappers: Vec<_> = [1u32, 2]
                 .into_iter()
-                .map(|new| {
-                    let (env, word) = (env.clone(), word.clone());
-                    let thread = new as usize - 1;
-                    loom::thread::spawn(move || env.swap(thread, &word, 0, new))
-                })
+                .map(|new| Env::spawn_swap(&env, new as usize - 1, &word, 0, new))
                 .collect();
             assert!(env.read(&word) <= 2);
             let results: Vec<_> = swappers.into_iter().map(|t| t.join().unwrap()).collect();
@@ -922,19 +851,15 @@ mod loom_tests {
     }
 
     /// A swap with a descriptor races with one through the handshake (an operation of a
-    /// thread without a descriptor) and with a publish: at most one succeeds, a swap of epoch 1 only while
-    /// the clock still read 1, the word ends with the winner's value, and a loser that found
-    /// a value reports the winner's.
+    /// thread without a descriptor) and with a publish: at most one succeeds, a swap of
+    /// epoch 1 only while the clock still read 1, the word ends with the winner's value, and
+    /// a loser that found a value reports the winner's.
     #[test]
     fn a_swap_with_a_descriptor_and_one_through_the_handshake_lose_no_value() {
         loom::model(|| {
             let (env, mut publisher) = Env::new(1);
-            let env = Arc::new(env);
             let word = Arc::new(Word::new(encode(0u32)));
-            let owner = {
-                let (env, word) = (env.clone(), word.clone());
-                loom::thread::spawn(move || env.swap(0, &word, 0, 1))
-            };
+            let owner = Env::spawn_swap(&env, 0, &word, 0, 1);
             let shared = {
                 let (env, word) = (env.clone(), word.clone());
                 loom::thread::spawn(move || {
@@ -990,7 +915,6 @@ mod loom_tests {
     fn a_reused_descriptor_is_never_mistaken_for_an_earlier_swap() {
         loom::model(|| {
             let (env, _publisher) = Env::new(1);
-            let env = Arc::new(env);
             let word = Arc::new(Word::new(encode(0u32)));
             let helper = {
                 let (env, word) = (env.clone(), word.clone());

@@ -18,30 +18,63 @@ use std::sync::OnceLock;
 
 use crossbeam_utils::CachePadded;
 
-use crate::primitive::{AtomicPtr, AtomicU64};
+use crate::base::epoch::Epoch;
+use crate::primitive::{AtomicPtr, AtomicU64, Ordering, fence};
 
 /// The bits of a thread id in a tag: threads with larger ids have no descriptor (their
 /// swaps use the clock's handshake).
 pub(super) const THREAD_BITS: u32 = 16;
+/// Sequence numbers wrap at 2^47, the bits a tag has for them beside a thread id and the
+/// tag bit: a tag could be mistaken for an older one only by a helper stalled between
+/// reading a tag and swapping it out while its owner made 2^47 more swaps.
+pub(super) const SEQ_MASK: u64 = (1 << (u64::BITS - 1 - THREAD_BITS)) - 1;
+/// The state in the low two bits of a status; the sequence number is above.
+const UNDECIDED: u64 = 0;
+const SUCCEEDED: u64 = 1;
+const FAILED: u64 = 2;
 /// Descriptors a chunk holds.
 const CHUNK: usize = 64;
 /// Chunks a table holds: one for every `CHUNK` ids a tag can name.
 const CHUNKS: usize = (1 << THREAD_BITS) / CHUNK;
 
-/// One thread's swap descriptor: the one swap it may have in progress (`atomic.rs` reads
-/// and writes the fields).
+/// One thread's swap descriptor: the one swap it may have in progress. Its fields are
+/// private: the owner describes a swap with [`begin`](Self::begin), a helper reads it with
+/// [`read`](Self::read), and either decides it with [`decide`](Self::decide).
 #[derive(Debug)]
 pub(super) struct Descriptor {
-    /// The swap's sequence number and its state (`atomic.rs` packs them).
-    pub(super) status: AtomicU64,
+    /// The swap's sequence number and its state (`seq << 2 | state`).
+    status: AtomicU64,
     /// The heap whose operation makes the swap (`Epochs::instance`).
-    pub(super) heap: AtomicU64,
+    heap: AtomicU64,
     /// The epoch the swap must linearize in.
-    pub(super) epoch: AtomicU64,
-    /// The word's value the swap replaces.
-    pub(super) expected: AtomicPtr<()>,
-    /// The value the swap puts in its place.
-    pub(super) new: AtomicPtr<()>,
+    epoch: AtomicU64,
+    /// The word's content the swap replaces.
+    expected: AtomicPtr<()>,
+    /// The content it puts in its place.
+    new: AtomicPtr<()>,
+}
+
+/// A swap, as its descriptor describes it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Swap {
+    /// The heap whose operation makes the swap.
+    pub(super) heap: u64,
+    /// The epoch it must linearize in.
+    pub(super) epoch: Epoch,
+    /// The word's content it replaces (with its provenance).
+    pub(super) expected: *mut (),
+    /// The content it puts in its place.
+    pub(super) new: *mut (),
+}
+
+/// A status: a swap's sequence number and its state.
+fn status(seq: u64, state: u64) -> u64 {
+    (seq << 2) | state
+}
+
+/// The sequence number of a status.
+fn status_seq(status: u64) -> u64 {
+    status >> 2
 }
 
 impl Descriptor {
@@ -53,6 +86,66 @@ impl Descriptor {
             expected: AtomicPtr::new(std::ptr::null_mut()),
             new: AtomicPtr::new(std::ptr::null_mut()),
         }
+    }
+
+    /// Describes the owner's next swap, undecided, and returns its sequence number, which
+    /// the tag the owner installs then names. Only the descriptor's owner calls it, one swap
+    /// at a time.
+    pub(super) fn begin(&self, swap: Swap) -> u64 {
+        // Only the owner changes the sequence number: the status holds its last swap's.
+        // ORDERING: Relaxed: this thread's own last store of the number.
+        let seq = (status_seq(self.status.load(Ordering::Relaxed)) + 1) & SEQ_MASK;
+        // The sequence lock's write side: the new number first, so that a helper that reads
+        // any of the fields below finds the number changed when it checks it afterwards.
+        // ORDERING: Relaxed store, then a Release fence before the field stores (pairs with
+        // the Acquire fence in `read`).
+        self.status.store(status(seq, UNDECIDED), Ordering::Relaxed);
+        fence(Ordering::Release);
+        // ORDERING: Relaxed: the tag's install (SeqCst, so Release) publishes them to whoever
+        // reads the tag.
+        self.heap.store(swap.heap, Ordering::Relaxed);
+        self.epoch.store(swap.epoch.get(), Ordering::Relaxed);
+        self.expected.store(swap.expected, Ordering::Relaxed);
+        self.new.store(swap.new, Ordering::Relaxed);
+        seq
+    }
+
+    /// The swap numbered `seq`, if the descriptor still describes it; `None` once its owner
+    /// has begun a later one (so that swap is over, and its tag gone). For a caller that
+    /// read a tag naming `seq` from a word (`SeqCst`, so after the tag's install).
+    pub(super) fn read(&self, seq: u64) -> Option<Swap> {
+        // The sequence lock's read side: the fields, then the number. The tag was read after
+        // its install, so the fields are at least the swap's own; if the number still names
+        // the swap afterwards, the owner has not begun to overwrite them.
+        // ORDERING: Relaxed loads, then an Acquire fence before the check (pairs with the
+        // Release fence in `begin`).
+        let swap = Swap {
+            heap: self.heap.load(Ordering::Relaxed),
+            epoch: Epoch::new(self.epoch.load(Ordering::Relaxed)),
+            expected: self.expected.load(Ordering::Relaxed),
+            new: self.new.load(Ordering::Relaxed),
+        };
+        fence(Ordering::Acquire);
+        // ORDERING: Relaxed, after the fence (the sequence lock's check).
+        (status_seq(self.status.load(Ordering::Relaxed)) == seq).then_some(swap)
+    }
+
+    /// Decides the swap numbered `seq` as `succeeded` unless it is decided already, and
+    /// returns its decision; `None` if the owner has begun a later swap.
+    pub(super) fn decide(&self, seq: u64, succeeded: bool) -> Option<bool> {
+        let state = if succeeded { SUCCEEDED } else { FAILED };
+        // ORDERING: SeqCst, as every access to verified words (INV-CAS-1); the first
+        // transition decides, and it names the swap's number, so it cannot decide a later
+        // swap.
+        let _ = self.status.compare_exchange(
+            status(seq, UNDECIDED),
+            status(seq, state),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        // ORDERING: SeqCst, as above.
+        let found = self.status.load(Ordering::SeqCst);
+        (status_seq(found) == seq).then_some(found & 3 == SUCCEEDED)
     }
 }
 
