@@ -12,6 +12,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/montage-core/src/base/mapping.rs",
     "crates/montage-core/src/persist/x86.rs",
     "crates/montage-core/src/epoch/tracker.rs",
+    "crates/montage-core/src/epoch/nodes.rs",
     "crates/montage-core/src/verified/atomic.rs",
     "crates/montage-core/src/verified/list.rs",
     "crates/montage-core/src/verified/queue.rs",

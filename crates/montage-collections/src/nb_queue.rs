@@ -148,7 +148,7 @@ impl<T: Codec> NbQueue<T> {
     pub fn to_vec(&self) -> Result<Vec<T>> {
         self.attached.heap().run_op(|op| {
             self.index
-                .to_vec(op)
+                .to_vec(op)?
                 .into_iter()
                 .map(|(offset, _)| {
                     let view = op.view(PBlock::from_offset(offset)).map_err(contended)?;

@@ -47,6 +47,10 @@
 //! No operation runs in an epoch after the advancer has found it quiescent; `tracker.rs`
 //! has the handshake and its argument, and loom tests that explore it.
 
+#[allow(unsafe_code)]
+// Under loom the queue leaks its nodes instead: loom's atomics do not fit the nodes' layout.
+#[cfg_attr(montage_loom, allow(dead_code))]
+pub(crate) mod nodes;
 pub(crate) mod op;
 pub(crate) mod reclaim;
 pub(crate) mod stamped;
@@ -129,10 +133,13 @@ fn move_all<T>(to: &mut Vec<T>, from: &mut Vec<T>) {
     }
 }
 
-/// What a thread slot keeps between operations: the thread's allocator cache.
+/// What a thread slot keeps between operations: the thread's allocator cache, and the
+/// lock-free queue's nodes that its operations unlinked or may reuse.
 #[derive(Debug, Default)]
 pub(crate) struct SlotState {
     cache: ThreadCache,
+    #[cfg_attr(montage_loom, allow(dead_code))] // as the module
+    nodes: nodes::NodeCache,
 }
 
 /// An operation's announcement in a slot of this heap.

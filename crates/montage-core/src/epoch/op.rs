@@ -6,6 +6,7 @@
 use std::cell::{Cell, RefCell, RefMut};
 use std::marker::PhantomData;
 
+use super::nodes::NodeCache;
 use super::{OpAnnouncement, Runtime};
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, BlockView, OwnerId, PBlock};
 use crate::base::epoch::Epoch;
@@ -430,6 +431,23 @@ impl<'h> OpGuard<'h> {
     /// the operation's epoch, if an advance had begun.
     pub(crate) fn verified<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
         self.announcement.borrow().verify(f)
+    }
+
+    /// The instance id of the heap the operation belongs to (unique in the process).
+    #[inline]
+    pub(crate) fn heap_instance(&self) -> u64 {
+        self.runtime.epochs.instance()
+    }
+
+    /// Runs `f` on the thread slot's cache of the lock-free queue's nodes, with the
+    /// operation's epoch, which its rule reads (INV-NODE-1).
+    #[inline]
+    #[cfg_attr(montage_loom, allow(dead_code))] // the queue leaks its nodes under loom
+    pub(crate) fn nodes<R>(&self, f: impl FnOnce(&mut NodeCache, Epoch) -> R) -> R {
+        let epoch = self.epoch;
+        self.announcement
+            .borrow_mut()
+            .state(|state| f(&mut state.nodes, epoch))
     }
 
     /// The id of the operation's thread, held while the operation runs (`None` in thread

@@ -511,6 +511,17 @@ pub(crate) fn prefetch_for_read<T>(item: &T) {
     let _ = item;
 }
 
+/// Asks the CPU to bring the line at `ptr` into its cache for writing (on x86-64; nothing
+/// elsewhere): for memory a thread will write soon and has not touched for long. Only a
+/// hint; any address will do.
+#[inline]
+pub(crate) fn prefetch_ptr_for_write(ptr: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    x86::prefetch_write(ptr);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ptr;
+}
+
 /// Asks the CPU to bring the cache line two lines past the end of `items` into its cache for
 /// writing: for a log that grows by a few entries per operation and that another thread
 /// (the advancer) read last, so that the stores of the next operations find their lines

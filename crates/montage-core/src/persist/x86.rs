@@ -77,7 +77,7 @@ pub(crate) fn flush_line(instr: FlushInstr, region: &Region, offset: u64) -> Res
 #[inline]
 pub(crate) fn prefetch_write(addr: *const u8) {
     // SAFETY: a prefetch reads and writes nothing architecturally and cannot fault, whatever
-    // the address; callers pass addresses inside the mapping (`Media::prefetch_for_write`).
+    // the address; callers pass addresses inside the mapping or of DRAM they will write.
     unsafe {
         std::arch::asm!("prefetchw [{}]", in(reg) addr, options(nostack, preserves_flags, readonly));
     }

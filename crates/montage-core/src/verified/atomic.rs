@@ -626,7 +626,8 @@ fn complete(
     Some(succeeded)
 }
 
-/// Deferred freeing of the list's and queue's nodes: through crossbeam-epoch.
+/// Deferred freeing of the list's nodes: through crossbeam-epoch (the queue reuses its nodes
+/// through the thread slots, `epoch/nodes.rs`).
 #[cfg(not(montage_loom))]
 pub(crate) mod reclaim {
     use std::ptr::NonNull;
@@ -660,7 +661,7 @@ pub(crate) mod reclaim {
     }
 }
 
-/// Deferred freeing of the list's and queue's nodes: none, under loom.
+/// Deferred freeing of the list's nodes: none, under loom.
 #[cfg(montage_loom)]
 pub(crate) mod reclaim {
     use std::ptr::NonNull;

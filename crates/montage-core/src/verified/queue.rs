@@ -11,7 +11,12 @@
 //! operation newer than it emptied the queue (INV-COL-1). Swaps that change the queue are
 //! verified, so no operation of epoch `e` changes it after one of `e + 1` did (INV-CAS-1).
 //!
-//! Dequeued dummies go to crossbeam-epoch (leaked under loom).
+//! Nodes come from the operation's thread slot and go back to it once dequeued, to be
+//! reused two epochs later (INV-NODE-1, `epoch/nodes.rs`): an operation holds the nodes it
+//! reads for no longer than it runs, so the epoch clock that bounds operations bounds them
+//! too, and the queue needs no pin or deferred free of its own. That needs every operation
+//! on a queue to belong to one heap: the first binds the queue to its heap, and one of
+//! another heap is refused.
 
 use std::ptr::NonNull;
 
@@ -19,7 +24,7 @@ use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
 use crate::primitive::{AtomicU64, Ordering};
-use crate::verified::atomic::{Clock, Raw, Word, dcss, free_chain, publish_node, reclaim};
+use crate::verified::atomic::{CasErrorKind, Clock, Raw, Word, dcss};
 
 struct Node {
     value: u64,
@@ -30,37 +35,125 @@ struct Node {
     next: Word,
 }
 
-fn new_node(value: u64, seq: u64) -> NonNull<Node> {
-    NonNull::from(Box::leak(Box::new(Node {
-        value,
-        seq,
-        taken: AtomicU64::new(0),
-        next: Word::new(Raw::NULL),
-    })))
+/// Where nodes come from and go: the thread slots' node caches.
+#[cfg(not(montage_loom))]
+mod store {
+    use std::ptr::NonNull;
+
+    use super::Node;
+    use crate::epoch::nodes::{self, NODE_LAYOUT, NodeCache};
+    use crate::epoch::op::OpGuard;
+
+    const _: () = assert!(
+        size_of::<Node>() <= NODE_LAYOUT.size() && align_of::<Node>() <= NODE_LAYOUT.align()
+    );
+
+    /// Room for a node: from `op`'s slot, or (outside any operation) a new one.
+    pub(super) fn take(op: Option<&OpGuard<'_>>) -> NonNull<Node> {
+        op.map_or_else(nodes::alloc, |op| op.nodes(NodeCache::take))
+            .cast()
+    }
+
+    /// Hands a dequeued node to `op`'s slot, to reuse once no operation can hold it.
+    ///
+    /// # Safety
+    ///
+    /// A swap verified in `op`'s epoch removed the last link to `node`, which came from
+    /// `take`; every operation that may hold it belongs to `op`'s heap; it is retired once.
+    pub(super) unsafe fn retire(op: &OpGuard<'_>, node: NonNull<Node>) {
+        op.nodes(|cache, epoch| {
+            // SAFETY: `NodeCache::retire`'s contract is this function's (a node from `take`
+            // came from a cache or `nodes::alloc`, so from `nodes::alloc`), and `epoch` and
+            // the cache are of `op`, so of the heap whose clock INV-NODE-1 reads.
+            unsafe { cache.retire(node.cast(), epoch) }
+        });
+    }
+
+    /// Frees a node.
+    ///
+    /// # Safety
+    ///
+    /// `node` came from `take` and nobody uses it any more.
+    pub(super) unsafe fn free(node: NonNull<Node>) {
+        // SAFETY: `take` allocated it with `NODE_LAYOUT`, or took it from a cache that did;
+        // `Node` needs no drop.
+        unsafe { nodes::free(node.cast()) };
+    }
 }
 
-/// The node `link` points at.
+/// Where nodes come from and go under loom, whose atomics do not fit the caches' layout:
+/// the global allocator, and dequeued nodes are leaked (loom explores bounded executions).
+#[cfg(montage_loom)]
+mod store {
+    use std::mem::MaybeUninit;
+    use std::ptr::NonNull;
+
+    use super::Node;
+    use crate::epoch::op::OpGuard;
+
+    pub(super) fn take(_op: Option<&OpGuard<'_>>) -> NonNull<Node> {
+        NonNull::from(Box::leak(Box::new(MaybeUninit::<Node>::uninit()))).cast()
+    }
+
+    pub(super) unsafe fn retire(_op: &OpGuard<'_>, _node: NonNull<Node>) {}
+
+    pub(super) unsafe fn free(node: NonNull<Node>) {
+        // SAFETY: `take` leaked it from a `Box` of the same layout; nobody uses it any more.
+        drop(unsafe { Box::from_raw(node.as_ptr().cast::<MaybeUninit<Node>>()) });
+    }
+}
+
+/// A node holding `value` and `seq`, linked to nothing, in `op`'s memory if there is one.
+fn new_node(op: Option<&OpGuard<'_>>, value: u64, seq: u64) -> NonNull<Node> {
+    let node = store::take(op);
+    // SAFETY: `take` returned room for a `Node` that nobody else uses (INV-NODE-1 for a
+    // reused one).
+    unsafe { fill(node, value, seq) };
+    node
+}
+
+/// Makes `node` hold `value` and `seq`, linked to nothing.
 ///
 /// # Safety
 ///
-/// `link` is not null and was read from `head`, `tail` or a node's `next` while this
-/// thread was pinned by `_guard`.
-unsafe fn node(link: Raw, _guard: &reclaim::Guard) -> &Node {
+/// `node` is room for a `Node` (initialised or not) that no other thread can reach.
+unsafe fn fill(node: NonNull<Node>, value: u64, seq: u64) {
+    // SAFETY: by the contract; a `Node` needs no drop, so what it held is just overwritten.
+    unsafe {
+        node.as_ptr().write(Node {
+            value,
+            seq,
+            taken: AtomicU64::new(0),
+            next: Word::new(Raw::NULL),
+        });
+    }
+}
+
+/// The node `link` points at, for as long as `_op` runs.
+///
+/// # Safety
+///
+/// `link` is not null and was read from `head`, `tail` or a node's `next` of a queue bound to
+/// `_op`'s heap, during `_op`.
+unsafe fn node<'o>(link: Raw, _op: &'o OpGuard<'_>) -> &'o Node {
     // SAFETY:
-    // - links are made only from the pointer of a live `Box<Node>` leaked by `new_node`
-    //   (provenance kept through `Raw`);
-    // - it was read from a word of the queue while pinned by `_guard`; a node is retired only
-    //   after the head moved past it, then freed only once every thread pinned before that
-    //   has unpinned (crossbeam-epoch); under loom nodes are never freed;
+    // - links are made only from the pointer of a node initialised by `new_node` (provenance
+    //   kept through `Raw`);
+    // - it was read from a word of the queue during `_op`; a node is retired only after the
+    //   head moved past it, and then reused only once every operation that could have read a
+    //   link to it has ended (INV-NODE-1), so not before `_op` ends; all of them belong to
+    //   the queue's heap, whose clock that rule reads (the binding);
     // - only shared references to nodes are formed; their mutable state is atomic.
     unsafe { &*link.node::<Node>() }
 }
 
 /// A lock-free FIFO queue of value words with sequence numbers (module docs). A queue
-/// serves the operations of one heap.
+/// serves the operations of one heap: the first operation binds it.
 pub struct VerifiedQueue {
     head: Word,
     tail: Word,
+    /// The instance id of the heap whose operations use the queue (0 until the first).
+    heap: AtomicU64,
 }
 
 impl std::fmt::Debug for VerifiedQueue {
@@ -72,11 +165,39 @@ impl std::fmt::Debug for VerifiedQueue {
 impl VerifiedQueue {
     /// An empty queue whose first element will get sequence number `first_seq`.
     pub fn new(first_seq: u64) -> VerifiedQueue {
-        let dummy = Raw::link(new_node(0, first_seq.wrapping_sub(1)).as_ptr(), false);
+        let dummy = Raw::link(new_node(None, 0, first_seq.wrapping_sub(1)).as_ptr(), false);
         VerifiedQueue {
             head: Word::new(dummy),
             tail: Word::new(dummy),
+            heap: AtomicU64::new(0),
         }
+    }
+
+    /// Checks that `op` belongs to the heap the queue serves, binding the queue to it at the
+    /// first operation.
+    #[inline]
+    fn bind(&self, op: &OpGuard<'_>) -> Result<()> {
+        let heap = op.heap_instance();
+        // ORDERING: Relaxed: the binding is one value, decided by the first swap from 0; the
+        // nodes it protects are reached through the queue's SeqCst words.
+        let bound = self.heap.load(Ordering::Relaxed);
+        if bound == heap {
+            return Ok(());
+        }
+        if bound == 0 {
+            // ORDERING: as above.
+            match self
+                .heap
+                .compare_exchange(0, heap, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(()),
+                Err(found) if found == heap => return Ok(()),
+                Err(_) => {}
+            }
+        }
+        Err(Error::Unsupported {
+            what: "a verified queue used by operations of two different heaps",
+        })
     }
 
     /// Moves the tail from `from` to `to` if it is still `from`; a failure means another
@@ -88,13 +209,12 @@ impl VerifiedQueue {
     /// Appends `value` with sequence number `seq` (recovery's bulk load: no verification,
     /// no concurrent access, sequence numbers increasing).
     pub fn push_recovered(&mut self, value: u64, seq: u64) {
-        let guard = reclaim::pin();
-        let new = Raw::link(new_node(value, seq).as_ptr(), false);
+        let new = Raw::link(new_node(None, value, seq).as_ptr(), false);
         // With `&mut self` no other thread can reach the queue.
         let tail = self.tail.load_exclusive();
-        // SAFETY: `tail` (never null: there is always a dummy) was read from the queue's tail
-        // while pinned.
-        let last = unsafe { node(tail, &guard) };
+        // SAFETY: `tail` (never null: there is always a dummy) names a node of this queue,
+        // which `&mut self` keeps from being dequeued, let alone reused.
+        let last = unsafe { &*tail.node::<Node>() };
         last.next.store_exclusive(new);
         self.tail.store_exclusive(new);
     }
@@ -105,7 +225,8 @@ impl VerifiedQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Aborted`] if the clock moved past `op`'s epoch; whatever `seq` returns.
+    /// [`Error::Aborted`] if the clock moved past `op`'s epoch; whatever `seq` returns;
+    /// [`Error::Unsupported`] for an operation of another heap than the queue's.
     pub fn push(
         &self,
         op: &OpGuard<'_>,
@@ -123,18 +244,21 @@ impl VerifiedQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Aborted`] if the clock moved past `op`'s epoch; whatever `make` returns.
+    /// [`Error::Aborted`] if the clock moved past `op`'s epoch; whatever `make` returns;
+    /// [`Error::Unsupported`] for an operation of another heap than the queue's.
     pub fn push_with(
         &self,
         op: &OpGuard<'_>,
         mut make: impl FnMut(u64) -> Result<u64>,
     ) -> Result<u64> {
-        let guard = reclaim::pin();
+        self.bind(op)?;
         let clock = Clock::of(op);
-        loop {
+        // The node to link, once made: a failed swap leaves it unpublished, to fill again.
+        let mut spare: Option<NonNull<Node>> = None;
+        let result = loop {
             let tail_raw = self.tail.load(clock);
-            // SAFETY: read from `tail` while pinned.
-            let tail = unsafe { node(tail_raw, &guard) };
+            // SAFETY: read from `tail` during `op`, which the queue is bound to.
+            let tail = unsafe { node(tail_raw, op) };
             let next_raw = tail.next.load(clock);
             if self.tail.load(clock) != tail_raw {
                 continue;
@@ -145,17 +269,38 @@ impl VerifiedQueue {
                 continue;
             }
             let number = tail.seq.wrapping_add(1);
-            let value = make(number)?;
-            let new = new_node(value, number);
+            let value = match make(number) {
+                Ok(value) => value,
+                Err(err) => break Err(err),
+            };
+            let new = match spare.take() {
+                Some(node) => {
+                    // SAFETY: `node` was made below by an earlier attempt whose swap failed,
+                    // so no other thread has seen it.
+                    unsafe { fill(node, value, number) };
+                    node
+                }
+                None => new_node(Some(op), value, number),
+            };
             let new_raw = Raw::link(new.as_ptr(), false);
-            // SAFETY: `new` was leaked from a `Box` just above and is not shared yet;
-            // `new_raw` encodes it.
-            let linked = unsafe { publish_node(&tail.next, op, next_raw, new_raw, new) };
-            if linked? {
-                self.swing_tail(tail_raw, new_raw);
-                return Ok(number);
+            match dcss(&tail.next, op, next_raw, new_raw) {
+                Ok(()) => {
+                    self.swing_tail(tail_raw, new_raw);
+                    break Ok(number);
+                }
+                Err((_, kind)) => {
+                    spare = Some(new);
+                    if kind == CasErrorKind::EpochAdvanced {
+                        break Err(Error::Aborted);
+                    }
+                }
             }
+        };
+        if let Some(unlinked) = spare {
+            // SAFETY: made by `new_node` and never published: no other thread has seen it.
+            unsafe { store::free(unlinked) };
         }
+        result
     }
 
     /// Removes the front element: `take` is called (at most once) with its value and
@@ -167,19 +312,20 @@ impl VerifiedQueue {
     /// # Errors
     ///
     /// [`Error::Aborted`] if the clock moved past `op`'s epoch, or an operation newer than
-    /// `op` emptied the queue; whatever `take` returns.
+    /// `op` emptied the queue; whatever `take` returns; [`Error::Unsupported`] for an
+    /// operation of another heap than the queue's.
     pub fn pop(
         &self,
         op: &OpGuard<'_>,
         mut take: impl FnMut(u64, u64) -> Result<()>,
     ) -> Result<Option<u64>> {
-        let guard = reclaim::pin();
+        self.bind(op)?;
         let clock = Clock::of(op);
         loop {
             let head_raw = self.head.load(clock);
             let tail_raw = self.tail.load(clock);
-            // SAFETY: read from `head` while pinned.
-            let head = unsafe { node(head_raw, &guard) };
+            // SAFETY: read from `head` during `op`, which the queue is bound to.
+            let head = unsafe { node(head_raw, op) };
             let next_raw = head.next.load(clock);
             if self.head.load(clock) != head_raw {
                 continue;
@@ -194,46 +340,51 @@ impl VerifiedQueue {
                 self.swing_tail(tail_raw, next_raw);
                 continue;
             }
-            // SAFETY: read from `head.next` while pinned.
-            let next = unsafe { node(next_raw, &guard) };
+            // SAFETY: read from `head.next` during `op`, which the queue is bound to.
+            let next = unsafe { node(next_raw, op) };
             // ORDERING: SeqCst: whoever sees `next` as the head sees an epoch no older than
             // the dequeue that made it so.
             next.taken.fetch_max(op.epoch().get(), Ordering::SeqCst);
             take(next.value, next.seq)?;
-            match dcss(&self.head, op, head_raw, next_raw) {
+            return match dcss(&self.head, op, head_raw, next_raw) {
                 Ok(()) => {
                     if let Some(ptr) = NonNull::new(head_raw.node::<Node>()) {
-                        // SAFETY: the old dummy came from `Box::leak` in `new_node`, and `ptr`
-                        // is that pointer (provenance kept by `Raw`); the swap
-                        // above moved the head past it, and nothing links to a node before
-                        // the head, so only threads pinned now can still hold it; only this
-                        // swap's winner retires it.
-                        unsafe { reclaim::retire_box(ptr, &guard) };
+                        // SAFETY: the old dummy came from `new_node`, and `ptr` is that
+                        // pointer (provenance kept by `Raw`); the swap above, verified in
+                        // `op`'s epoch, moved the head past it, and nothing links to a node
+                        // before the head; every operation that may hold it belongs to the
+                        // queue's heap, `op`'s (the binding); only this swap's winner retires
+                        // it.
+                        unsafe { store::retire(op, ptr) };
                     }
-                    return Ok(Some(next.value));
+                    Ok(Some(next.value))
                 }
                 // The epoch moved, or another dequeue won: the caller's abort undoes
                 // `take`'s work, and the operation runs again.
-                Err(_) => return Err(Error::Aborted),
-            }
+                Err(_) => Err(Error::Aborted),
+            };
         }
     }
 
     /// Every element's value and sequence number, front to back (a traversal, not a
     /// snapshot while others change the queue).
-    pub fn to_vec(&self, op: &OpGuard<'_>) -> Vec<(u64, u64)> {
-        let guard = reclaim::pin();
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for an operation of another heap than the queue's.
+    pub fn to_vec(&self, op: &OpGuard<'_>) -> Result<Vec<(u64, u64)>> {
+        self.bind(op)?;
         let clock = Clock::of(op);
         let mut out = Vec::new();
-        // SAFETY: read from `head` while pinned.
-        let mut curr = unsafe { node(self.head.load(clock), &guard) };
+        // SAFETY: read from `head` during `op`, which the queue is bound to.
+        let mut curr = unsafe { node(self.head.load(clock), op) };
         loop {
             let next = curr.next.load(clock);
             if next == Raw::NULL {
-                return out;
+                return Ok(out);
             }
-            // SAFETY: read from a node's `next` while pinned.
-            curr = unsafe { node(next, &guard) };
+            // SAFETY: read from a node's `next` during `op`, which the queue is bound to.
+            curr = unsafe { node(next, op) };
             out.push((curr.value, curr.seq));
         }
     }
@@ -242,12 +393,14 @@ impl VerifiedQueue {
 impl Drop for VerifiedQueue {
     fn drop(&mut self) {
         // With `&mut self` no other thread can reach the queue.
-        let first = self.head.load_exclusive();
-        // SAFETY: with `&mut self` no other thread uses the queue; the dummy and every node
-        // after it came from `Box::leak` in `new_node`, are linked by that pointer and once,
-        // and are freed only here (nodes before the dummy went to crossbeam-epoch instead).
-        unsafe {
-            free_chain(first, |n: &Node| n.next.load_exclusive());
+        let mut link = self.head.load_exclusive();
+        while let Some(ptr) = NonNull::new(link.node::<Node>()) {
+            // SAFETY: with `&mut self` no other thread uses the queue; the dummy and every
+            // node after it came from `new_node`, are linked by that pointer and once, and
+            // are freed only here (nodes before the dummy went to the slots' caches instead).
+            link = unsafe { (*ptr.as_ptr()).next.load_exclusive() };
+            // SAFETY: as above; its link was read.
+            unsafe { store::free(ptr) };
         }
     }
 }
@@ -284,7 +437,7 @@ mod tests {
             .unwrap();
         assert_eq!(taken, Some(3));
         heap.run_op(|op| {
-            assert_eq!(queue.to_vec(op), vec![(1, 11), (2, 12)]);
+            assert_eq!(queue.to_vec(op)?, vec![(1, 11), (2, 12)]);
             Ok(())
         })
         .unwrap();
@@ -307,5 +460,26 @@ mod tests {
             heap.run_op(|op| queue.pop(op, |_, _| Ok(()))).unwrap(),
             None
         );
+    }
+
+    /// Whether `result` is the refusal of an operation of another heap than the queue's.
+    fn refused<T>(result: &Result<T>) -> bool {
+        matches!(result, Err(Error::Unsupported { what }) if what.contains("two different heaps"))
+    }
+
+    /// A queue serves the heap of its first operation: another heap's operation could hold
+    /// a node that the first heap's clock lets its slots reuse (INV-NODE-1), so it is refused,
+    /// and the queue is left as it was.
+    #[test]
+    fn an_operation_of_another_heap_is_refused() {
+        let first = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let second = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let queue = VerifiedQueue::new(0);
+        first.run_op(|op| queue.push(op, 7, |_| Ok(()))).unwrap();
+        assert!(refused(&second.run_op(|op| queue.push(op, 8, |_| Ok(())))));
+        assert!(refused(&second.run_op(|op| queue.pop(op, |_, _| Ok(())))));
+        assert!(refused(&second.run_op(|op| queue.to_vec(op))));
+        let left = first.run_op(|op| queue.to_vec(op)).unwrap();
+        assert_eq!(left, vec![(7, 0)]);
     }
 }
