@@ -433,6 +433,13 @@ impl<'h> OpGuard<'h> {
         self.announcement.borrow().verify(f)
     }
 
+    /// Whether the operation is announced in a thread slot its thread owns (else in a
+    /// shared one).
+    #[cfg(test)]
+    pub(crate) fn in_owned_slot(&self) -> bool {
+        self.announcement.borrow().owned()
+    }
+
     /// The instance id of the heap the operation belongs to (unique in the process).
     #[inline]
     pub(crate) fn heap_instance(&self) -> u64 {

@@ -598,6 +598,12 @@ impl<'s, S, L> Announcement<'s, S, L> {
         self.epoch
     }
 
+    /// Whether the operation is announced in a slot its thread owns.
+    #[cfg(test)]
+    pub(crate) fn owned(&self) -> bool {
+        matches!(self.slot, SlotId::Own(_))
+    }
+
     /// The slots the operation is announced in.
     pub(crate) fn slots(&self) -> &'s Slots<S, L> {
         self.slots

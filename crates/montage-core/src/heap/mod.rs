@@ -488,6 +488,35 @@ mod tests {
         journal.fail_next.store(true, Ordering::Relaxed);
     }
 
+    /// Operations do not nest, and `sync` is refused inside one, whether the thread owns its
+    /// slot or shares one: two threads at once in a heap of one slot, so at least one of them
+    /// shares.
+    #[test]
+    fn nesting_and_sync_inside_an_operation_are_refused_in_owned_and_shared_slots() {
+        let heap = Heap::create(&HeapConfig::in_memory(1 << 20).thread_slots(1)).unwrap();
+        let both = std::sync::Barrier::new(2);
+        let owned: Vec<bool> = std::thread::scope(|s| {
+            let check = || {
+                let op = heap.begin_op().unwrap();
+                // Both threads hold their ids (and so their slots) until both are here.
+                both.wait();
+                assert!(matches!(heap.begin_op(), Err(Error::NestedOperation)));
+                assert!(matches!(heap.sync(), Err(Error::SyncInOperation)));
+                let owned = op.in_owned_slot();
+                drop(op);
+                heap.sync().unwrap();
+                heap.run_op(|_| Ok(())).unwrap();
+                owned
+            };
+            let threads = [s.spawn(check), s.spawn(check)];
+            threads.map(|t| t.join().unwrap()).to_vec()
+        });
+        assert!(
+            owned.contains(&false),
+            "neither thread ran in a shared slot"
+        );
+    }
+
     /// A heap file on tmpfs created far larger than what it holds collapses what it holds
     /// into huge pages, not its whole file: the allocator tells the mapping how far it has
     /// handed out spans.
