@@ -547,10 +547,14 @@ where
         let Some(found) = stripe.get(hash, key) else {
             return Ok(None);
         };
-        if let Some(old) = old {
-            *old = Some(entry::read_value(op, found)?);
+        match old {
+            Some(old) => {
+                let view = op.view(found)?;
+                *old = Some(entry::view_value(&view)?);
+                op.delete_viewed(&view)?;
+            }
+            None => op.delete(found)?,
         }
-        op.delete(found)?;
         Ok(stripe
             .remove(hash, key)
             .map(|(key, block)| Undo::Removed { hash, key, block }))

@@ -111,8 +111,9 @@ impl<T: Codec> NbQueue<T> {
             let mut value = None;
             let popped = self.index.pop(op, |offset, _| {
                 let block = PBlock::from_offset(offset);
-                value = Some(queue::read_value::<T>(&op.view(block).map_err(contended)?)?);
-                op.delete(block).map_err(contended)
+                let view = op.view(block).map_err(contended)?;
+                value = Some(queue::read_value::<T>(&view)?);
+                op.delete_viewed(&view).map_err(contended)
             })?;
             if popped.is_none() {
                 return Ok(None);

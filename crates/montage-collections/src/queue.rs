@@ -219,8 +219,10 @@ impl<T: Codec> Queue<T> {
         let Some(&(_, block)) = state.elements.front() else {
             return Ok(None);
         };
-        let value = read_value(&op.view(block)?)?;
-        op.delete(block)?;
+        let view = op.view(block)?;
+        let value = read_value(&view)?;
+        // The header the view read is the one to retire: no second read.
+        op.delete_viewed(&view)?;
         Ok(state.elements.pop_front().map(|element| (value, element)))
     }
 

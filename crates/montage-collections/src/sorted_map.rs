@@ -239,8 +239,9 @@ where
             let Some(block) = slot.block else {
                 return Ok(None);
             };
-            let old = entry::read_value(op, block)?;
-            op.delete(block)?;
+            let view = op.view(block)?;
+            let old = entry::view_value(&view)?;
+            op.delete_viewed(&view)?;
             slot.block = None;
             self.len.decrement();
             Ok(Some((old, op.epoch())))

@@ -169,12 +169,32 @@ impl BlockInfo {
 pub struct BlockView<'a> {
     info: BlockInfo,
     media: &'a Media,
+    /// The meta word the header was read with, for a view an operation took.
+    meta: Option<u64>,
 }
 
 impl<'a> BlockView<'a> {
     /// The view of the block `info` describes, which the caller validated.
     pub(crate) fn new(info: BlockInfo, media: &'a Media) -> BlockView<'a> {
-        BlockView { info, media }
+        BlockView {
+            info,
+            media,
+            meta: None,
+        }
+    }
+
+    /// This view, remembering that its header was read with the meta word `meta`.
+    pub(crate) fn with_meta(self, meta: u64) -> BlockView<'a> {
+        BlockView {
+            meta: Some(meta),
+            ..self
+        }
+    }
+
+    /// The meta word the header was read with, if an operation took this view of a block of
+    /// `media`'s heap.
+    pub(crate) fn meta_of(&self, media: &Media) -> Option<u64> {
+        self.meta.filter(|_| std::ptr::eq(self.media, media))
     }
 
     /// The block's header.

@@ -440,24 +440,31 @@ impl Allocator {
     /// Reads and validates `block`'s header.
     pub(crate) fn header(&self, media: &Media, block: PBlock) -> Result<BlockInfo> {
         self.checked_header(media, block, false)
+            .map(|(info, _)| info)
     }
 
     /// [`header`](Self::header) for a caller about to read the payload: the block's lines
     /// (as many as its size class holds) are requested before the header is read, so that
-    /// the payload's cache misses overlap the header's instead of following it.
-    pub(crate) fn header_for_read(&self, media: &Media, block: PBlock) -> Result<BlockInfo> {
+    /// the payload's cache misses overlap the header's instead of following it. Also returns
+    /// the meta word the header was read with (for [`mark_retired_seen`](Self::mark_retired_seen)).
+    pub(crate) fn header_for_read(&self, media: &Media, block: PBlock) -> Result<(BlockInfo, u64)> {
         self.checked_header(media, block, true)
     }
 
     // Always inlined, like `read_header`, whose reasons it shares.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn checked_header(&self, media: &Media, block: PBlock, prefetch: bool) -> Result<BlockInfo> {
+    fn checked_header(
+        &self,
+        media: &Media,
+        block: PBlock,
+        prefetch: bool,
+    ) -> Result<(BlockInfo, u64)> {
         let capacity = self.locate(block.0)?.capacity();
         if prefetch {
             media.prefetch_for_read(block.0, HEADER_LEN + capacity);
         }
-        read_header(media, self.geometry.creation_id, block.0, capacity)?
+        read_header_and_meta(media, self.geometry.creation_id, block.0, capacity)?
             .ok_or_else(|| Error::InvalidBlock { offset: block.0 })
     }
 
@@ -583,6 +590,20 @@ impl Allocator {
             Ok(_) => Ok(()),
             Err(_) => Err(Error::Retired { offset }),
         }
+    }
+
+    /// [`mark_retired`](Self::mark_retired) for a block whose header was read with the meta
+    /// word `seen`, without reading it again: `Ok(false)`, changing nothing, if the word is
+    /// no longer `seen` (the header changed, or the block was retired, since) or `seen` was
+    /// retired already. (No bounds check of its own: the header read that gave `seen`
+    /// located the block, and the media checks its range.)
+    pub(crate) fn mark_retired_seen(media: &Media, block: PBlock, seen: u64) -> Result<bool> {
+        if seen == 0 || seen & META_RETIRED != 0 {
+            return Ok(false);
+        }
+        Ok(media
+            .compare_exchange(block.0, seen, seen | META_RETIRED)?
+            .is_ok())
     }
 
     /// Clears the retired bit set by [`mark_retired`](Self::mark_retired) (an aborted
@@ -1188,6 +1209,18 @@ pub(crate) fn read_header(
     offset: u64,
     capacity: u64,
 ) -> Result<Option<BlockInfo>> {
+    Ok(read_header_and_meta(media, creation_id, offset, capacity)?.map(|(info, _)| info))
+}
+
+/// [`read_header`], with the meta word it read.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) fn read_header_and_meta(
+    media: &Media,
+    creation_id: u64,
+    offset: u64,
+    capacity: u64,
+) -> Result<Option<(BlockInfo, u64)>> {
     let meta = media.load(offset)?;
     if meta == 0 {
         return Ok(None);
@@ -1198,5 +1231,6 @@ pub(crate) fn read_header(
         *word = media.load(at)?;
     }
     Ok(RawHeader::decode(words, offset, creation_id)
-        .and_then(|raw| BlockInfo::from_raw(PBlock(offset), raw, capacity)))
+        .and_then(|raw| BlockInfo::from_raw(PBlock(offset), raw, capacity))
+        .map(|info| (info, meta)))
 }

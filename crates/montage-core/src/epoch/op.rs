@@ -8,6 +8,7 @@ use std::marker::PhantomData;
 
 use super::nodes::NodeCache;
 use super::{OpAnnouncement, Runtime};
+use crate::alloc::Allocator;
 use crate::alloc::block::{BlockInfo, BlockKind, BlockSpec, BlockView, OwnerId, PBlock};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{HEADER_LEN, TRAILER_LEN};
@@ -241,11 +242,17 @@ impl<'h> OpGuard<'h> {
     /// [`info`](Self::info) for a caller about to read the payload (see
     /// `Allocator::header_for_read`).
     pub(crate) fn info_for_read(&self, block: PBlock) -> Result<BlockInfo> {
-        let info = self
+        self.info_and_meta_for_read(block).map(|(info, _)| info)
+    }
+
+    /// [`info_for_read`](Self::info_for_read), with the meta word the header was read with.
+    #[inline]
+    fn info_and_meta_for_read(&self, block: PBlock) -> Result<(BlockInfo, u64)> {
+        let (info, meta) = self
             .runtime
             .alloc
             .header_for_read(&self.runtime.media, block)?;
-        self.in_epoch(info)
+        Ok((self.in_epoch(info)?, meta))
     }
 
     /// `info`, unless its block was written in a newer epoch than this operation's.
@@ -263,10 +270,10 @@ impl<'h> OpGuard<'h> {
     ///
     /// As [`info`](Self::info).
     pub fn view(&self, block: PBlock) -> Result<BlockView<'h>> {
-        let info = self.info_for_read(block)?;
+        let (info, meta) = self.info_and_meta_for_read(block)?;
         self.runtime
             .verify_payload(&info, self.epoch.durable_cut())?;
-        Ok(BlockView::new(info, &self.runtime.media))
+        Ok(BlockView::new(info, &self.runtime.media).with_meta(meta))
     }
 
     /// The payload of `block`.
@@ -554,6 +561,17 @@ impl<'h> OpGuard<'h> {
             }
             return Err(err);
         }
+        self.supersede_claimed(old, kind, new)
+    }
+
+    /// [`supersede`](Self::supersede) once `old` is retired (by this call's caller).
+    fn supersede_claimed(
+        &self,
+        old: &BlockInfo,
+        kind: BlockKind,
+        new: NewVersion<'_>,
+    ) -> Result<PBlock> {
+        let shared = self.runtime;
         let spec = BlockSpec {
             kind,
             epoch: self.epoch,
@@ -591,15 +609,67 @@ impl<'h> OpGuard<'h> {
     pub fn delete(&self, block: PBlock) -> Result<()> {
         self.runtime.writable()?;
         let info = self.info(block)?;
-        if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
-            let shared = self.runtime;
-            shared.alloc.mark_retired(&shared.media, block)?;
-            self.log().kills.push(block);
-            return Ok(());
-        }
-        let anti = self.supersede(&info, BlockKind::Delete, NewVersion::Bytes(&[]))?;
-        self.log().antis.push(anti);
+        let deleted = self.delete_known(&info, None)?;
+        debug_assert!(deleted, "a claim without a seen meta word is never stale");
         Ok(())
+    }
+
+    /// Deletes the block `view` shows, as [`delete`](Self::delete) does, without reading
+    /// its header again when `view` came from [`view`](Self::view) of an operation of this
+    /// heap and the block's header has not changed since: for a structure that reads a
+    /// payload and then deletes it (a queue's pop, a removal that returns the value). Any
+    /// other view (a changed block, a view of another heap, a scan's) takes `delete`'s path
+    /// with the block `view.info().block`.
+    ///
+    /// # Errors
+    ///
+    /// As [`delete`](Self::delete).
+    pub fn delete_viewed(&self, view: &BlockView<'_>) -> Result<()> {
+        let block = view.info().block;
+        if let Some(seen) = view.meta_of(&self.runtime.media) {
+            self.runtime.writable()?;
+            let info = self.in_epoch(*view.info())?;
+            if self.delete_known(&info, Some(seen))? {
+                return Ok(());
+            }
+        }
+        self.delete(block)
+    }
+
+    /// [`delete`](Self::delete) of the block whose header is `info`, read by this operation
+    /// (with the meta word `seen`, if given: then `Ok(false)`, changing nothing, when the
+    /// block's meta word is no longer that).
+    fn delete_known(&self, info: &BlockInfo, seen: Option<u64>) -> Result<bool> {
+        if !self.claim(info.block, seen)? {
+            return Ok(false);
+        }
+        if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
+            self.log().kills.push(info.block);
+        } else {
+            let anti = self.supersede_claimed(info, BlockKind::Delete, NewVersion::Bytes(&[]))?;
+            self.log().antis.push(anti);
+        }
+        Ok(true)
+    }
+
+    /// Sets `block`'s retired bit, from its current meta word, or only from `seen` if given
+    /// (`Ok(false)` if the word is no longer that). The meta word carries the header's
+    /// checksum, which covers the uid, and the epoch's low 20 bits, so an unchanged word is
+    /// the header that was read: the block cannot have been reused for another payload in
+    /// between unless a million epochs passed and two checksums collided.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Retired`] if another operation retired it; [`Error::InvalidBlock`].
+    fn claim(&self, block: PBlock, seen: Option<u64>) -> Result<bool> {
+        let shared = self.runtime;
+        match seen {
+            None => shared
+                .alloc
+                .mark_retired(&shared.media, block)
+                .map(|()| true),
+            Some(seen) => Allocator::mark_retired_seen(&shared.media, block, seen),
+        }
     }
 
     /// Deletes `block` without recording the deletion: the block is retired now and
@@ -744,4 +814,59 @@ pub(crate) fn last_commit(instance: u64) -> Option<Epoch> {
         let (heap, epoch) = local.borrow().last_commit;
         (heap == instance).then_some(epoch)
     })
+}
+
+#[cfg(all(test, not(montage_loom)))]
+mod tests {
+    use crate::{Error, Heap, HeapConfig};
+
+    /// `delete_viewed` retires a block viewed in the same operation without reading its
+    /// header again, whether the deletion kills it (written in this epoch) or writes an
+    /// anti-block (an older one); a view whose block changed since it was taken, or one
+    /// without a meta word (outside an operation), takes `delete`'s path and its errors.
+    #[test]
+    fn a_viewed_block_is_deleted_as_delete_would() {
+        let heap = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let owner = heap.register("t").unwrap();
+        // Written and deleted in one epoch: killed, its header gone at commit.
+        let killed = heap
+            .run_op(|op| {
+                let block = op.alloc(owner, 1, b"one")?;
+                op.delete_viewed(&op.view(block)?)?;
+                Ok(block)
+            })
+            .unwrap();
+        assert!(matches!(
+            heap.read_payload(killed),
+            Err(Error::InvalidBlock { .. })
+        ));
+        // Written in an older epoch: an anti-block, and the block retired.
+        let old = heap.run_op(|op| op.alloc(owner, 1, b"two")).unwrap();
+        heap.advance_epoch().unwrap();
+        heap.run_op(|op| op.delete_viewed(&op.view(old)?)).unwrap();
+        assert!(matches!(
+            heap.run_op(|op| op.delete(old)),
+            Err(Error::Retired { .. })
+        ));
+        // A view taken before another operation retired the block: the retired bit makes
+        // the fast path fail, and `delete`'s path reports it.
+        let shared = heap.run_op(|op| op.alloc(owner, 1, b"three")).unwrap();
+        heap.advance_epoch().unwrap();
+        let op = heap.begin_op().unwrap();
+        let stale = op.view(shared).unwrap();
+        drop(op);
+        heap.run_op(|op| op.delete(shared)).unwrap();
+        assert!(matches!(
+            heap.run_op(|op| op.delete_viewed(&stale)),
+            Err(Error::Retired { .. })
+        ));
+        // A view from outside an operation carries no meta word: `delete`'s path.
+        let outside = heap.run_op(|op| op.alloc(owner, 1, b"four")).unwrap();
+        let view = heap.view(outside).unwrap();
+        heap.run_op(|op| op.delete_viewed(&view)).unwrap();
+        assert!(matches!(
+            heap.run_op(|op| op.delete(outside)),
+            Err(Error::Retired { .. } | Error::InvalidBlock { .. })
+        ));
+    }
 }

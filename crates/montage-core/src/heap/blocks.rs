@@ -84,7 +84,10 @@ impl Heap {
     /// `Allocator::header_for_read`).
     fn info_for_read(&self, block: PBlock) -> Result<BlockInfo> {
         let runtime = &self.shared().runtime;
-        runtime.alloc.header_for_read(&runtime.media, block)
+        runtime
+            .alloc
+            .header_for_read(&runtime.media, block)
+            .map(|(info, _)| info)
     }
 
     /// A live block's header, with a reader of its payload: one header check for several
