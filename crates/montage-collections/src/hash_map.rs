@@ -451,6 +451,21 @@ where
         if let Some(found) = found {
             match old {
                 Replaced::Nothing => {}
+                Replaced::Value(value) if matches!(rewrite, Rewrite::InPlace) => {
+                    // The header the view read is the one the update needs: no second read.
+                    let view = op.view(found)?;
+                    *value = Some(entry::view_value(&view)?);
+                    let new = op.update_viewed(&view, bytes)?;
+                    stripe.set(hash, key, new);
+                    return Ok((
+                        true,
+                        Undo::Replaced {
+                            hash,
+                            old: found,
+                            new,
+                        },
+                    ));
+                }
                 Replaced::Value(value) => *value = Some(entry::read_value(op, found)?),
                 // In the block's header, which the write reads next: in cache for it.
                 Replaced::Len(len) => *len = Some(u64::from(op.info(found)?.len)),

@@ -348,6 +348,48 @@ impl<'h> OpGuard<'h> {
             return self.supersede(&info, self.version_kind(&info), new);
         }
         self.put_back(filled);
+        self.write_in_place(&info, bytes)
+    }
+
+    /// Updates the block `view` shows, as [`update`](Self::update) does, without reading its
+    /// header again when `view` came from [`view`](Self::view) of an operation of this heap
+    /// and the block's header has not changed since (see
+    /// [`delete_viewed`](Self::delete_viewed)): for a write that returns the value it
+    /// replaces. Any other view takes `update`'s path with the block `view.info().block`.
+    ///
+    /// # Errors
+    ///
+    /// As [`update`](Self::update).
+    pub fn update_viewed(&self, view: &BlockView<'_>, bytes: &[u8]) -> Result<PBlock> {
+        let block = view.info().block;
+        let Some(seen) = view.meta_of(&self.runtime.media) else {
+            return self.update(block, bytes);
+        };
+        let shared = self.runtime;
+        shared.writable()?;
+        let info = self.in_epoch(*view.info())?;
+        let versions = NEW_VERSIONS.get();
+        if info.spec.epoch == self.epoch && bytes.len() as u64 <= info.capacity {
+            // In place, if the header is still the one the view read (its line is in cache).
+            if shared.media.load(block.offset())? != seen {
+                return self.update(block, bytes);
+            }
+            NEW_VERSIONS.set(versions.saturating_sub(1));
+            return self.write_in_place(&info, bytes);
+        }
+        if !self.claim(block, Some(seen))? {
+            return self.update(block, bytes);
+        }
+        NEW_VERSIONS.set((versions + 1).min(3));
+        self.supersede_claimed(&info, self.version_kind(&info), NewVersion::Bytes(bytes))
+    }
+
+    /// Writes `bytes` over the payload of the block `info` describes, which this operation
+    /// wrote and which has room for them (`update`'s in-place case).
+    fn write_in_place(&self, info: &BlockInfo, bytes: &[u8]) -> Result<PBlock> {
+        let shared = self.runtime;
+        let block = info.block;
+        let len = bytes.len() as u64;
         shared.media.write(block.payload_offset(), bytes)?;
         if len != u64::from(info.len) {
             let header = info.spec.raw(len as u32);
@@ -867,6 +909,53 @@ mod tests {
         assert!(matches!(
             heap.run_op(|op| op.delete(outside)),
             Err(Error::Retired { .. } | Error::InvalidBlock { .. })
+        ));
+    }
+
+    /// `update_viewed` writes in place or a new version as `update` would, from the view's
+    /// header while it is still the block's, and takes `update`'s path once it is not.
+    #[test]
+    fn a_viewed_block_is_updated_as_update_would() {
+        let heap = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        let owner = heap.register("t").unwrap();
+        // Written in this epoch: in place.
+        let (first, again) = heap
+            .run_op(|op| {
+                let block = op.alloc(owner, 1, b"one")?;
+                Ok((block, op.update_viewed(&op.view(block)?, b"uno")?))
+            })
+            .unwrap();
+        assert_eq!(again, first);
+        assert_eq!(heap.read_payload(first).unwrap(), b"uno");
+        // Written in an older epoch: a new version, the old block retired.
+        heap.advance_epoch().unwrap();
+        let second = heap
+            .run_op(|op| op.update_viewed(&op.view(first)?, b"eins"))
+            .unwrap();
+        assert_ne!(second, first);
+        assert_eq!(heap.read_payload(second).unwrap(), b"eins");
+        assert!(matches!(
+            heap.run_op(|op| op.delete(first)),
+            Err(Error::Retired { .. })
+        ));
+        // A view whose block was rewritten in place since, with another length (so another
+        // header): the update goes by the header the block has now.
+        let op = heap.begin_op().unwrap();
+        let stale = op.view(second).unwrap();
+        drop(op);
+        heap.run_op(|op| op.update(second, b"ei")).unwrap();
+        let third = heap.run_op(|op| op.update_viewed(&stale, b"eine")).unwrap();
+        assert_eq!(third, second);
+        assert_eq!(heap.read_payload(third).unwrap(), b"eine");
+        // A view whose block was superseded since: `update`'s error.
+        heap.advance_epoch().unwrap();
+        let op = heap.begin_op().unwrap();
+        let superseded = op.view(third).unwrap();
+        drop(op);
+        heap.run_op(|op| op.update(third, b"une")).unwrap();
+        assert!(matches!(
+            heap.run_op(|op| op.update_viewed(&superseded, b"one")),
+            Err(Error::Retired { .. })
         ));
     }
 }
