@@ -39,7 +39,7 @@ use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use montage_core::payload::EncodeAs;
 use montage_core::stamped::StampedGuard;
-use montage_core::{Attached, Codec, Heap, OpGuard, PBlock, Result, StampedLock};
+use montage_core::{Attached, BlockView, Codec, Heap, OpGuard, PBlock, Result, StampedLock};
 // The error variants the docs name.
 #[cfg(doc)]
 use montage_core::Error;
@@ -455,28 +455,31 @@ where
                     // The header the view read is the one the update needs: no second read.
                     let view = op.view(found)?;
                     *value = Some(entry::view_value(&view)?);
-                    let new = op.update_viewed(&view, bytes)?;
-                    stripe.set(hash, key, new);
-                    return Ok((
-                        true,
-                        Undo::Replaced {
-                            hash,
-                            old: found,
-                            new,
-                        },
-                    ));
+                    let undo = self.write_found(
+                        op,
+                        stripe,
+                        hash,
+                        key,
+                        Some(found),
+                        Some(&view),
+                        bytes,
+                        rewrite,
+                    )?;
+                    return Ok((true, undo));
                 }
                 Replaced::Value(value) => *value = Some(entry::read_value(op, found)?),
                 // In the block's header, which the write reads next: in cache for it.
                 Replaced::Len(len) => *len = Some(u64::from(op.info(found)?.len)),
             }
         }
-        let undo = self.write_found(op, stripe, hash, key, found, bytes, rewrite)?;
+        let undo = self.write_found(op, stripe, hash, key, found, None, bytes, rewrite)?;
         Ok((found.is_some(), undo))
     }
 
     /// With `key`'s stripe locked (`stripe`), writes the entry `bytes` for `key`, whose block
-    /// is `found` (`None` if absent); returns how to take the change back.
+    /// is `found` (`None` if absent), viewed in this operation as `viewed` if the caller read
+    /// it (an update in place then takes the view's header); returns how to take the change
+    /// back.
     #[allow(clippy::too_many_arguments)] // the parts of one step, each used once
     fn write_found(
         &self,
@@ -485,6 +488,7 @@ where
         hash: u64,
         key: &K,
         found: Option<PBlock>,
+        viewed: Option<&BlockView<'_>>,
         bytes: &[u8],
         rewrite: Rewrite,
     ) -> Result<Undo<K>> {
@@ -494,7 +498,10 @@ where
             return Ok(Undo::Added { hash, block });
         };
         let new = match rewrite {
-            Rewrite::InPlace => op.update(old, bytes)?,
+            Rewrite::InPlace => match viewed {
+                Some(view) => op.update_viewed(view, bytes)?,
+                None => op.update(old, bytes)?,
+            },
             Rewrite::Copy => op.copy_update(old, bytes)?,
         };
         stripe.set(hash, key, new);
@@ -641,7 +648,7 @@ where
             Change::Keep => None,
             // Encoded into this thread's buffer: no allocation (and no regrowth) per write.
             Change::Set(new) => Some(entry::with_encoded::<K, V, V, _>(key, &new, |bytes| {
-                self.write_found(op, stripe, hash, key, found, bytes, rewrite)
+                self.write_found(op, stripe, hash, key, found, None, bytes, rewrite)
             })?),
             Change::Remove => Self::remove_locked(op, stripe, hash, key, None)?,
         };

@@ -67,6 +67,16 @@ enum NewVersion<'b> {
     Filled(PBlock, u64),
 }
 
+/// Records in the thread's count of recent updates (`NEW_VERSIONS`, which was `versions`)
+/// whether an update wrote in place.
+fn count_version(versions: u8, in_place: bool) {
+    NEW_VERSIONS.set(if in_place {
+        versions.saturating_sub(1)
+    } else {
+        (versions + 1).min(3)
+    });
+}
+
 /// How many uids a thread reserves at a time.
 const UID_BATCH: u64 = 1024;
 
@@ -334,12 +344,8 @@ impl<'h> OpGuard<'h> {
                 return Err(err);
             }
         };
-        let in_place = info.spec.epoch == self.epoch && len <= info.capacity;
-        NEW_VERSIONS.set(if in_place {
-            versions.saturating_sub(1)
-        } else {
-            (versions + 1).min(3)
-        });
+        let in_place = self.fits_in_place(&info, len);
+        count_version(versions, in_place);
         if !in_place {
             let new = match filled {
                 Some(new) => NewVersion::Filled(new, len),
@@ -362,26 +368,40 @@ impl<'h> OpGuard<'h> {
     /// As [`update`](Self::update).
     pub fn update_viewed(&self, view: &BlockView<'_>, bytes: &[u8]) -> Result<PBlock> {
         let block = view.info().block;
-        let Some(seen) = view.meta_of(&self.runtime.media) else {
+        let Some((info, seen)) = self.viewed(view)? else {
             return self.update(block, bytes);
         };
-        let shared = self.runtime;
-        shared.writable()?;
-        let info = self.in_epoch(*view.info())?;
-        let versions = NEW_VERSIONS.get();
-        if info.spec.epoch == self.epoch && bytes.len() as u64 <= info.capacity {
-            // In place, if the header is still the one the view read (its line is in cache).
-            if shared.media.load(block.offset())? != seen {
-                return self.update(block, bytes);
-            }
-            NEW_VERSIONS.set(versions.saturating_sub(1));
-            return self.write_in_place(&info, bytes);
-        }
-        if !self.claim(block, Some(seen))? {
+        let in_place = self.fits_in_place(&info, bytes.len() as u64);
+        // In place, if the header is still the one the view read (its line is in cache).
+        if in_place && self.runtime.media.load(block.offset())? != seen {
             return self.update(block, bytes);
         }
-        NEW_VERSIONS.set((versions + 1).min(3));
+        if !in_place && !self.claim(block, Some(seen))? {
+            return self.update(block, bytes);
+        }
+        count_version(NEW_VERSIONS.get(), in_place);
+        if in_place {
+            return self.write_in_place(&info, bytes);
+        }
         self.supersede_claimed(&info, self.version_kind(&info), NewVersion::Bytes(bytes))
+    }
+
+    /// The header `view` read, checked against this operation's epoch, with the meta word it
+    /// was read with, for the writes that take a view (`delete_viewed`, `update_viewed`):
+    /// `None` for a view that was not taken by an operation of this heap (the write reads the
+    /// header itself then).
+    fn viewed(&self, view: &BlockView<'_>) -> Result<Option<(BlockInfo, u64)>> {
+        let Some(seen) = view.meta_of(&self.runtime.media) else {
+            return Ok(None);
+        };
+        self.runtime.writable()?;
+        Ok(Some((self.in_epoch(*view.info())?, seen)))
+    }
+
+    /// Whether an update of the block `info` describes to `len` bytes writes in place: the
+    /// block was written in this epoch and has room.
+    fn fits_in_place(&self, info: &BlockInfo, len: u64) -> bool {
+        info.spec.epoch == self.epoch && len <= info.capacity
     }
 
     /// Writes `bytes` over the payload of the block `info` describes, which this operation
@@ -667,15 +687,12 @@ impl<'h> OpGuard<'h> {
     ///
     /// As [`delete`](Self::delete).
     pub fn delete_viewed(&self, view: &BlockView<'_>) -> Result<()> {
-        let block = view.info().block;
-        if let Some(seen) = view.meta_of(&self.runtime.media) {
-            self.runtime.writable()?;
-            let info = self.in_epoch(*view.info())?;
-            if self.delete_known(&info, Some(seen))? {
-                return Ok(());
-            }
+        if let Some((info, seen)) = self.viewed(view)?
+            && self.delete_known(&info, Some(seen))?
+        {
+            return Ok(());
         }
-        self.delete(block)
+        self.delete(view.info().block)
     }
 
     /// [`delete`](Self::delete) of the block whose header is `info`, read by this operation
