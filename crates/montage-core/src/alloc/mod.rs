@@ -1226,10 +1226,8 @@ pub(crate) fn read_header_and_meta(
         return Ok(None);
     }
     // The body words after the meta word (whose Acquire load orders these after it).
-    let mut words = [meta, 0, 0, 0, 0];
-    for (at, word) in (offset + 8..).step_by(8).zip(&mut words[1..]) {
-        *word = media.load(at)?;
-    }
+    let [epoch, uid, type_id, owner_len] = media.load_words(offset + 8)?;
+    let words = [meta, epoch, uid, type_id, owner_len];
     Ok(RawHeader::decode(words, offset, creation_id)
         .and_then(|raw| BlockInfo::from_raw(PBlock(offset), raw, capacity))
         .map(|info| (info, meta)))

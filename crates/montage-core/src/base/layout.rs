@@ -496,7 +496,7 @@ pub(crate) const fn block_capacity(size: u64) -> u64 {
 
 /// crc32c of the little-endian bytes of `words`, then of `tail`.
 #[inline]
-fn checksum(words: &[u64], tail: &[u8]) -> u32 {
+fn checksum<const N: usize>(words: &[u64; N], tail: &[u8]) -> u32 {
     super::crc::words_then_bytes(words, tail)
 }
 
@@ -566,7 +566,10 @@ impl RawHeader {
 
     /// Decodes a header from its five words, or `None` if it is not a valid header for a
     /// block at `offset` (free, torn, stale or garbage).
-    #[inline]
+    // Always inlined: it runs on every header read, where a call cost its words a trip
+    // through the stack and back.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(crate) fn decode(words: [u64; 5], offset: u64, creation_id: u64) -> Option<RawHeader> {
         let [meta, epoch, uid, type_id, owner_len] = words;
         if meta_epoch_bits(meta)? != epoch & META_EPOCH_MASK {

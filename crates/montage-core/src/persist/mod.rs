@@ -202,6 +202,17 @@ impl Media {
         ))
     }
 
+    /// Loads the `N` consecutive words from `offset`, in order, each with Acquire ordering
+    /// (as [`load`](Self::load) would one by one), with one bounds check.
+    #[inline]
+    pub(crate) fn load_words<const N: usize>(&self, offset: u64) -> Result<[u64; N]> {
+        let words = self.region.words(offset, N)?;
+        // ORDERING: as in `load`.
+        Ok(std::array::from_fn(|i| {
+            u64::from_le(words[i].load(Ordering::Acquire))
+        }))
+    }
+
     /// Stores `value` into the word at `offset` with Release ordering.
     #[inline]
     pub(crate) fn store(&self, offset: u64, value: u64) -> Result<()> {
