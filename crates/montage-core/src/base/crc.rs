@@ -9,8 +9,7 @@
 const INLINE_MAX: usize = 256;
 
 /// The crc32c of `crc`'s input followed by the little-endian bytes of `words` (as
-/// `crc32c::crc32c_append(crc, bytes of words)`). The count is a constant, so the words are
-/// checksummed by straight-line code with no loop.
+/// `crc32c::crc32c_append(crc, bytes of words)`).
 #[inline]
 pub(crate) fn append_words<const N: usize>(crc: u32, words: &[u64; N]) -> u32 {
     #[cfg(target_arch = "x86_64")]

@@ -195,19 +195,16 @@ impl Media {
     /// Loads the word at `offset` with Acquire ordering.
     #[inline]
     pub(crate) fn load(&self, offset: u64) -> Result<u64> {
-        // ORDERING: Acquire pairs with the Release in `store`: whoever sees a header or
-        // directory word also sees the fields written before it.
-        Ok(u64::from_le(
-            self.region.word(offset)?.load(Ordering::Acquire),
-        ))
+        self.load_words(offset).map(|[word]| word)
     }
 
-    /// Loads the `N` consecutive words from `offset`, in order, each with Acquire ordering
-    /// (as [`load`](Self::load) would one by one), with one bounds check.
+    /// Loads the `N` consecutive words from `offset`, in order, each with Acquire ordering,
+    /// with one bounds check.
     #[inline]
     pub(crate) fn load_words<const N: usize>(&self, offset: u64) -> Result<[u64; N]> {
         let words = self.region.words(offset, N)?;
-        // ORDERING: as in `load`.
+        // ORDERING: Acquire pairs with the Release in `store`: whoever sees a header or
+        // directory word also sees the fields written before it.
         Ok(std::array::from_fn(|i| {
             u64::from_le(words[i].load(Ordering::Acquire))
         }))
