@@ -99,9 +99,8 @@ pub(crate) fn decode<K: Codec, V: Codec>(bytes: &[u8]) -> Result<(K, V)> {
 /// read.
 #[inline]
 pub(crate) fn view_value<V: Codec>(view: &BlockView<'_>) -> Result<V> {
-    let mut len = [0u8; 4];
-    view.read(0, &mut len).map_err(|_| corrupted())?;
-    let at = u64::from(u32::from_le_bytes(len)) + 4;
+    let key_len = view.read_u32_first().map_err(|_| corrupted())?;
+    let at = u64::from(key_len) + 4;
     let value_len = u64::from(view.info().len)
         .checked_sub(at)
         .ok_or_else(corrupted)?;

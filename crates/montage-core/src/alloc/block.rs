@@ -1,7 +1,7 @@
 //! The public vocabulary of blocks: handles (`PBlock`), owners, kinds, and what a header says.
 
 use crate::base::epoch::Epoch;
-use crate::base::layout::{HEADER_LEN, RawHeader};
+use crate::base::layout::{HEADER_LEN, RawHeader, TRAILER_LEN};
 use crate::error::{Error, Result};
 use crate::persist::Media;
 
@@ -217,6 +217,28 @@ impl<'a> BlockView<'a> {
             return Err(Error::OutOfBounds { offset: at, len });
         }
         self.media.read(self.info.block.payload_offset() + at, buf)
+    }
+
+    /// The payload's first four bytes as a little-endian `u32` (a length prefix, usually),
+    /// as [`read`](Self::read) of them would give, with one word load: a payload starts
+    /// 8-aligned and the block's trailer follows it, so when the payload and trailer hold
+    /// eight bytes the payload's first word lies inside the block.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfBounds`] if the payload is shorter than four bytes.
+    #[inline]
+    pub fn read_u32_first(&self) -> Result<u32> {
+        const _: () = assert!(HEADER_LEN.is_multiple_of(8));
+        let len = u64::from(self.info.len);
+        if len >= 4 && len + TRAILER_LEN >= 8 {
+            // The word's low half is its first four bytes: words are stored little-endian.
+            let word = self.media.load(self.info.block.payload_offset())?;
+            return Ok(word as u32);
+        }
+        let mut bytes = [0u8; 4];
+        self.read(0, &mut bytes)?;
+        Ok(u32::from_le_bytes(bytes))
     }
 
     /// `len` bytes of the payload from byte `at`, copied once into a new vector.

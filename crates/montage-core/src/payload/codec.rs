@@ -311,6 +311,17 @@ macro_rules! integer_codecs {
             fn decode(bytes: &[u8]) -> Option<Self> {
                 Some(<$t>::from_le_bytes(bytes.try_into().ok()?))
             }
+            // Into an array of the integer's size: the default's buffer is 256 bytes, which
+            // it zeroes first.
+            #[inline]
+            fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
+                let mut bytes = [0u8; size_of::<$t>()];
+                if encoded.len() != bytes.len() {
+                    return Ok(None);
+                }
+                encoded.read(&mut bytes)?;
+                Ok(Some(<$t>::from_le_bytes(bytes)))
+            }
             $(
                 #[inline]
                 #[allow(clippy::cast_sign_loss)]
@@ -509,6 +520,19 @@ mod tests {
             u64::decode_from(Encoded::in_payload(&view, 0, 3).unwrap()).unwrap(),
             None
         );
+        // Integers read exactly their own size, at any offset, as `decode` would.
+        assert_eq!(
+            u32::decode_from(Encoded::in_payload(&view, 3, 4).unwrap()).unwrap(),
+            u32::decode(&payload[3..7])
+        );
+        assert_eq!(
+            i16::decode_from(Encoded::in_payload(&view, 303, 2).unwrap()).unwrap(),
+            Some(i16::from_le_bytes([7, 0xff]))
+        );
+        assert_eq!(
+            u128::decode_from(Encoded::in_payload(&view, 4, 16).unwrap()).unwrap(),
+            Some(u128::from_le_bytes([7; 16]))
+        );
         assert!(matches!(
             Encoded::in_payload(&view, 4, 302),
             Err(crate::error::Error::OutOfBounds { .. })
@@ -517,6 +541,41 @@ mod tests {
             value.read(&mut [0u8; 299]),
             Err(crate::error::Error::OutOfBounds { .. })
         ));
+    }
+
+    /// `read_u32_first` (one word load where the payload and trailer cover a word) gives
+    /// what a read of the first four bytes gives, at every short length and a long one.
+    #[test]
+    fn a_payloads_first_four_bytes_read_as_one_word_match_a_read_of_them() {
+        use crate::alloc::block::BlockSpec;
+        use crate::base::epoch::Epoch;
+        use crate::config::HeapConfig;
+        use crate::heap::Heap;
+
+        let heap = Heap::create(&HeapConfig::in_memory(1 << 20)).unwrap();
+        for len in (0..=12).chain([300]) {
+            let payload: Vec<u8> = (0..len).map(|i: usize| (i * 37 + 11) as u8).collect();
+            let block = heap
+                .raw()
+                .alloc_bytes(BlockSpec::new(Epoch::FIRST, 1), &payload)
+                .unwrap();
+            let view = heap.view(block).unwrap();
+            let mut first = [0u8; 4];
+            match view.read(0, &mut first) {
+                Ok(()) => assert_eq!(
+                    view.read_u32_first().unwrap(),
+                    u32::from_le_bytes(first),
+                    "{len} bytes"
+                ),
+                Err(_) => assert!(
+                    matches!(
+                        view.read_u32_first(),
+                        Err(crate::error::Error::OutOfBounds { .. })
+                    ),
+                    "{len} bytes"
+                ),
+            }
+        }
     }
 
     #[test]
