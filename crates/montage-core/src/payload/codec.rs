@@ -561,19 +561,22 @@ mod tests {
                 .unwrap();
             let view = heap.view(block).unwrap();
             let mut first = [0u8; 4];
-            match view.read(0, &mut first) {
-                Ok(()) => assert_eq!(
+            let read = view.read(0, &mut first);
+            assert_eq!(read.is_ok(), len >= 4, "{len} bytes");
+            if read.is_ok() {
+                assert_eq!(
                     view.read_u32_first().unwrap(),
                     u32::from_le_bytes(first),
                     "{len} bytes"
-                ),
-                Err(_) => assert!(
+                );
+            } else {
+                assert!(
                     matches!(
                         view.read_u32_first(),
                         Err(crate::error::Error::OutOfBounds { .. })
                     ),
                     "{len} bytes"
-                ),
+                );
             }
         }
     }
