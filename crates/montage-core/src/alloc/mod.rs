@@ -484,6 +484,14 @@ impl Allocator {
         let total = len
             .checked_add(HEADER_LEN + TRAILER_LEN)
             .ok_or_else(|| self.out_of_space(caches, len))?;
+        // Most allocations: a small block the caller's cache holds already, with nothing
+        // between taking it and writing its header.
+        if let Some(class) = class_for(total)
+            && let Some(offset) = caches.mine(|cache| Self::pop_cached(media, cache, class))
+        {
+            self.write_header(media, offset, &spec.raw(stored_len))?;
+            return Ok(PBlock(offset));
+        }
         let found = match class_for(total) {
             Some(class) => self.alloc_small(media, caches, class, len),
             None => self.alloc_large(media, caches, spans_for(total), len),
@@ -552,6 +560,14 @@ impl Allocator {
         Ok(Some((block.0, HEADER_LEN + len + TRAILER_LEN)))
     }
 
+    /// Writes `payload` into `block` and its checksum into the trailer right after it
+    /// (INV-SUM-1), with one check of the range for both.
+    #[inline]
+    pub(crate) fn write_payload(&self, media: &Media, block: PBlock, payload: &[u8]) -> Result<()> {
+        let sum = payload_checksum(block.0, self.geometry.creation_id, payload);
+        media.write_pair(block.payload_offset(), payload, &sum.to_le_bytes())
+    }
+
     /// Writes the checksum of `payload`, which `block` holds, into the block's trailer.
     pub(crate) fn write_trailer(&self, media: &Media, block: PBlock, payload: &[u8]) -> Result<()> {
         let sum = payload_checksum(block.0, self.geometry.creation_id, payload);
@@ -570,8 +586,11 @@ impl Allocator {
         offset: u64,
         header: &RawHeader,
     ) -> Result<()> {
-        media.store_words(offset + 8, &header.body_words())?;
-        media.store(offset, header.meta(offset, self.geometry.creation_id))
+        media.store_header(
+            offset,
+            &header.body_words(),
+            header.meta(offset, self.geometry.creation_id),
+        )
     }
 
     /// Sets the retired bit of a live block's meta word. Fails with `InvalidBlock` if the
@@ -685,12 +704,7 @@ impl Allocator {
         len: u64,
     ) -> Result<Option<u64>> {
         let c = usize::from(class);
-        if let Some(offset) = cache.free[c].pop() {
-            // The next block of this class was freed epochs ago and is long out of the
-            // cache: ask for its lines now, so the next allocation's stores find them.
-            if let Some(&next) = cache.free[c].last() {
-                media.prefetch_for_write(next, class_size(class));
-            }
+        if let Some(offset) = Self::pop_cached(media, cache, class) {
             return Ok(Some(offset));
         }
         if !cache.pending.is_empty() {
@@ -711,6 +725,19 @@ impl Allocator {
             Err(Error::OutOfSpace { .. }) => Ok(None),
             Err(other) => Err(other),
         }
+    }
+
+    /// A block of `class` that `cache` holds, if any.
+    #[inline]
+    fn pop_cached(media: &Media, cache: &mut ThreadCache, class: u8) -> Option<u64> {
+        let free = &mut cache.free[usize::from(class)];
+        let offset = free.pop()?;
+        // The next block of this class was freed epochs ago and is long out of the cache:
+        // ask for its lines now, so the next allocation's stores find them.
+        if let Some(&next) = free.last() {
+            media.prefetch_for_write(next, class_size(class));
+        }
+        Some(offset)
     }
 
     /// Drains the pending frees of every cache not in use right now, so that blocks and

@@ -233,9 +233,8 @@ impl<'h> OpGuard<'h> {
     /// Writes `bytes` as `block`'s payload, and their checksum into its trailer.
     fn fill(&self, block: PBlock, bytes: &[u8]) -> Result<()> {
         let shared = self.runtime;
-        shared.media.write(block.payload_offset(), bytes)?;
         // The bytes are in hand (and in this core's cache): their checksum costs least now.
-        shared.alloc.write_trailer(&shared.media, block, bytes)
+        shared.alloc.write_payload(&shared.media, block, bytes)
     }
 
     /// The header of `block`, checked against this operation's epoch.

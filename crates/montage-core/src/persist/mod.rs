@@ -237,6 +237,29 @@ impl Media {
         Ok(())
     }
 
+    /// Stores a block header with one bounds check: `body` into the four words after
+    /// `offset`, then `meta` into the word at `offset`, each with Release ordering, as
+    /// [`store_words`](Self::store_words) of the body and [`store`](Self::store) of the meta
+    /// word would. The meta word goes last: it is what makes the header valid (INV-HDR-1).
+    #[inline]
+    pub(crate) fn store_header(&self, offset: u64, body: &[u64; 4], meta: u64) -> Result<()> {
+        #[cfg(any(test, feature = "sim"))]
+        if self.simulator().is_some() {
+            self.store_words(offset + 8, body)?;
+            return self.store(offset, meta);
+        }
+        self.check_poison()?;
+        if let [meta_word, body_words @ ..] = self.region.words(offset, 5)? {
+            for (word, &value) in body_words.iter().zip(body) {
+                // ORDERING: Release pairs with the Acquire in `load`.
+                word.store(value.to_le(), Ordering::Release);
+            }
+            // ORDERING: as above; after the body, which it publishes.
+            meta_word.store(meta.to_le(), Ordering::Release);
+        }
+        Ok(())
+    }
+
     /// Compare-and-swap on the word at `offset`: `Ok(Ok(previous))` on success,
     /// `Ok(Err(actual))` when the word did not hold `current`.
     pub(crate) fn compare_exchange(
@@ -286,6 +309,20 @@ impl Media {
         }
         self.check_poison()?;
         self.region.write(offset, bytes)
+    }
+
+    /// Copies `first` into the heap at `offset` and `second` right after it, with one check
+    /// of the backend: a payload and its trailer.
+    #[inline]
+    pub(crate) fn write_pair(&self, offset: u64, first: &[u8], second: &[u8]) -> Result<()> {
+        #[cfg(any(test, feature = "sim"))]
+        if self.simulator().is_some() {
+            self.write(offset, first)?;
+            return self.write(offset + first.len() as u64, second);
+        }
+        self.check_poison()?;
+        self.region.write(offset, first)?;
+        self.region.write(offset + first.len() as u64, second)
     }
 
     /// Asks the CPU to bring the first `PREFETCH_LINES` lines of `[offset, offset + len)`
