@@ -221,15 +221,15 @@ impl<'a> BlockView<'a> {
 
     /// The payload's first four bytes as a little-endian `u32` (a length prefix, usually),
     /// as [`read`](Self::read) of them would give, with one word load: a payload starts
-    /// 8-aligned and the block's trailer follows it, so when the payload and trailer hold
-    /// eight bytes the payload's first word lies inside the block.
+    /// 8-aligned (the layout asserts that the header's length is a multiple of 8) and the
+    /// block's trailer follows it, so when the payload and trailer hold eight bytes the
+    /// payload's first word lies inside the block.
     ///
     /// # Errors
     ///
     /// [`Error::OutOfBounds`] if the payload is shorter than four bytes.
     #[inline]
     pub fn read_u32_first(&self) -> Result<u32> {
-        const _: () = assert!(HEADER_LEN.is_multiple_of(8));
         let len = u64::from(self.info.len);
         if len >= 4 && len + TRAILER_LEN >= 8 {
             // The word's low half is its first four bytes: words are stored little-endian.

@@ -484,15 +484,16 @@ impl Allocator {
         let total = len
             .checked_add(HEADER_LEN + TRAILER_LEN)
             .ok_or_else(|| self.out_of_space(caches, len))?;
+        let class = class_for(total);
         // Most allocations: a small block the caller's cache holds already, with nothing
         // between taking it and writing its header.
-        if let Some(class) = class_for(total)
+        if let Some(class) = class
             && let Some(offset) = caches.mine(|cache| Self::pop_cached(media, cache, class))
         {
             self.write_header(media, offset, &spec.raw(stored_len))?;
             return Ok(PBlock(offset));
         }
-        let found = match class_for(total) {
+        let found = match class {
             Some(class) => self.alloc_small(media, caches, class, len),
             None => self.alloc_large(media, caches, spans_for(total), len),
         };
@@ -564,17 +565,25 @@ impl Allocator {
     /// (INV-SUM-1), with one check of the range for both.
     #[inline]
     pub(crate) fn write_payload(&self, media: &Media, block: PBlock, payload: &[u8]) -> Result<()> {
-        let sum = payload_checksum(block.0, self.geometry.creation_id, payload);
-        media.write_pair(block.payload_offset(), payload, &sum.to_le_bytes())
+        media.write_pair(
+            block.payload_offset(),
+            payload,
+            &self.trailer(block, payload),
+        )
     }
 
     /// Writes the checksum of `payload`, which `block` holds, into the block's trailer.
     pub(crate) fn write_trailer(&self, media: &Media, block: PBlock, payload: &[u8]) -> Result<()> {
-        let sum = payload_checksum(block.0, self.geometry.creation_id, payload);
         media.write(
             block.payload_offset() + payload.len() as u64,
-            &sum.to_le_bytes(),
+            &self.trailer(block, payload),
         )
+    }
+
+    /// The trailer of `block` holding `payload`: the payload's checksum, little-endian.
+    #[inline]
+    fn trailer(&self, block: PBlock, payload: &[u8]) -> [u8; 4] {
+        payload_checksum(block.0, self.geometry.creation_id, payload).to_le_bytes()
     }
 
     /// Writes a whole header: the four body words, then the meta word, which with its
