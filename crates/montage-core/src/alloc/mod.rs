@@ -512,6 +512,42 @@ impl Allocator {
         Ok(PBlock(offset))
     }
 
+    /// Allocates a block holding `payload` from the caller's cache and writes all of it at
+    /// once: the header, the payload and its checksum in the trailer (as [`alloc`](Self::alloc)
+    /// and then [`write_payload`](Self::write_payload) would, with one check of the backend
+    /// and of the bounds). `None`, with nothing done, when the cache holds no block for it
+    /// (or the payload needs a large block): the caller takes the long way then.
+    #[inline]
+    pub(crate) fn alloc_filled(
+        &self,
+        media: &Media,
+        caches: &impl Caches,
+        spec: BlockSpec,
+        payload: &[u8],
+    ) -> Result<Option<PBlock>> {
+        let len = payload.len() as u64;
+        let Some(class) = len
+            .checked_add(HEADER_LEN + TRAILER_LEN)
+            .and_then(class_for)
+        else {
+            return Ok(None);
+        };
+        let Some(offset) = caches.mine(|cache| Self::pop_cached(media, cache, class)) else {
+            return Ok(None);
+        };
+        // A small class holds far less than 4 GiB.
+        let header = spec.raw(len as u32);
+        let block = PBlock(offset);
+        media.write_block(
+            offset,
+            &header.body_words(),
+            header.meta(offset, self.geometry.creation_id),
+            payload,
+            self.trailer(block, payload),
+        )?;
+        Ok(Some(block))
+    }
+
     /// A small block for `len` payload bytes from the caller's cache, without its header:
     /// for a write that fills the payload while it waits for something else, and writes the
     /// header (with [`write_header`](Self::write_header)) once it knows it. `None` when

@@ -10,7 +10,7 @@
 )]
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::mapping::Mapping;
 use crate::error::{Error, Result};
@@ -65,7 +65,7 @@ pub(crate) struct Region {
     mapping: Mapping,
 }
 
-// SAFETY: `Region` only hands out atomics (`&AtomicU64`, `&AtomicU8`) into the mapping, which
+// SAFETY: `Region` only hands out atomics (`&AtomicU64`, `&AtomicU32`, `&AtomicU8`) into the mapping, which
 // are `Sync`, and copies bytes through them; the raw base pointer is never dereferenced
 // non-atomically, so sharing the region across threads cannot create a data race (INV-MEM-2).
 unsafe impl Send for Region {}
@@ -206,6 +206,20 @@ impl Region {
         unsafe { AtomicU64::from_ptr(ptr) }
     }
 
+    /// The 4-byte word at the already-checked, 4-aligned index `at`.
+    fn u32_at(&self, at: usize) -> &AtomicU32 {
+        debug_assert!(
+            at.is_multiple_of(4) && at.checked_add(4).is_some_and(|end| end <= self.len())
+        );
+        // INV-MEM-1: the base is page-aligned, so a 4-aligned index is a 4-aligned address.
+        #[allow(clippy::cast_ptr_alignment)]
+        let ptr = self.base.as_ptr().wrapping_add(at).cast::<u32>();
+        // SAFETY: as in `word_at`, for 4 bytes and 4-alignment, the alignment of `AtomicU32`:
+        // in bounds of the live mapping `self` owns (a range checked by `check`), aligned
+        // (INV-MEM-1), and every access to heap memory is atomic (INV-MEM-2).
+        unsafe { AtomicU32::from_ptr(ptr) }
+    }
+
     /// Splits the checked range `[start, start + len)` into an unaligned head, whole 8-byte
     /// words, and an unaligned tail, returned as (head length, word count).
     fn split(start: usize, len: usize) -> (usize, usize) {
@@ -301,11 +315,61 @@ impl Region {
     /// Copies `src` into the heap at `offset` (Relaxed, as [`read`](Self::read) explains).
     pub(crate) fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let start = self.check(offset, src.len() as u64)?;
+        self.copy_in(start, src);
+        Ok(())
+    }
+
+    /// Writes a whole block at `offset`, an 8-aligned block start, with one bounds check: the
+    /// header's four `body` words, then its `meta` word (each a Release store, the meta word
+    /// last: it is what makes the header valid, INV-HDR-1), then `payload` right after the
+    /// header and `trailer` right after the payload, as [`write`](Self::write) copies them.
+    /// The words are stored as given (the caller chose their byte order).
+    pub(crate) fn write_block(
+        &self,
+        offset: u64,
+        body: &[u64; 4],
+        meta: u64,
+        payload: &[u8],
+        trailer: [u8; 4],
+    ) -> Result<()> {
+        /// The header: the meta word and the four body words.
+        const HEADER: usize = 40;
+        const _: () = assert!(HEADER as u64 == super::layout::HEADER_LEN);
+        let total = (HEADER as u64)
+            .saturating_add(payload.len() as u64)
+            .saturating_add(trailer.len() as u64);
+        let start = self.check_words(offset, total)?;
+        for (i, &value) in body.iter().enumerate() {
+            // ORDERING: Release, as `Media::store_words`: pairs with the Acquire of a load.
+            self.word_at(start.wrapping_add(8).wrapping_add(i.wrapping_mul(8)))
+                .store(value, Ordering::Release);
+        }
+        // ORDERING: as above; after the body, which it publishes.
+        self.word_at(start).store(meta, Ordering::Release);
+        let payload_at = start.wrapping_add(HEADER);
+        self.copy_in(payload_at, payload);
+        self.copy_in(payload_at.wrapping_add(payload.len()), &trailer);
+        Ok(())
+    }
+
+    /// Copies `src` into the heap at the checked index `start` (see [`write`](Self::write)).
+    #[inline]
+    fn copy_in(&self, start: usize, src: &[u8]) {
+        // A block's trailer, after a payload whose length is a multiple of four: one store.
+        if let Ok(&four) = <&[u8; 4]>::try_from(src)
+            && start.is_multiple_of(4)
+        {
+            // ORDERING: Relaxed, as every byte store below.
+            self.u32_at(start)
+                .store(u32::from_ne_bytes(four), Ordering::Relaxed);
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if src.len() >= STRING_COPY_MIN {
             // SAFETY:
-            // - the destination `[start, start + len)` lies inside the live mapping (`check`
-            //   above), which `self` owns for the duration of the call, and is written only
+            // - the destination `[start, start + len)` lies inside the live mapping (the
+            //   caller checked it with `check`), which `self` owns for the duration of the
+            //   call, and is written only
             //   through atomics (INV-MEM-2) and this copy, itself a sequence of atomic byte
             //   stores (see `copy_string`);
             // - the source is `src`, borrowed for the call, of exactly `len` bytes.
@@ -316,7 +380,7 @@ impl Region {
                     src.len(),
                 );
             }
-            return Ok(());
+            return;
         }
         let (head, words) = Self::split(start, src.len());
         let (head_src, rest) = src.split_at(head);
@@ -337,7 +401,6 @@ impl Region {
             self.byte(tail_at.wrapping_add(i))
                 .store(*b, Ordering::Relaxed);
         }
-        Ok(())
     }
 
     /// A pointer to the byte at `offset` for cache-line write-back instructions, which only
@@ -417,6 +480,62 @@ mod tests {
         let mut back = vec![0u8; 200];
         assert!(r.read(8192 - 199, &mut back).is_err());
         assert!(r.read_to_vec(8192 - 199, 200).is_err());
+    }
+
+    #[test]
+    fn four_byte_writes_round_trip_at_every_alignment() {
+        // The one-store path (a 4-aligned start) and the byte path, with sentinels.
+        let r = region(4096);
+        for start in 1..=16u64 {
+            r.write(start - 1, &[0xAB; 6]).unwrap();
+            r.write(start, &[1, 2, 3, 4]).unwrap();
+            let mut back = [0u8; 6];
+            r.read(start - 1, &mut back).unwrap();
+            assert_eq!(back, [0xAB, 1, 2, 3, 4, 0xAB], "start {start}");
+        }
+        assert!(r.write(4093, &[1, 2, 3, 4]).is_err());
+    }
+
+    #[test]
+    fn a_whole_block_is_written_as_its_parts_would_be() {
+        // Payload lengths around the word and the string copy's threshold, so the trailer
+        // lands at every alignment; every byte after the trailer stays as it was.
+        let r = region(8192);
+        let body = [0x1111_2222_3333_4444u64, 5, 6, 0x7777_8888_9999_AAAA];
+        let meta = 0xFEED_0000_0000_BEEFu64;
+        for len in (0..=20).chain([127, 128, 129, 300]) {
+            let payload: Vec<u8> = (0..len).map(|i| (i * 31 + len) as u8).collect();
+            let trailer = [0xC1, 0xC2, 0xC3, 0xC4];
+            let at = 1024u64;
+            let end = at + 40 + len as u64 + 4;
+            r.write(at, &[0u8; 512]).unwrap();
+            r.write(end, &[0x5A; 8]).unwrap();
+            r.write_block(at, &body, meta, &payload, trailer).unwrap();
+            assert_eq!(
+                r.word(at).unwrap().load(Ordering::Relaxed),
+                meta,
+                "len {len}"
+            );
+            for (i, &word) in body.iter().enumerate() {
+                let got = r
+                    .word(at + 8 + 8 * i as u64)
+                    .unwrap()
+                    .load(Ordering::Relaxed);
+                assert_eq!(got, word, "len {len}, word {i}");
+            }
+            let mut back = vec![0u8; len + 4 + 8];
+            r.read(at + 40, &mut back).unwrap();
+            let mut expected = payload.clone();
+            expected.extend_from_slice(&trailer);
+            expected.extend_from_slice(&[0x5A; 8]);
+            assert_eq!(back, expected, "len {len}");
+        }
+        // One check for the whole block: misaligned, or running past the end, is refused.
+        assert!(r.write_block(1028, &body, meta, &[], [0; 4]).is_err());
+        assert!(
+            r.write_block(8192 - 48, &body, meta, &[1; 5], [0; 4])
+                .is_err()
+        );
     }
 
     #[test]

@@ -103,6 +103,18 @@ struct OpLog {
     antis: Vec<PBlock>,
 }
 
+impl OpLog {
+    /// Whether nothing in the log is left for the advancer: everything but the list of
+    /// allocations (which only an abort uses) and the kills (which `finish` turns into
+    /// victims) is empty.
+    fn is_handed_over(&self) -> bool {
+        self.persist.is_empty()
+            && self.resealed.is_empty()
+            && self.victims.is_empty()
+            && self.antis.is_empty()
+    }
+}
+
 /// An operation in progress: the RAII guard `Heap::begin_op` returns. Dropping it ends the
 /// operation (commits); [`abort`](Self::abort) undoes what it allocated and retired.
 ///
@@ -222,11 +234,20 @@ impl<'h> OpGuard<'h> {
 
     fn alloc_spec(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
-        let block =
+        let len = bytes.len() as u64;
+        // Most allocations: a block from the thread's cache, written whole at once.
+        if let Some(block) =
             shared
                 .alloc
-                .alloc(&shared.media, &self.announcement, spec, bytes.len() as u64)?;
-        self.log_new(block, bytes.len() as u64);
+                .alloc_filled(&shared.media, &self.announcement, spec, bytes)?
+        {
+            self.log_new(block, len);
+            return Ok(block);
+        }
+        let block = shared
+            .alloc
+            .alloc(&shared.media, &self.announcement, spec, len)?;
+        self.log_new(block, len);
         self.fill(block, bytes).map(|()| block)
     }
 
@@ -417,9 +438,7 @@ impl<'h> OpGuard<'h> {
                 .write_header(&shared.media, block.offset(), &header)?;
         }
         shared.alloc.write_trailer(&shared.media, block, bytes)?;
-        self.log()
-            .persist
-            .push((block.offset(), HEADER_LEN + len + TRAILER_LEN));
+        self.log_persist(block.offset(), HEADER_LEN + len + TRAILER_LEN);
         Ok(block)
     }
 
@@ -482,8 +501,8 @@ impl<'h> OpGuard<'h> {
     /// Records that this operation wrote `len` bytes at `offset` in place, inside `block`'s
     /// payload, to be written back with its epoch, and the block's checksum written again.
     pub(crate) fn record_write(&self, block: PBlock, offset: u64, len: u64) {
+        self.log_persist(offset, len);
         let mut log = self.log();
-        log.persist.push((offset, len));
         if log.resealed.last() != Some(&block) {
             log.resealed.push(block);
         }
@@ -593,10 +612,25 @@ impl<'h> OpGuard<'h> {
     /// Logs a block this operation allocated, holding `len` payload bytes: killed if the
     /// operation aborts, written back with its epoch.
     fn log_new(&self, block: PBlock, len: u64) {
-        let mut log = self.log();
-        log.allocated.push(block);
-        log.persist
-            .push((block.offset(), HEADER_LEN + len + TRAILER_LEN));
+        self.log().allocated.push(block);
+        self.log_persist(block.offset(), HEADER_LEN + len + TRAILER_LEN);
+    }
+
+    /// Records that this operation wrote the `len` bytes at `offset`, to be written back
+    /// with its epoch. They go straight into the slot's log of the epoch, which the advancer
+    /// takes only once the operation has left (INV-SLOT-1), so the operation's end has
+    /// nothing to hand over for them; an aborted operation's ranges are written back too,
+    /// which is harmless (its allocations are killed, and the killing header is one of
+    /// them). Where each operation flushes its own writes
+    /// ([`WriteBack::MeasureEachOp`]), they stay with the operation until it ends.
+    fn log_persist(&self, offset: u64, len: u64) {
+        if self.runtime.write_back == WriteBack::MeasureEachOp {
+            self.log().persist.push((offset, len));
+        } else {
+            self.announcement
+                .borrow_mut()
+                .log(|bucket| bucket.persist.push((offset, len)));
+        }
     }
 
     /// Logs `old`, superseded by this operation: killed at commit if it is of this epoch,
@@ -810,7 +844,8 @@ impl<'h> OpGuard<'h> {
         }
         // Everything goes into the slot's log of this epoch before the announcement is
         // withdrawn (when the guard is dropped), so the advancer takes it with the epoch.
-        if !(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty()) {
+        // (Most ranges went there already, as they were written: see `log_persist`.)
+        if !log.is_handed_over() {
             self.announcement.borrow_mut().log(|bucket| {
                 bucket.take_from(
                     &mut log.persist,
@@ -822,7 +857,7 @@ impl<'h> OpGuard<'h> {
         }
         // Everything was handed over; what is left is capacity for the next operation.
         log.allocated.clear();
-        debug_assert!(log.persist.is_empty() && log.victims.is_empty() && log.antis.is_empty());
+        debug_assert!(log.is_handed_over());
         let id = shared.epochs.instance();
         // During thread teardown the state may be gone already; nothing is left to track
         // and nobody can ask for the last commit.

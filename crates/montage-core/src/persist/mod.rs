@@ -325,6 +325,33 @@ impl Media {
         self.region.write(offset + first.len() as u64, second)
     }
 
+    /// Writes a new block at `offset`: its header ([`store_header`](Self::store_header)'s
+    /// `body` and `meta`, the meta word after the body), then `payload` and `trailer` right
+    /// after it, with one check of the backend and one of the bounds.
+    #[inline]
+    pub(crate) fn write_block(
+        &self,
+        offset: u64,
+        body: &[u64; 4],
+        meta: u64,
+        payload: &[u8],
+        trailer: [u8; 4],
+    ) -> Result<()> {
+        #[cfg(any(test, feature = "sim"))]
+        if self.simulator().is_some() {
+            self.store_header(offset, body, meta)?;
+            return self.write_pair(offset + crate::base::layout::HEADER_LEN, payload, &trailer);
+        }
+        self.check_poison()?;
+        self.region.write_block(
+            offset,
+            &body.map(u64::to_le),
+            meta.to_le(),
+            payload,
+            trailer,
+        )
+    }
+
     /// Asks the CPU to bring the first `PREFETCH_LINES` lines of `[offset, offset + len)`
     /// into its cache for writing: the allocator calls it for the block it will hand out
     /// next, so that the stores into it (a block freed epochs ago, long out of the cache)
