@@ -23,10 +23,17 @@ struct ThreadState {
 }
 
 impl ThreadState {
+    #[inline]
     fn id(&self) -> usize {
-        if let Some(id) = self.id.get() {
-            return id;
+        match self.id.get() {
+            Some(id) => id,
+            None => self.take_id(),
         }
+    }
+
+    /// The thread's first [`id`](Self::id): a recycled one, or the next new one.
+    #[cold]
+    fn take_id(&self) -> usize {
         let recycled = RECYCLED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -118,6 +125,7 @@ pub(crate) fn hold() -> Held {
 }
 
 impl Drop for Held {
+    #[inline]
     fn drop(&mut self) {
         if self.counted {
             // Gone already during teardown: the id was kept for good then.

@@ -72,6 +72,13 @@ unsafe impl Send for Region {}
 // SAFETY: see the `Send` impl above.
 unsafe impl Sync for Region {}
 
+/// The error for an access to `[offset, offset + len)` outside the region, built out of line:
+/// the checks that return it are inlined into every access.
+#[cold]
+fn out_of_bounds(offset: u64, len: u64) -> Error {
+    Error::OutOfBounds { offset, len }
+}
+
 impl Region {
     /// Takes ownership of a mapping, all of it accessible. The mapping's base is at least
     /// page-aligned.
@@ -135,14 +142,14 @@ impl Region {
 
     /// Checks that `[offset, offset + len)` lies inside the region and returns `offset` as a
     /// `usize`.
+    #[inline]
     pub(crate) fn check(&self, offset: u64, len: u64) -> Result<usize> {
-        let end = offset
-            .checked_add(len)
-            .ok_or_else(|| Error::OutOfBounds { offset, len })?;
-        if end > self.len() as u64 {
-            return Err(Error::OutOfBounds { offset, len });
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() as u64 => {
+                usize::try_from(offset).map_err(|_| out_of_bounds(offset, len))
+            }
+            _ => Err(out_of_bounds(offset, len)),
         }
-        usize::try_from(offset).map_err(|_| Error::OutOfBounds { offset, len })
     }
 
     /// The 8-byte word at `offset`, as an atomic. `offset` must be 8-aligned and in bounds.
@@ -222,6 +229,7 @@ impl Region {
 
     /// Splits the checked range `[start, start + len)` into an unaligned head, whole 8-byte
     /// words, and an unaligned tail, returned as (head length, word count).
+    #[inline]
     fn split(start: usize, len: usize) -> (usize, usize) {
         let head = (8usize.wrapping_sub(start % 8) % 8).min(len);
         let words = len.wrapping_sub(head) / 8;
@@ -409,6 +417,16 @@ impl Region {
         let at = self.check(offset, 1)?;
         Ok(self.base.as_ptr().wrapping_add(at).cast_const())
     }
+
+    /// [`addr`](Self::addr) for a caller that will use the addresses of all of
+    /// `[offset, offset + len)`: the whole range is checked once. `None` if it does not lie
+    /// inside the region (a hint's caller has no use for the error).
+    #[inline]
+    pub(crate) fn addr_range(&self, offset: u64, len: u64) -> Option<*const u8> {
+        let end = offset.checked_add(len)?;
+        let at = usize::try_from(offset).ok()?;
+        (end <= self.len() as u64).then(|| self.base.as_ptr().wrapping_add(at).cast_const())
+    }
 }
 
 #[cfg(test)]
@@ -480,6 +498,18 @@ mod tests {
         let mut back = vec![0u8; 200];
         assert!(r.read(8192 - 199, &mut back).is_err());
         assert!(r.read_to_vec(8192 - 199, 200).is_err());
+    }
+
+    #[test]
+    fn address_ranges_must_lie_inside_the_region() {
+        let r = region(4096);
+        let base = r.addr(0).unwrap();
+        assert_eq!(r.addr_range(0, 4096), Some(base));
+        assert_eq!(r.addr_range(64, 1024), Some(base.wrapping_add(64)));
+        assert_eq!(r.addr_range(4096, 0), Some(base.wrapping_add(4096)));
+        assert_eq!(r.addr_range(4032, 65), None);
+        assert_eq!(r.addr_range(4096, 1), None);
+        assert_eq!(r.addr_range(u64::MAX, 2), None);
     }
 
     #[test]

@@ -207,10 +207,12 @@ impl Epochs {
     }
 
     /// An id unique to this open heap among all heaps this process opens.
+    #[inline]
     pub(crate) fn instance(&self) -> u64 {
         self.instance
     }
 
+    #[inline]
     fn check_running(&self) -> Result<()> {
         // ORDERING: Acquire pairs with the Release in `stop`.
         if self.stopped.load(Ordering::Acquire) {

@@ -125,6 +125,7 @@ impl Tracker {
     }
 
     /// The epoch new operations join.
+    #[inline]
     pub(crate) fn current(&self) -> Epoch {
         // ORDERING: SeqCst, part of the handshake (module docs).
         Epoch::new(self.current.load(Ordering::SeqCst))

@@ -371,11 +371,24 @@ impl Media {
     }
 
     /// The prefetches above: `prefetchw` for `write`, else `prefetcht0`; nothing off x86-64.
+    /// The lines' range is checked once, as a whole.
     #[inline]
     fn prefetch_lines(&self, offset: u64, len: u64, write: bool) {
         #[cfg(target_arch = "x86_64")]
-        for line in lines(offset, len).take(PREFETCH_LINES) {
-            if let Ok(addr) = self.region.addr(line) {
+        {
+            if len == 0 {
+                return;
+            }
+            let first = offset - offset % CACHE_LINE;
+            let end = offset
+                .saturating_add(len)
+                .min(first.saturating_add(PREFETCH_LINES as u64 * CACHE_LINE));
+            let Some(base) = self.region.addr_range(first, end - first) else {
+                return;
+            };
+            for at in (0..end - first).step_by(CACHE_LINE as usize) {
+                // Inside the range just checked: `at < end - first`.
+                let addr = base.wrapping_add(at as usize);
                 if write {
                     x86::prefetch_write(addr);
                 } else {
