@@ -484,16 +484,7 @@ impl Allocator {
         let total = len
             .checked_add(HEADER_LEN + TRAILER_LEN)
             .ok_or_else(|| self.out_of_space(caches, len))?;
-        let class = class_for(total);
-        // Most allocations: a small block the caller's cache holds already, with nothing
-        // between taking it and writing its header.
-        if let Some(class) = class
-            && let Some(offset) = caches.mine(|cache| Self::pop_cached(media, cache, class))
-        {
-            self.write_header(media, offset, &spec.raw(stored_len))?;
-            return Ok(PBlock(offset));
-        }
-        let found = match class {
+        let found = match class_for(total) {
             Some(class) => self.alloc_small(media, caches, class, len),
             None => self.alloc_large(media, caches, spans_for(total), len),
         };

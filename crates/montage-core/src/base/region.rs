@@ -72,6 +72,10 @@ unsafe impl Send for Region {}
 // SAFETY: see the `Send` impl above.
 unsafe impl Sync for Region {}
 
+/// A block header's length: the meta word and the four body words.
+const HEADER: usize = 40;
+const _: () = assert!(HEADER as u64 == super::layout::HEADER_LEN);
+
 /// The error for an access to `[offset, offset + len)` outside the region, built out of line:
 /// the checks that return it are inlined into every access.
 #[cold]
@@ -340,24 +344,37 @@ impl Region {
         payload: &[u8],
         trailer: [u8; 4],
     ) -> Result<()> {
-        /// The header: the meta word and the four body words.
-        const HEADER: usize = 40;
-        const _: () = assert!(HEADER as u64 == super::layout::HEADER_LEN);
         let total = (HEADER as u64)
             .saturating_add(payload.len() as u64)
             .saturating_add(trailer.len() as u64);
         let start = self.check_words(offset, total)?;
+        self.header_in(start, body, meta);
+        let payload_at = start.wrapping_add(HEADER);
+        self.copy_in(payload_at, payload);
+        self.copy_in(payload_at.wrapping_add(payload.len()), &trailer);
+        Ok(())
+    }
+
+    /// Stores a block header at the 8-aligned `offset` with one bounds check: `body` into the
+    /// four words after it, then `meta` into the word at it, each a Release store. The meta
+    /// word goes last: it is what makes the header valid (INV-HDR-1). The words are stored
+    /// as given (the caller chose their byte order).
+    pub(crate) fn store_header(&self, offset: u64, body: &[u64; 4], meta: u64) -> Result<()> {
+        let start = self.check_words(offset, HEADER as u64)?;
+        self.header_in(start, body, meta);
+        Ok(())
+    }
+
+    /// [`store_header`](Self::store_header) at the checked, 8-aligned index `start`.
+    #[inline]
+    fn header_in(&self, start: usize, body: &[u64; 4], meta: u64) {
         for (i, &value) in body.iter().enumerate() {
-            // ORDERING: Release, as `Media::store_words`: pairs with the Acquire of a load.
+            // ORDERING: Release pairs with the Acquire of `Media::load`.
             self.word_at(start.wrapping_add(8).wrapping_add(i.wrapping_mul(8)))
                 .store(value, Ordering::Release);
         }
         // ORDERING: as above; after the body, which it publishes.
         self.word_at(start).store(meta, Ordering::Release);
-        let payload_at = start.wrapping_add(HEADER);
-        self.copy_in(payload_at, payload);
-        self.copy_in(payload_at.wrapping_add(payload.len()), &trailer);
-        Ok(())
     }
 
     /// Copies `src` into the heap at the checked index `start` (see [`write`](Self::write)).

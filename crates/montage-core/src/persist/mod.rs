@@ -249,15 +249,8 @@ impl Media {
             return self.store(offset, meta);
         }
         self.check_poison()?;
-        if let [meta_word, body_words @ ..] = self.region.words(offset, 5)? {
-            for (word, &value) in body_words.iter().zip(body) {
-                // ORDERING: Release pairs with the Acquire in `load`.
-                word.store(value.to_le(), Ordering::Release);
-            }
-            // ORDERING: as above; after the body, which it publishes.
-            meta_word.store(meta.to_le(), Ordering::Release);
-        }
-        Ok(())
+        self.region
+            .store_header(offset, &body.map(u64::to_le), meta.to_le())
     }
 
     /// Compare-and-swap on the word at `offset`: `Ok(Ok(previous))` on success,
