@@ -47,7 +47,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::base::layout::{
     Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_COUNT_OFFSET, SPAN_SIZE, SpanEntry,
-    TRAILER_LEN, block_capacity, payload_checksum, span_count_word,
+    TRAILER_LEN, block_capacity, payload_checksum, payload_checksum_words, span_count_word,
 };
 use crate::error::{Error, Result};
 use crate::persist::Media;
@@ -529,12 +529,13 @@ impl Allocator {
         // A small class holds far less than 4 GiB.
         let header = spec.raw(len as u32);
         let block = PBlock(offset);
+        let creation_id = self.geometry.creation_id;
         media.write_block(
             offset,
             &header.body_words(),
-            header.meta(offset, self.geometry.creation_id),
+            header.meta(offset, creation_id),
             payload,
-            self.trailer(block, payload),
+            &payload_checksum_words(offset, creation_id),
         )?;
         Ok(Some(block))
     }

@@ -6,7 +6,7 @@
 
 /// Inputs at least this long go to the crate, whose three-way interleaving beats one chain
 /// of dependent instructions there.
-const INLINE_MAX: usize = 256;
+pub(crate) const INLINE_MAX: usize = 256;
 
 /// The crc32c of `crc`'s input followed by the little-endian bytes of `words` (as
 /// `crc32c::crc32c_append(crc, bytes of words)`).
@@ -48,6 +48,35 @@ pub(crate) fn words_then_bytes<const N: usize>(words: &[u64; N], bytes: &[u8]) -
     append(append_words(0, words), bytes)
 }
 
+/// [`words_then_bytes`] for a caller that copies `bytes` as it checksums them: each whole
+/// 8-byte word of `bytes` goes to `word`, then each byte after the last whole word to
+/// `byte`, with its index in `bytes`, in one pass over them (a short payload is loaded once,
+/// for its checksum and its store).
+#[inline]
+pub(crate) fn words_then_bytes_visiting<const N: usize>(
+    words: &[u64; N],
+    bytes: &[u8],
+    mut word: impl FnMut(usize, [u8; 8]),
+    mut byte: impl FnMut(usize, u8),
+) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if bytes.len() < INLINE_MAX && std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: as in `append_words`.
+        let crc = unsafe { hw::words(u64::from(!0u32), words) };
+        // SAFETY: as in `append_words`.
+        return !(unsafe { hw::bytes_visiting(crc, bytes, word, byte) } as u32);
+    }
+    let (chunks, rest) = bytes.as_chunks::<8>();
+    for (i, chunk) in chunks.iter().enumerate() {
+        word(i * 8, *chunk);
+    }
+    let rest_at = chunks.len() * 8;
+    for (j, &b) in rest.iter().enumerate() {
+        byte(rest_at + j, b);
+    }
+    words_then_bytes(words, bytes)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod hw {
     use std::arch::x86_64::{_mm_crc32_u8, _mm_crc32_u64};
@@ -71,6 +100,28 @@ mod hw {
         }
         for &byte in rest {
             crc = u64::from(_mm_crc32_u8(crc as u32, byte));
+        }
+        crc
+    }
+
+    /// [`bytes`], handing each word and each last byte to `word` and `byte` as it goes
+    /// (see `words_then_bytes_visiting`).
+    #[target_feature(enable = "sse4.2")]
+    pub(super) fn bytes_visiting(
+        mut crc: u64,
+        bytes: &[u8],
+        mut word: impl FnMut(usize, [u8; 8]),
+        mut byte: impl FnMut(usize, u8),
+    ) -> u64 {
+        let (chunks, rest) = bytes.as_chunks::<8>();
+        for (i, chunk) in chunks.iter().enumerate() {
+            crc = _mm_crc32_u64(crc, u64::from_le_bytes(*chunk));
+            word(i * 8, *chunk);
+        }
+        let rest_at = chunks.len() * 8;
+        for (j, &b) in rest.iter().enumerate() {
+            crc = u64::from(_mm_crc32_u8(crc as u32, b));
+            byte(rest_at + j, b);
         }
         crc
     }
@@ -106,6 +157,26 @@ mod tests {
             let mut two: Vec<u8> = words[..2].iter().flat_map(|w| w.to_le_bytes()).collect();
             two.extend_from_slice(&bytes);
             prop_assert_eq!(words_then_bytes(&[words[0], words[1]], &bytes), crc32c::crc32c(&two));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn visiting_checksums_as_words_then_bytes_and_sees_every_byte_once(words in any::<[u64; 2]>(), bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let seen = std::cell::RefCell::new(vec![None; bytes.len()]);
+            let crc = words_then_bytes_visiting(
+                &words,
+                &bytes,
+                |i, word| {
+                    for (k, b) in word.into_iter().enumerate() {
+                        assert!(seen.borrow_mut()[i + k].replace(b).is_none());
+                    }
+                },
+                |j, b| assert!(seen.borrow_mut()[j].replace(b).is_none()),
+            );
+            prop_assert_eq!(crc, words_then_bytes(&words, &bytes));
+            let seen: Vec<u8> = seen.into_inner().into_iter().map(Option::unwrap).collect();
+            prop_assert_eq!(seen, bytes);
         }
     }
 

@@ -485,7 +485,14 @@ const SPAN_KIND_LARGE: u64 = 2;
 /// for a payload changed in part (INV-SUM-1).
 #[inline]
 pub(crate) fn payload_checksum(offset: u64, creation_id: u64, payload: &[u8]) -> u32 {
-    checksum(&[offset, creation_id], payload)
+    checksum(&payload_checksum_words(offset, creation_id), payload)
+}
+
+/// The words a payload checksum covers before the payload's bytes (see
+/// [`payload_checksum`]), for a writer that checksums the payload as it copies it.
+#[inline]
+pub(crate) fn payload_checksum_words(offset: u64, creation_id: u64) -> [u64; 2] {
+    [offset, creation_id]
 }
 
 /// The most payload bytes a block of `size` bytes holds: its size less the header and the

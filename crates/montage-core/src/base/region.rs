@@ -12,6 +12,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use super::crc;
 use super::mapping::Mapping;
 use crate::error::{Error, Result};
 
@@ -334,24 +335,46 @@ impl Region {
     /// Writes a whole block at `offset`, an 8-aligned block start, with one bounds check: the
     /// header's four `body` words, then its `meta` word (each a Release store, the meta word
     /// last: it is what makes the header valid, INV-HDR-1), then `payload` right after the
-    /// header and `trailer` right after the payload, as [`write`](Self::write) copies them.
-    /// The words are stored as given (the caller chose their byte order).
+    /// header and its trailer right after the payload, as [`write`](Self::write) copies them.
+    /// The words are stored as given (the caller chose their byte order). The trailer is the
+    /// crc32c of the little-endian `sum_words` followed by the payload, little-endian; a
+    /// short payload is checksummed as it is copied, in one pass over it.
     pub(crate) fn write_block(
         &self,
         offset: u64,
         body: &[u64; 4],
         meta: u64,
         payload: &[u8],
-        trailer: [u8; 4],
+        sum_words: &[u64; 2],
     ) -> Result<()> {
         let total = (HEADER as u64)
             .saturating_add(payload.len() as u64)
-            .saturating_add(trailer.len() as u64);
+            .saturating_add(4);
         let start = self.check_words(offset, total)?;
         self.header_in(start, body, meta);
         let payload_at = start.wrapping_add(HEADER);
-        self.copy_in(payload_at, payload);
-        self.copy_in(payload_at.wrapping_add(payload.len()), &trailer);
+        let sum = if payload.len() < crc::INLINE_MAX {
+            // `payload_at` is 8-aligned (a block start and the header's length both are), so
+            // every whole word of the payload is an aligned word of the heap.
+            crc::words_then_bytes_visiting(
+                sum_words,
+                payload,
+                |i, word| {
+                    // ORDERING: Relaxed, as every store of `copy_in`.
+                    self.word_at(payload_at.wrapping_add(i))
+                        .store(u64::from_ne_bytes(word), Ordering::Relaxed);
+                },
+                |j, byte| {
+                    // ORDERING: as above.
+                    self.byte(payload_at.wrapping_add(j))
+                        .store(byte, Ordering::Relaxed);
+                },
+            )
+        } else {
+            self.copy_in(payload_at, payload);
+            crc::words_then_bytes(sum_words, payload)
+        };
+        self.copy_in(payload_at.wrapping_add(payload.len()), &sum.to_le_bytes());
         Ok(())
     }
 
@@ -550,14 +573,20 @@ mod tests {
         let r = region(8192);
         let body = [0x1111_2222_3333_4444u64, 5, 6, 0x7777_8888_9999_AAAA];
         let meta = 0xFEED_0000_0000_BEEFu64;
-        for len in (0..=20).chain([127, 128, 129, 300]) {
+        for len in (0..=20).chain([127, 128, 129, 255, 256, 300]) {
             let payload: Vec<u8> = (0..len).map(|i| (i * 31 + len) as u8).collect();
-            let trailer = [0xC1, 0xC2, 0xC3, 0xC4];
+            let sum_words = [0x0123_4567_89AB_CDEFu64, len as u64];
+            let trailer = crc32c::crc32c_append(
+                crc32c::crc32c(&[sum_words[0].to_le_bytes(), sum_words[1].to_le_bytes()].concat()),
+                &payload,
+            )
+            .to_le_bytes();
             let at = 1024u64;
             let end = at + 40 + len as u64 + 4;
             r.write(at, &[0u8; 512]).unwrap();
             r.write(end, &[0x5A; 8]).unwrap();
-            r.write_block(at, &body, meta, &payload, trailer).unwrap();
+            r.write_block(at, &body, meta, &payload, &sum_words)
+                .unwrap();
             assert_eq!(
                 r.word(at).unwrap().load(Ordering::Relaxed),
                 meta,
@@ -578,9 +607,9 @@ mod tests {
             assert_eq!(back, expected, "len {len}");
         }
         // One check for the whole block: misaligned, or running past the end, is refused.
-        assert!(r.write_block(1028, &body, meta, &[], [0; 4]).is_err());
+        assert!(r.write_block(1028, &body, meta, &[], &[0; 2]).is_err());
         assert!(
-            r.write_block(8192 - 48, &body, meta, &[1; 5], [0; 4])
+            r.write_block(8192 - 48, &body, meta, &[1; 5], &[0; 2])
                 .is_err()
         );
     }

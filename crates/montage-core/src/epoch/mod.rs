@@ -133,13 +133,16 @@ fn move_all<T>(to: &mut Vec<T>, from: &mut Vec<T>) {
     }
 }
 
-/// What a thread slot keeps between operations: the thread's allocator cache, and the
-/// lock-free queue's nodes that its operations unlinked or may reuse.
+/// What a thread slot keeps between operations: the thread's allocator cache, the
+/// lock-free queue's nodes that its operations unlinked or may reuse, and the logs of
+/// finished operations, kept for their capacity.
 #[derive(Debug, Default)]
 pub(crate) struct SlotState {
     cache: ThreadCache,
     #[cfg_attr(montage_loom, allow(dead_code))] // as the module
     nodes: nodes::NodeCache,
+    #[allow(clippy::vec_box)] // the boxes, not the vector, are what moves
+    spare_logs: Vec<Box<op::OpLog>>,
 }
 
 /// An operation's announcement in a slot of this heap.
@@ -238,6 +241,11 @@ impl Epochs {
                 Refused::Closed => Error::Closed,
                 Refused::Nested => Error::NestedOperation,
             })
+    }
+
+    /// Whether the calling thread has an operation open on this heap.
+    pub(crate) fn has_open_op(&self) -> bool {
+        self.slots.owner_busy(crate::thread_id::current()) || op::has_shared_op(self.instance)
     }
 
     /// The allocator caches of callers outside operations (the raw block interface).

@@ -15,20 +15,13 @@ use crate::base::layout::{HEADER_LEN, TRAILER_LEN};
 use crate::config::WriteBack;
 use crate::error::{Error, Result};
 
-/// What a thread keeps between its operations.
+/// What a thread keeps between its operations that needs a destructor: kept off the
+/// operation path, which uses the plain cells below and the thread's slot.
 struct ThreadState {
-    /// The heaps (by instance id) on which this thread has an operation open: operations do
-    /// not nest, and `sync` inside one would wait for itself.
-    active: Vec<u64>,
-    /// Logs of finished operations, kept for their capacity: an operation allocates nothing
-    /// once its thread has warmed up. Boxed, so that handing one to an operation and back
-    /// moves a pointer rather than the five vectors.
-    #[allow(clippy::vec_box)] // the boxes, not the vector, are what moves
-    spare_logs: Vec<Box<OpLog>>,
-    /// A range of uids reserved for this thread: (heap instance, next, end).
-    uids: (u64, u64, u64),
-    /// The epoch of the last operation this thread committed: (heap instance, epoch).
-    last_commit: (u64, Epoch),
+    /// The heaps (by instance id) on which this thread has an operation open in a shared
+    /// slot: operations do not nest, and `sync` inside one would wait for itself. (In an
+    /// owned slot the slot's busy flag says so.)
+    shared_active: Vec<u64>,
     /// Payload types this thread has checked against a heap's registry: (heap instance,
     /// type id).
     types: Vec<(u64, u64)>,
@@ -40,10 +33,7 @@ const TYPE_CACHE: usize = 64;
 impl ThreadState {
     const fn new() -> ThreadState {
         ThreadState {
-            active: Vec::new(),
-            spare_logs: Vec::new(),
-            uids: (0, 0, 0),
-            last_commit: (0, Epoch::ZERO),
+            shared_active: Vec::new(),
             types: Vec::new(),
         }
     }
@@ -51,6 +41,11 @@ impl ThreadState {
 
 thread_local! {
     static LOCAL: RefCell<ThreadState> = const { RefCell::new(ThreadState::new()) };
+    /// A range of uids reserved for this thread: (heap instance, next, end). A plain cell
+    /// with no destructor, so that its access is one thread-relative load or store.
+    static UIDS: Cell<(u64, u64, u64)> = const { Cell::new((0, 0, 0)) };
+    /// The epoch of the last operation this thread committed: (heap instance, epoch).
+    static LAST_COMMIT: Cell<(u64, Epoch)> = const { Cell::new((0, Epoch::ZERO)) };
     /// How this thread's recent updates went, a saturating count from 0 to 3: up when an
     /// update wrote a new version, down when it wrote in place. `update` fills a new block
     /// before it reads the old header only while it is 2 or more (see there).
@@ -80,14 +75,19 @@ fn count_version(versions: u8, in_place: bool) {
 /// How many uids a thread reserves at a time.
 const UID_BATCH: u64 = 1024;
 
-/// Whether the calling thread has an operation open on the heap with this instance id.
-pub(crate) fn has_active_op(instance: u64) -> bool {
-    LOCAL.with(|local| local.borrow().active.contains(&instance))
+/// Whether the calling thread has an operation open in a shared slot of the heap with this
+/// instance id (whether it has one in its owned slot, the slot's busy flag says:
+/// [`Epochs::owned_slot_busy`](super::Epochs::owned_slot_busy)).
+pub(crate) fn has_shared_op(instance: u64) -> bool {
+    LOCAL.with(|local| local.borrow().shared_active.contains(&instance))
 }
 
 /// What an operation did, to hand to the advancer when it ends or to undo if it aborts.
+/// Operations take one from their slot's spares and give it back when they end, so that an
+/// operation allocates nothing once its thread has warmed up. Boxed, so that the hand-over
+/// moves a pointer rather than six vectors.
 #[derive(Debug, Default)]
-struct OpLog {
+pub(crate) struct OpLog {
     /// Byte ranges written, to write back with the operation's epoch.
     persist: Vec<(u64, u64)>,
     /// Blocks this operation allocated (undone on abort).
@@ -131,7 +131,8 @@ impl OpLog {
 pub struct OpGuard<'h> {
     runtime: &'h Runtime,
     epoch: Epoch,
-    /// Taken back to the thread's spare logs when the operation ends.
+    /// Taken from the slot's spare logs when the operation first logs something, and given
+    /// back when it ends.
     log: RefCell<Option<Box<OpLog>>>,
     done: Cell<bool>,
     /// The operation's announcement, and through it its thread slot: withdrawn when the
@@ -151,39 +152,31 @@ impl std::fmt::Debug for OpGuard<'_> {
 impl<'h> OpGuard<'h> {
     #[inline]
     pub(crate) fn begin(runtime: &'h Runtime) -> Result<OpGuard<'h>> {
-        let id = runtime.epochs.instance();
-        let log = LOCAL.with(|local| {
-            let mut local = local.borrow_mut();
-            if local.active.contains(&id) {
-                None
-            } else {
-                local.active.push(id);
-                Some(local.spare_logs.pop())
-            }
-        });
-        let Some(log) = log else {
-            return Err(Error::NestedOperation);
-        };
-        match runtime.epochs.announce() {
-            Ok(announcement) => Ok(OpGuard {
-                runtime,
-                epoch: announcement.epoch(),
-                log: RefCell::new(log),
-                done: Cell::new(false),
-                announcement: RefCell::new(announcement),
-                _not_send: PhantomData,
-            }),
-            Err(err) => {
-                deactivate(id);
-                Err(err)
-            }
+        // In the thread's owned slot, `announce` refuses a nested operation itself.
+        let announcement = runtime.epochs.announce()?;
+        if !announcement.owned() {
+            begin_shared(runtime.epochs.instance())?;
         }
+        Ok(OpGuard {
+            runtime,
+            epoch: announcement.epoch(),
+            log: RefCell::new(None),
+            done: Cell::new(false),
+            announcement: RefCell::new(announcement),
+            _not_send: PhantomData,
+        })
     }
 
-    /// The operation's log (a fresh one if the thread had no spare).
+    /// The operation's log: taken from the slot's spares at its first use (a fresh one if
+    /// there is none), so that an operation that logs nothing never touches one.
     fn log(&self) -> RefMut<'_, OpLog> {
         RefMut::map(self.log.borrow_mut(), |log| {
-            &mut **log.get_or_insert_with(Box::default)
+            &mut **log.get_or_insert_with(|| {
+                self.announcement
+                    .borrow_mut()
+                    .state(|state| state.spare_logs.pop())
+                    .unwrap_or_default()
+            })
         })
     }
 
@@ -819,8 +812,27 @@ impl<'h> OpGuard<'h> {
         if self.done.replace(true) {
             return;
         }
+        let taken = self.log.borrow_mut().take();
+        if let Some(mut log) = taken {
+            self.hand_over(&mut log);
+            // What is left is capacity for the next operation in this slot.
+            self.announcement
+                .borrow_mut()
+                .state(|state| state.spare_logs.push(log));
+        }
+        let instance = self.runtime.epochs.instance();
+        if !self.announcement.borrow().owned() {
+            end_shared(instance);
+        }
+        if committed {
+            LAST_COMMIT.set((instance, self.epoch));
+        }
+    }
+
+    /// Kills what the operation killed and hands everything in `log` to the advancer,
+    /// leaving it empty.
+    fn hand_over(&self, log: &mut OpLog) {
         let shared = self.runtime;
-        let mut log = self.log.borrow_mut().take().unwrap_or_default();
         for block in log.kills.drain(..) {
             // A failed store leaves the block valid until reclamation invalidates it; the
             // heap is poisoned then and every later write reports it.
@@ -855,20 +867,8 @@ impl<'h> OpGuard<'h> {
                 );
             });
         }
-        // Everything was handed over; what is left is capacity for the next operation.
         log.allocated.clear();
         debug_assert!(log.is_handed_over());
-        let id = shared.epochs.instance();
-        // During thread teardown the state may be gone already; nothing is left to track
-        // and nobody can ask for the last commit.
-        let _ = LOCAL.try_with(|local| {
-            let mut local = local.borrow_mut();
-            local.active.retain(|&a| a != id);
-            local.spare_logs.push(log);
-            if committed {
-                local.last_commit = (id, self.epoch);
-            }
-        });
     }
 }
 
@@ -878,35 +878,55 @@ impl Drop for OpGuard<'_> {
     }
 }
 
-fn deactivate(instance: u64) {
+/// Records an operation beginning in a shared slot of the heap with this instance id, or
+/// refuses it if the thread has one open there already.
+#[cold]
+fn begin_shared(instance: u64) -> Result<()> {
+    // During thread teardown the state may be gone already; nothing can nest then.
+    LOCAL
+        .try_with(|local| {
+            let mut local = local.borrow_mut();
+            if local.shared_active.contains(&instance) {
+                return Err(Error::NestedOperation);
+            }
+            local.shared_active.push(instance);
+            Ok(())
+        })
+        .unwrap_or(Ok(()))
+}
+
+/// Records the end of an operation that [`begin_shared`] recorded.
+#[cold]
+fn end_shared(instance: u64) {
     // During thread teardown the state may be gone already; nothing is left to track then.
-    let _ = LOCAL.try_with(|local| local.borrow_mut().active.retain(|&id| id != instance));
+    let _ = LOCAL.try_with(|local| {
+        local
+            .borrow_mut()
+            .shared_active
+            .retain(|&id| id != instance);
+    });
 }
 
 /// A fresh uid from the calling thread's reserved range, reserving a new range when it runs
 /// out (or belongs to another heap).
+#[inline]
 fn fresh_uid(epochs: &super::Epochs) -> u64 {
     let instance = epochs.instance();
-    LOCAL.with(|local| {
-        let mut local = local.borrow_mut();
-        let (owner, next, end) = local.uids;
-        if owner == instance && next < end {
-            local.uids.1 = next + 1;
-            return next;
-        }
-        let first = epochs.reserve_uids(UID_BATCH);
-        local.uids = (instance, first + 1, first + UID_BATCH);
-        first
-    })
+    let (owner, next, end) = UIDS.get();
+    if owner == instance && next < end {
+        UIDS.set((owner, next + 1, end));
+        return next;
+    }
+    let first = epochs.reserve_uids(UID_BATCH);
+    UIDS.set((instance, first + 1, first + UID_BATCH));
+    first
 }
 
 /// The epoch of the last operation the calling thread committed on the heap with this
 /// instance id, if any.
 pub(crate) fn last_commit(instance: u64) -> Option<Epoch> {
-    LOCAL.with(|local| {
-        let (heap, epoch) = local.borrow().last_commit;
-        (heap == instance).then_some(epoch)
-    })
+    let (heap, epoch) = LAST_COMMIT.get();
+    (heap == instance).then_some(epoch)
 }
 
 #[cfg(all(test, not(montage_loom)))]

@@ -441,6 +441,16 @@ impl<S, L> Slots<S, L> {
         })
     }
 
+    /// Whether the thread with id `id`, the calling thread, has an operation announced in
+    /// its owned slot (`false` if it has no owned slot).
+    pub(crate) fn owner_busy(&self, id: Option<usize>) -> bool {
+        match self.slot_of(id) {
+            // ORDERING: only the owner reads or writes `busy`, and the caller is the owner.
+            SlotId::Own(i) => self.counters(SlotId::Own(i)).busy.load(Ordering::Relaxed),
+            SlotId::Shared(_) => false,
+        }
+    }
+
     /// Runs `f` on a shared slot's state, for a caller outside any operation (the raw block
     /// interface).
     pub(crate) fn with_shared_state<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
@@ -600,7 +610,7 @@ impl<'s, S, L> Announcement<'s, S, L> {
     }
 
     /// Whether the operation is announced in a slot its thread owns.
-    #[cfg(test)]
+    #[inline]
     pub(crate) fn owned(&self) -> bool {
         matches!(self.slot, SlotId::Own(_))
     }

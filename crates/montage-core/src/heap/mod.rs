@@ -189,7 +189,7 @@ impl Heap {
     /// would wait for itself if the calling thread had an operation open on this heap.
     fn runtime_outside_op(&self) -> Result<&Runtime> {
         let runtime = &self.shared().runtime;
-        if crate::epoch::op::has_active_op(runtime.epochs.instance()) {
+        if runtime.epochs.has_open_op() {
             return Err(Error::SyncInOperation);
         }
         Ok(runtime)

@@ -319,8 +319,9 @@ impl Media {
     }
 
     /// Writes a new block at `offset`: its header ([`store_header`](Self::store_header)'s
-    /// `body` and `meta`, the meta word after the body), then `payload` and `trailer` right
-    /// after it, with one check of the backend and one of the bounds.
+    /// `body` and `meta`, the meta word after the body), then `payload` right after it and
+    /// its trailer, the crc32c of `sum_words` and the payload (little-endian), after that,
+    /// with one check of the backend and one of the bounds.
     #[inline]
     pub(crate) fn write_block(
         &self,
@@ -328,11 +329,12 @@ impl Media {
         body: &[u64; 4],
         meta: u64,
         payload: &[u8],
-        trailer: [u8; 4],
+        sum_words: &[u64; 2],
     ) -> Result<()> {
         #[cfg(any(test, feature = "sim"))]
         if self.simulator().is_some() {
             self.store_header(offset, body, meta)?;
+            let trailer = crate::base::crc::words_then_bytes(sum_words, payload).to_le_bytes();
             return self.write_pair(offset + crate::base::layout::HEADER_LEN, payload, &trailer);
         }
         self.check_poison()?;
@@ -341,7 +343,7 @@ impl Media {
             &body.map(u64::to_le),
             meta.to_le(),
             payload,
-            trailer,
+            sum_words,
         )
     }
 
