@@ -481,3 +481,44 @@ fn repair_restores_a_registry_entry_and_info_lists_the_registered_types() {
     assert_eq!(heap.registered_types().len(), 2);
     heap.close().unwrap();
 }
+
+/// A thread-local's destructor may still store payloads and `sync` after the runtime's own
+/// per-thread state is gone: destructors run in the reverse order of registration, so the
+/// one registered before the thread's first operation runs after the runtime's are gone.
+#[test]
+fn a_thread_local_destructor_can_still_store_payloads_and_sync() {
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+
+    type Report = mpsc::Sender<montage::Result<()>>;
+    struct AtExit(Option<(Heap, montage::OwnerId, Report)>);
+    impl Drop for AtExit {
+        fn drop(&mut self) {
+            if let Some((heap, owner, report)) = self.0.take() {
+                let stored = heap
+                    .run_op(|op| op.alloc_payload(owner, &Point { x: 3, y: 4 }).map(drop))
+                    .and_then(|()| heap.sync());
+                report.send(stored).unwrap();
+            }
+        }
+    }
+    thread_local! {
+        static AT_EXIT: RefCell<AtExit> = const { RefCell::new(AtExit(None)) };
+    }
+
+    let heap = heap();
+    let owner = heap.register("points").unwrap();
+    let (report, outcome) = mpsc::channel();
+    let handle = heap.clone();
+    std::thread::spawn(move || {
+        // Registered first, so destroyed last.
+        AT_EXIT.with(|at_exit| at_exit.borrow_mut().0 = Some((handle.clone(), owner, report)));
+        handle
+            .run_op(|op| op.alloc_payload(owner, &Point { x: 1, y: 2 }).map(drop))
+            .unwrap();
+        handle.sync().unwrap();
+    })
+    .join()
+    .unwrap();
+    outcome.recv().unwrap().unwrap();
+}

@@ -79,7 +79,10 @@ const UID_BATCH: u64 = 1024;
 /// instance id (whether it has one in its owned slot, the slot's busy flag says:
 /// [`Epochs::owned_slot_busy`](super::Epochs::owned_slot_busy)).
 pub(crate) fn has_shared_op(instance: u64) -> bool {
-    LOCAL.with(|local| local.borrow().shared_active.contains(&instance))
+    // During thread teardown the state may be gone already, and with it any operation.
+    LOCAL
+        .try_with(|local| local.borrow().shared_active.contains(&instance))
+        .unwrap_or(false)
 }
 
 /// What an operation did, to hand to the advancer when it ends or to undo if it aborts.
@@ -548,12 +551,15 @@ impl<'h> OpGuard<'h> {
     /// first time (a per-thread cache makes repeated checks cheap).
     pub(crate) fn ensure_type(&self, name: &'static str, type_id: u64) -> Result<()> {
         let instance = self.runtime.epochs.instance();
-        let known = LOCAL.with(|local| local.borrow().types.contains(&(instance, type_id)));
+        // During thread teardown the cache may be gone already: the registry answers then.
+        let known = LOCAL
+            .try_with(|local| local.borrow().types.contains(&(instance, type_id)))
+            .unwrap_or(false);
         if known {
             return Ok(());
         }
         self.runtime.check_type(name, type_id)?;
-        LOCAL.with(|local| {
+        let _ = LOCAL.try_with(|local| {
             let mut local = local.borrow_mut();
             // Entries of heaps this thread no longer uses are dropped wholesale now and then.
             if local.types.len() >= TYPE_CACHE {
