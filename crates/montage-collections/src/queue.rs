@@ -7,15 +7,19 @@
 //!
 //! # Linearization points
 //!
-//! Every method runs in one operation and holds the queue lock; `push_back` linearizes at
-//! its allocation, `pop_front` at its deletion of the front element, `front` and `len` at
-//! their read. The queue remembers the epoch of the last operation that changed it; an
+//! Every method runs in one operation and holds the queue lock while it changes or reads the
+//! queue; `push_back` linearizes when it appends its element, `pop_front` at its deletion of
+//! the front element, `front` and `len` at their read. `push_back` writes its payload before
+//! it takes the lock, with the sequence number it expects to get (the one after the last
+//! append it saw), so that the lock is held only to append; when another push took that
+//! number first, it writes the right one into its payload in place, under the lock. The queue remembers the epoch of the last operation that changed it; an
 //! operation of an older epoch that takes the lock after it aborts and is retried (the lock
 //! is a `StampedLock`), so the lock order agrees with epoch order and recovery to any
 //! epoch boundary gives the queue after a prefix of it.
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use montage_core::payload::Encoded;
@@ -42,6 +46,9 @@ pub struct Queue<T> {
     attached: Attached,
     type_id: u64,
     state: StampedLock<State>,
+    /// The sequence number the next push expects to get: `State::next_seq` as the last
+    /// append left it. Only a guess, read without the lock (module docs).
+    expected_seq: AtomicU64,
     _element: PhantomData<fn() -> T>,
 }
 
@@ -162,6 +169,7 @@ impl<T: Codec> Queue<T> {
                 next_seq,
                 elements: elements.into(),
             }),
+            expected_seq: AtomicU64::new(next_seq),
             _element: PhantomData,
         })
     }
@@ -179,10 +187,25 @@ impl<T: Codec> Queue<T> {
     }
 
     fn push_in(&self, op: &OpGuard<'_>, bytes: &mut [u8]) -> Result<()> {
-        self.push_locked(op, &mut self.state.lock(op)?, bytes)
+        // The payload is written before the lock is taken, with the number this push expects;
+        // an abort at the lock (a newer epoch changed the queue) kills the block again.
+        // ORDERING: Relaxed: only a guess, checked under the lock.
+        let expected = self.expected_seq.load(Ordering::Relaxed);
+        bytes[..8].copy_from_slice(&expected.to_le_bytes());
+        let mut block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
+        let mut state = self.state.lock(op)?;
+        let seq = state.next_seq;
+        if seq != expected {
+            // Another push took it: the right number, in place (the block is this
+            // operation's own).
+            block = op.write(block, 0, &seq.to_le_bytes())?;
+        }
+        self.append(&mut state, seq, block);
+        Ok(())
     }
 
-    /// [`push_in`](Self::push_in)'s step with the queue locked (`state`).
+    /// A push with the queue locked (`state`), for a [`together`] that holds the lock
+    /// throughout: the number is known before the payload is written.
     fn push_locked(
         &self,
         op: &OpGuard<'_>,
@@ -192,9 +215,16 @@ impl<T: Codec> Queue<T> {
         let seq = state.next_seq;
         bytes[..8].copy_from_slice(&seq.to_le_bytes());
         let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
+        self.append(state, seq, block);
+        Ok(())
+    }
+
+    /// Appends the element numbered `seq` (the queue's next number) in `block`.
+    fn append(&self, state: &mut StampedGuard<'_, State>, seq: u64, block: PBlock) {
         state.next_seq = seq + 1;
         state.elements.push_back((seq, block));
-        Ok(())
+        // ORDERING: Relaxed, as the load in `push_in`.
+        self.expected_seq.store(seq + 1, Ordering::Relaxed);
     }
 
     /// Removes and returns the front element.
@@ -447,6 +477,28 @@ mod tests {
         ));
         bytes[..8].copy_from_slice(&SEQ_LIMIT.to_le_bytes());
         assert_eq!(decode::<u64>(&bytes, 0x40).unwrap(), (SEQ_LIMIT, 5));
+    }
+
+    /// A push whose expected number another push took first writes the right one into its
+    /// payload, where recovery finds it.
+    #[test]
+    fn a_push_that_expected_a_taken_number_writes_the_right_one() {
+        let heap = Heap::create(&HeapConfig::simulated(1 << 20, SimMode::Prefix)).unwrap();
+        let queue: Queue<u64> = Queue::open(&heap, "q").unwrap();
+        queue.push_back(1).unwrap();
+        queue.push_back(2).unwrap();
+        // As if this push had read the number before the two appends.
+        queue.expected_seq.store(0, Ordering::Relaxed);
+        queue.push_back(3).unwrap();
+        let (seq, block) = *queue.state.lock_outside_op().elements.back().unwrap();
+        assert_eq!(seq, 2);
+        let bytes = heap.read_payload(block).unwrap();
+        assert_eq!(decode::<u64>(&bytes, block.offset()).unwrap(), (2, 3));
+        heap.sync().unwrap();
+        drop(queue);
+        // Rebuilt from the payloads alone.
+        let reopened: Queue<u64> = Queue::open(&heap, "q").unwrap();
+        assert_eq!(reopened.to_vec().unwrap(), vec![1, 2, 3]);
     }
 
     /// An operation of epoch `e` must not act on a queue a newer operation changed.
