@@ -222,6 +222,17 @@ fn ci_steps() -> Result {
     asan()?;
     fuzz::run_targets(&["--smoke".to_owned()])?;
     cargo(&["doc", "--workspace", "--no-deps"], &deny)?;
+    // The internal docs too: their links break where the public ones cannot show it (an
+    // ambiguous name inside the crate, a private item).
+    cargo(
+        &[
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--document-private-items",
+        ],
+        &deny,
+    )?;
     // The criterion benches are not built here: clippy above checks them (`--all-targets`),
     // and building them optimised took two minutes of CI's twenty; `cargo xtask bench
     // --criterion` builds and runs them.

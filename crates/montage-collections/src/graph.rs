@@ -118,7 +118,7 @@ impl State {
     }
 }
 
-/// A change of a graph, as a [`together`] takes it back.
+/// A change of a graph, as a [`together()`] takes it back.
 #[derive(Debug)]
 enum Undo {
     /// This vertex was added (with no edges, once the later changes are taken back).
@@ -520,7 +520,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
 }
 
 impl<'h, 'o> Together<'h, '_, 'o> {
-    /// Changes `graph` in this [`together`]: `f` gets a view of it whose methods read and
+    /// Changes `graph` in this [`together()`]: `f` gets a view of it whose methods read and
     /// write as the graph's own do, and see the changes made before them; they are kept
     /// (and a crash keeps them) with the together's other changes, or taken back with
     /// them. The graph stays locked for writing until the together ends.
@@ -553,7 +553,7 @@ impl<'h, 'o> Together<'h, '_, 'o> {
     }
 }
 
-/// A graph one [`together`] locked, and how to take back its changes.
+/// A graph one [`together()`] locked, and how to take back its changes.
 struct GraphPart<'h, V, E> {
     graph: &'h Graph<V, E>,
     state: StampedWriteGuard<'h, State>,
@@ -581,7 +581,7 @@ impl<V, E> Drop for GraphPart<'_, V, E> {
     }
 }
 
-/// A [`Graph`] changed in a [`together`] ([`Together::graph`]).
+/// A [`Graph`] changed in a [`together()`] ([`Together::graph`]).
 pub struct TogetherGraph<'a, 'o, 'h, V, E> {
     part: &'a mut GraphPart<'h, V, E>,
     op: &'a OpGuard<'o>,

@@ -150,7 +150,7 @@ impl<K: Eq> Stripe<K> {
     }
 }
 
-/// A change of one entry in a stripe, as a [`together`] takes it back.
+/// A change of one entry in a stripe, as a [`together()`] takes it back.
 #[derive(Debug)]
 enum Undo<K> {
     /// The key whose hash is `hash` was added with `block`: remove it.
@@ -177,7 +177,7 @@ enum Rewrite {
     /// In place when it may be (written in this epoch, and the bytes fit): a single
     /// operation, which cannot fail after the write.
     InPlace,
-    /// Always as a new version: in a [`together`], whose rollback cannot restore bytes
+    /// Always as a new version: in a [`together()`], whose rollback cannot restore bytes
     /// written in place.
     Copy,
 }
@@ -732,7 +732,7 @@ where
 }
 
 impl<'h, 'o> Together<'h, '_, 'o> {
-    /// Changes `map` in this [`together`]: `f` gets a view of it whose methods read and
+    /// Changes `map` in this [`together()`]: `f` gets a view of it whose methods read and
     /// write as the map's own do, and see the changes made before them; they are kept
     /// (and a crash keeps them) with the together's other changes, or taken back with
     /// them. Each stripe a key picks stays locked until the together ends.
@@ -782,7 +782,7 @@ impl<'h, 'o> Together<'h, '_, 'o> {
     }
 }
 
-/// The stripes of a map one [`together`] locked, and how to take back its changes.
+/// The stripes of a map one [`together()`] locked, and how to take back its changes.
 struct MapPart<'h, K: Hash + Eq, V> {
     map: &'h HashMap<K, V>,
     /// Each locked stripe's index and guard.
@@ -811,7 +811,7 @@ impl<K: Hash + Eq, V> Drop for MapPart<'_, K, V> {
     }
 }
 
-/// A [`HashMap`] changed in a [`together`] ([`Together::hash_map`]).
+/// A [`HashMap`] changed in a [`together()`] ([`Together::hash_map`]).
 pub struct TogetherMap<'a, 'o, 'h, K: Hash + Eq, V> {
     part: &'a mut MapPart<'h, K, V>,
     op: &'a OpGuard<'o>,

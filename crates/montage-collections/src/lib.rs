@@ -18,7 +18,7 @@
 //!   [`LoggedShards`], several of them under one name, a call going to the one its key
 //!   chooses.
 //!
-//! [`together`] makes changes of several structures (calls on logged ones, updates of
+//! [`together()`] makes changes of several structures (calls on logged ones, updates of
 //! [`HashMap`]s, [`Queue`]s and [`Graph`]s) in one operation, so that a crash keeps all of
 //! them or none.
 

@@ -204,7 +204,7 @@ impl<T: Codec> Queue<T> {
         Ok(())
     }
 
-    /// A push with the queue locked (`state`), for a [`together`] that holds the lock
+    /// A push with the queue locked (`state`), for a [`together()`] that holds the lock
     /// throughout: the number is known before the payload is written.
     fn push_locked(
         &self,
@@ -315,7 +315,7 @@ impl<T: Codec> Queue<T> {
 }
 
 impl<'h, 'o> Together<'h, '_, 'o> {
-    /// Changes `queue` in this [`together`]: `f` gets a view of it whose methods read and
+    /// Changes `queue` in this [`together()`]: `f` gets a view of it whose methods read and
     /// write as the queue's own do, and see the changes made before them; they are kept
     /// (and a crash keeps them) with the together's other changes, or taken back with
     /// them. The queue stays locked until the together ends. [`Together::hash_map`] has an
@@ -347,7 +347,7 @@ impl<'h, 'o> Together<'h, '_, 'o> {
     }
 }
 
-/// A queue one [`together`] locked, and how to take back its changes.
+/// A queue one [`together()`] locked, and how to take back its changes.
 struct QueuePart<'h, T> {
     queue: &'h Queue<T>,
     state: StampedGuard<'h, State>,
@@ -355,7 +355,7 @@ struct QueuePart<'h, T> {
     undo: Vec<Undo>,
 }
 
-/// A change of a queue, as a [`together`] takes it back.
+/// A change of a queue, as a [`together()`] takes it back.
 #[derive(Debug)]
 enum Undo {
     /// An element pushed at the back: take it off (and its sequence number back).
@@ -391,7 +391,7 @@ impl<T> Drop for QueuePart<'_, T> {
     }
 }
 
-/// A [`Queue`] changed in a [`together`] ([`Together::queue`]).
+/// A [`Queue`] changed in a [`together()`] ([`Together::queue`]).
 pub struct TogetherQueue<'a, 'o, 'h, T> {
     part: &'a mut QueuePart<'h, T>,
     op: &'a OpGuard<'o>,

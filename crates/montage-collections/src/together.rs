@@ -1,4 +1,4 @@
-//! [`together`]: changes of several structures in one heap operation, so that a crash keeps
+//! [`together()`]: changes of several structures in one heap operation, so that a crash keeps
 //! all of them or none: calls on logged structures (and shards), and updates of
 //! [`HashMap`]s, [`Queue`]s and [`Graph`]s.
 //!
@@ -36,7 +36,7 @@ use crate::structure::lock;
 #[cfg(doc)]
 use crate::{Graph, HashMap, Queue};
 
-/// Held by each [`together`] from before its operation begins to after it ends: one
+/// Held by each [`together()`] from before its operation begins to after it ends: one
 /// operation at a time holds the locks of several structures, so no two wait for each
 /// other's (every other call holds one lock and waits for nothing while it does).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -145,7 +145,7 @@ pub fn together<'h, R>(
     Ok(value)
 }
 
-/// The changes of one [`together`], made in its operation.
+/// The changes of one [`together()`], made in its operation.
 pub struct Together<'h, 'g, 'o> {
     heap: &'g Heap,
     op: &'g OpGuard<'o>,
@@ -245,7 +245,7 @@ impl<'h, 'g, 'o> Together<'h, 'g, 'o> {
     }
 }
 
-/// What a logged call's snapshot policy asks for, run once the [`together`] has returned.
+/// What a logged call's snapshot policy asks for, run once the [`together()`] has returned.
 pub(crate) type Request<'h> = Box<dyn FnOnce() + 'h>;
 
 /// A panic's payload, to resume once the operation is rolled back.
@@ -254,7 +254,7 @@ pub(crate) type Panic = Box<dyn std::any::Any + Send>;
 /// Which structure (and shard) a change is on: its address and the shard's index.
 pub(crate) type StagedId = (*const (), usize);
 
-/// The changes one [`together`] made on one structure (or shard), type-erased. Dropped
+/// The changes one [`together()`] made on one structure (or shard), type-erased. Dropped
 /// without [`commit`](Staged::commit), they are taken back, once the operation has been
 /// rolled back (module docs).
 pub(crate) trait Staged<'h> {
@@ -272,7 +272,7 @@ pub(crate) trait Staged<'h> {
     fn poison(&self) {}
 }
 
-/// What a call of [`Together::log`] returns: its output, once [`together`] has returned.
+/// What a call of [`Together::log`] returns: its output, once [`together()`] has returned.
 pub struct Ticket<O>(pub(crate) std::rc::Rc<std::cell::RefCell<Option<O>>>);
 
 impl<O> std::fmt::Debug for Ticket<O> {
@@ -284,7 +284,7 @@ impl<O> std::fmt::Debug for Ticket<O> {
 }
 
 impl<O> Ticket<O> {
-    /// The call's output: `Some` once the [`together`] that logged it returned `Ok` (`None`
+    /// The call's output: `Some` once the [`together()`] that logged it returned `Ok` (`None`
     /// for a ticket of an attempt that did not commit).
     pub fn take(self) -> Option<O> {
         self.0.borrow_mut().take()

@@ -218,7 +218,7 @@ pub fn check_synced(syncs: &[SyncRecord], crash_step: u64, cut: Epoch) -> Result
     }
 }
 
-/// The bit that marks a seed as one for the file model ([`SimMode::File`]).
+/// The bit that marks a seed as one for the file model ([`SimMode::File`](sim::SimMode::File)).
 const FILE_SEED: u64 = 1 << 40;
 
 /// The crash model a seed runs in: seeds with the file bit ([`crash_seeds`] adds one for

@@ -1,4 +1,4 @@
-//! Calls on logged structures made in a [`together`](crate::together): [`Together::log`]
+//! Calls on logged structures made in a [`together`](crate::together()): [`Together::log`]
 //! and its kin.
 
 use std::cell::RefCell;
@@ -17,7 +17,7 @@ impl<'h> Together<'h, '_, '_> {
     ///
     /// # Errors
     ///
-    /// As [`together`](crate::together).
+    /// As [`together`](crate::together()).
     pub fn log<T>(&mut self, handle: &'h Logged<T>, op: T::Op) -> Result<Ticket<T::Output>>
     where
         T: Replay + Send + Sync + 'static,
@@ -29,7 +29,7 @@ impl<'h> Together<'h, '_, '_> {
     ///
     /// # Errors
     ///
-    /// As [`together`](crate::together).
+    /// As [`together`](crate::together()).
     pub fn log_shard<T>(&mut self, shard: &Shard<'h, T>, op: T::Op) -> Result<Ticket<T::Output>>
     where
         T: Replay + Send + Sync + 'static,
@@ -44,7 +44,7 @@ impl<'h> Together<'h, '_, '_> {
     ///
     /// # Errors
     ///
-    /// As [`together`](crate::together).
+    /// As [`together`](crate::together()).
     pub fn log_with<T, X>(
         &mut self,
         handle: &'h Logged<T>,
@@ -60,7 +60,7 @@ impl<'h> Together<'h, '_, '_> {
     ///
     /// # Errors
     ///
-    /// As [`together`](crate::together).
+    /// As [`together`](crate::together()).
     pub fn log_shard_with<T, X>(
         &mut self,
         shard: &Shard<'h, T>,

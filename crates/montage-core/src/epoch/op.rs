@@ -76,8 +76,8 @@ fn count_version(versions: u8, in_place: bool) {
 const UID_BATCH: u64 = 1024;
 
 /// Whether the calling thread has an operation open in a shared slot of the heap with this
-/// instance id (whether it has one in its owned slot, the slot's busy flag says:
-/// [`Epochs::owned_slot_busy`](super::Epochs::owned_slot_busy)).
+/// instance id (whether it has one in its owned slot, the slot's busy flag says; both are
+/// asked by [`Epochs::has_open_op`](super::Epochs::has_open_op)).
 pub(crate) fn has_shared_op(instance: u64) -> bool {
     // During thread teardown the state may be gone already, and with it any operation.
     LOCAL

@@ -44,7 +44,7 @@ impl Registry {
 
     /// Reads the registry area of a heap being opened. An entry torn by a crash reads as an
     /// empty slot (registration persists it before returning, so no payload of its type can
-    /// be durable); a damaged entry is [`Error::Corrupted`](crate::Error::Corrupted).
+    /// be durable); a damaged entry is [`Error::Corrupted`].
     pub(crate) fn load(media: &Media, creation_id: u64) -> Result<Registry> {
         let entries = table::read_entries(media, REGISTRY, creation_id, |_, raw| {
             let name = &raw[REG_NAME_OFFSET as usize..];

@@ -171,7 +171,7 @@ pub(crate) struct RecordHead {
 }
 
 impl RecordHead {
-    /// A data record's header, its checksum still to be filled in by [`seal_crc`].
+    /// A data record's header, its checksum still to be filled in by [`RecordBuf::finish`].
     pub(crate) fn data(seq: u64, word: u64, durable: u64, session: u64) -> RecordHead {
         RecordHead {
             wrap: false,
