@@ -50,3 +50,8 @@ fn concurrent_histories_are_linearizable() {
 fn a_million_elements_are_recovered_in_order() {
     common::check_queue_million(common::open_nb_queue);
 }
+
+#[test]
+fn threads_pushing_and_popping_lose_and_repeat_nothing() {
+    common::check_queue_stress(common::open_nb_queue);
+}

@@ -395,6 +395,56 @@ pub fn check_queue_linearizability(open: QueueOpener) {
     }
 }
 
+/// Threads push and pop in pairs, many thousands of times, on a heap whose clock advances
+/// on its own (so pops meet elements of their own epoch and of older ones): no call fails,
+/// every element pushed is popped exactly once or still queued, and each thread sees each
+/// producer's elements in the order they were pushed.
+pub fn check_queue_stress(open: QueueOpener) {
+    const THREADS: u64 = 4;
+    const PAIRS: u64 = 20_000;
+    let heap =
+        montage_core::Heap::create(&montage_core::HeapConfig::in_memory(64 << 20).epoch_length(
+            montage_core::EpochLength::Every(std::time::Duration::from_micros(200)),
+        ))
+        .unwrap();
+    let queue = open(&heap, "q");
+    let popped: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let queue = &queue;
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut seen = Vec::new();
+                    for i in 0..PAIRS {
+                        queue.push((t << 32) | i);
+                        seen.extend(queue.pop());
+                    }
+                    seen
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for seen in &popped {
+        let mut last = vec![None; THREADS as usize];
+        for &v in seen {
+            let producer = (v >> 32) as usize;
+            assert!(
+                last[producer] < Some(v),
+                "{v:#x} popped after {:#x}",
+                last[producer].unwrap_or(0)
+            );
+            last[producer] = Some(v);
+        }
+    }
+    let mut all: Vec<u64> = popped.concat();
+    all.extend(queue.all());
+    all.sort_unstable();
+    let pushed: Vec<u64> = (0..THREADS)
+        .flat_map(|t| (0..PAIRS).map(move |i| (t << 32) | i))
+        .collect();
+    assert_eq!(all, pushed, "an element was lost or popped twice");
+}
+
 /// One million elements: pushed, synced, closed, reopened from the file, and every one
 /// checked in order.
 pub fn check_queue_million(open: QueueOpener) {
