@@ -12,10 +12,11 @@
 //! the front element, `front` and `len` at their read. `push_back` writes its payload before
 //! it takes the lock, with the sequence number it expects to get (the one after the last
 //! append it saw), so that the lock is held only to append; when another push took that
-//! number first, it writes the right one into its payload in place, under the lock. The queue remembers the epoch of the last operation that changed it; an
-//! operation of an older epoch that takes the lock after it aborts and is retried (the lock
-//! is a `StampedLock`), so the lock order agrees with epoch order and recovery to any
-//! epoch boundary gives the queue after a prefix of it.
+//! number first, it writes the right one into its payload in place, under the lock. The
+//! queue remembers the epoch of the last operation that changed it; an operation of an
+//! older epoch that takes the lock after it aborts and is retried (the lock is a
+//! `StampedLock`), so the lock order agrees with epoch order and recovery to any epoch
+//! boundary gives the queue after a prefix of it.
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -34,8 +35,6 @@ use crate::together::{Staged, StagedId, Together};
 /// The DRAM side of the queue.
 #[derive(Debug)]
 struct State {
-    /// The next sequence number to give out.
-    next_seq: u64,
     elements: VecDeque<(u64, PBlock)>,
 }
 
@@ -46,9 +45,9 @@ pub struct Queue<T> {
     attached: Attached,
     type_id: u64,
     state: StampedLock<State>,
-    /// The sequence number the next push expects to get: `State::next_seq` as the last
-    /// append left it. Only a guess, read without the lock (module docs).
-    expected_seq: AtomicU64,
+    /// The next sequence number to give out. Changed only with `state` locked; a push also
+    /// reads it without the lock, as a guess of the number it will get (module docs).
+    next_seq: AtomicU64,
     _element: PhantomData<fn() -> T>,
 }
 
@@ -57,6 +56,15 @@ impl<T> std::fmt::Debug for Queue<T> {
         f.debug_struct("Queue")
             .field("owner", &self.attached.owner())
             .finish_non_exhaustive()
+    }
+}
+
+impl<T> Queue<T> {
+    /// The next sequence number, read by a caller holding the queue's lock.
+    fn locked_next_seq(&self) -> u64 {
+        // ORDERING: Relaxed: every change is made under the lock, whose acquisition orders
+        // it before this read.
+        self.next_seq.load(Ordering::Relaxed)
     }
 }
 
@@ -166,10 +174,9 @@ impl<T: Codec> Queue<T> {
             attached,
             type_id,
             state: StampedLock::new(State {
-                next_seq,
                 elements: elements.into(),
             }),
-            expected_seq: AtomicU64::new(next_seq),
+            next_seq: AtomicU64::new(next_seq),
             _element: PhantomData,
         })
     }
@@ -187,14 +194,18 @@ impl<T: Codec> Queue<T> {
     }
 
     fn push_in(&self, op: &OpGuard<'_>, bytes: &mut [u8]) -> Result<()> {
-        // The payload is written before the lock is taken, with the number this push expects;
-        // an abort at the lock (a newer epoch changed the queue) kills the block again.
         // ORDERING: Relaxed: only a guess, checked under the lock.
-        let expected = self.expected_seq.load(Ordering::Relaxed);
+        self.push_expecting(op, bytes, self.next_seq.load(Ordering::Relaxed))
+    }
+
+    /// [`push_in`](Self::push_in) with the number it expects to get, `expected`: the payload
+    /// is written with it before the lock is taken; an abort at the lock (a newer epoch
+    /// changed the queue) kills the block again.
+    fn push_expecting(&self, op: &OpGuard<'_>, bytes: &mut [u8], expected: u64) -> Result<()> {
         bytes[..8].copy_from_slice(&expected.to_le_bytes());
         let mut block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
         let mut state = self.state.lock(op)?;
-        let seq = state.next_seq;
+        let seq = self.locked_next_seq();
         if seq != expected {
             // Another push took it: the right number, in place (the block is this
             // operation's own).
@@ -212,19 +223,20 @@ impl<T: Codec> Queue<T> {
         state: &mut StampedGuard<'_, State>,
         bytes: &mut [u8],
     ) -> Result<()> {
-        let seq = state.next_seq;
+        let seq = self.locked_next_seq();
         bytes[..8].copy_from_slice(&seq.to_le_bytes());
         let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
         self.append(state, seq, block);
         Ok(())
     }
 
-    /// Appends the element numbered `seq` (the queue's next number) in `block`.
+    /// Appends the element numbered `seq` (the queue's next number) in `block`; the caller
+    /// holds the lock (`state`).
     fn append(&self, state: &mut StampedGuard<'_, State>, seq: u64, block: PBlock) {
-        state.next_seq = seq + 1;
         state.elements.push_back((seq, block));
-        // ORDERING: Relaxed, as the load in `push_in`.
-        self.expected_seq.store(seq + 1, Ordering::Relaxed);
+        // ORDERING: Relaxed, as in `locked_next_seq`; a push reading it without the lock
+        // only guesses.
+        self.next_seq.store(seq + 1, Ordering::Relaxed);
     }
 
     /// Removes and returns the front element.
@@ -383,7 +395,11 @@ impl<T> Drop for QueuePart<'_, T> {
             match undo {
                 Undo::Pushed => {
                     state.elements.pop_back();
-                    state.next_seq -= 1;
+                    let queue = self.queue;
+                    // ORDERING: as in `append`, with the lock held.
+                    queue
+                        .next_seq
+                        .store(queue.locked_next_seq() - 1, Ordering::Relaxed);
                 }
                 Undo::Popped(element) => state.elements.push_front(element),
             }
@@ -488,8 +504,10 @@ mod tests {
         queue.push_back(1).unwrap();
         queue.push_back(2).unwrap();
         // As if this push had read the number before the two appends.
-        queue.expected_seq.store(0, Ordering::Relaxed);
-        queue.push_back(3).unwrap();
+        encode_element(&3u64, |bytes| {
+            heap.run_op(|op| queue.push_expecting(op, bytes, 0))
+        })
+        .unwrap();
         let (seq, block) = *queue.state.lock_outside_op().elements.back().unwrap();
         assert_eq!(seq, 2);
         let bytes = heap.read_payload(block).unwrap();

@@ -76,6 +76,9 @@ unsafe impl Sync for Region {}
 /// A block header's length: the meta word and the four body words.
 const HEADER: usize = 40;
 const _: () = assert!(HEADER as u64 == super::layout::HEADER_LEN);
+/// A block trailer's length: the payload's crc32c.
+const TRAILER: usize = 4;
+const _: () = assert!(TRAILER as u64 == super::layout::TRAILER_LEN);
 
 /// The error for an access to `[offset, offset + len)` outside the region, built out of line:
 /// the checks that return it are inlined into every access.
@@ -349,7 +352,7 @@ impl Region {
     ) -> Result<()> {
         let total = (HEADER as u64)
             .saturating_add(payload.len() as u64)
-            .saturating_add(4);
+            .saturating_add(TRAILER as u64);
         let start = self.check_words(offset, total)?;
         self.header_in(start, body, meta);
         let payload_at = start.wrapping_add(HEADER);

@@ -444,11 +444,9 @@ impl<S, L> Slots<S, L> {
     /// Whether the thread with id `id`, the calling thread, has an operation announced in
     /// its owned slot (`false` if it has no owned slot).
     pub(crate) fn owner_busy(&self, id: Option<usize>) -> bool {
-        match self.slot_of(id) {
-            // ORDERING: only the owner reads or writes `busy`, and the caller is the owner.
-            SlotId::Own(i) => self.counters(SlotId::Own(i)).busy.load(Ordering::Relaxed),
-            SlotId::Shared(_) => false,
-        }
+        let slot = self.slot_of(id);
+        // ORDERING: only the owner reads or writes `busy`, and the caller is the owner.
+        matches!(slot, SlotId::Own(_)) && self.counters(slot).busy.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on a shared slot's state, for a caller outside any operation (the raw block
