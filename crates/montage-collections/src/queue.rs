@@ -202,8 +202,7 @@ impl<T: Codec> Queue<T> {
     /// is written with it before the lock is taken; an abort at the lock (a newer epoch
     /// changed the queue) kills the block again.
     fn push_expecting(&self, op: &OpGuard<'_>, bytes: &mut [u8], expected: u64) -> Result<()> {
-        bytes[..8].copy_from_slice(&expected.to_le_bytes());
-        let mut block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
+        let mut block = self.write_element(op, bytes, expected)?;
         let mut state = self.state.lock(op)?;
         let seq = self.locked_next_seq();
         if seq != expected {
@@ -224,10 +223,16 @@ impl<T: Codec> Queue<T> {
         bytes: &mut [u8],
     ) -> Result<()> {
         let seq = self.locked_next_seq();
-        bytes[..8].copy_from_slice(&seq.to_le_bytes());
-        let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
+        let block = self.write_element(op, bytes, seq)?;
         self.append(state, seq, block);
         Ok(())
+    }
+
+    /// Writes the element `bytes` (its sequence number still to fill in) numbered `seq` into
+    /// a new payload.
+    fn write_element(&self, op: &OpGuard<'_>, bytes: &mut [u8], seq: u64) -> Result<PBlock> {
+        bytes[..8].copy_from_slice(&seq.to_le_bytes());
+        op.alloc(self.attached.owner(), self.type_id, bytes)
     }
 
     /// Appends the element numbered `seq` (the queue's next number) in `block`; the caller

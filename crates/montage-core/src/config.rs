@@ -339,13 +339,12 @@ impl HeapConfig {
     /// tools that inspect a heap and for readers of a heap no process has open.
     ///
     /// The file is locked shared, so it opens while other read-only opens have it and fails
-    /// with [`Error::Locked`] while a writer has it (and a writer
-    /// cannot open it meanwhile). It is mapped copy-on-write: the journal's records are
-    /// replayed and recovery runs as at any open, but what they change stays in this
-    /// process's memory. The heap does not grow, its clock writes nothing, and every call
-    /// that would change a payload, the directory or the type registry fails with
-    /// [`Error::ReadOnly`]. [`Heap::create`](crate::Heap::create)
-    /// refuses the setting.
+    /// with [`Error::Locked`] while a writer has it (and a writer cannot open it meanwhile).
+    /// It is mapped copy-on-write: the journal's records are replayed and recovery runs as
+    /// at any open, but what they change stays in this process's memory. The heap does not
+    /// grow, its clock writes nothing, and every call that would change a payload, the
+    /// directory or the type registry fails with [`Error::ReadOnly`].
+    /// [`Heap::create`](crate::Heap::create) refuses the setting.
     #[must_use]
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
@@ -448,8 +447,8 @@ impl HeapConfig {
 
     /// The largest the heap may grow to, in bytes (rounded down to whole spans). A heap
     /// that is full grows by a step that doubles it, up to 1 GiB a step, before an
-    /// allocation fails with [`Error::OutOfSpace`]; its address
-    /// stays the same, so nothing that points into it moves.
+    /// allocation fails with [`Error::OutOfSpace`]; its address stays the same, so nothing
+    /// that points into it moves.
     ///
     /// Without it, a heap file grows as far as its file system has room: the limit is its
     /// length plus the file system's free space when it is opened (the address range

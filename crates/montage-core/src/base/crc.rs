@@ -51,7 +51,8 @@ pub(crate) fn words_then_bytes<const N: usize>(words: &[u64; N], bytes: &[u8]) -
 /// [`words_then_bytes`] for a caller that copies `bytes` as it checksums them: each whole
 /// 8-byte word of `bytes` goes to `word`, then each byte after the last whole word to
 /// `byte`, with its index in `bytes`, in one pass over them (a short payload is loaded once,
-/// for its checksum and its store).
+/// for its checksum and its store). One chain of dependent instructions: for inputs under
+/// [`INLINE_MAX`], where the caller chooses it.
 #[inline]
 pub(crate) fn words_then_bytes_visiting<const N: usize>(
     words: &[u64; N],
@@ -60,7 +61,7 @@ pub(crate) fn words_then_bytes_visiting<const N: usize>(
     mut byte: impl FnMut(usize, u8),
 ) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if bytes.len() < INLINE_MAX && std::arch::is_x86_feature_detected!("sse4.2") {
+    if std::arch::is_x86_feature_detected!("sse4.2") {
         // SAFETY: as in `append_words`.
         let crc = unsafe { hw::words(u64::from(!0u32), words) };
         // SAFETY: as in `append_words`.

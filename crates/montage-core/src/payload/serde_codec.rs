@@ -27,10 +27,9 @@ use crate::fingerprint::Fingerprint;
 ///
 /// The structures' type ids include an id of `T`'s serde data model: its container names,
 /// field names and formats, and enum variants. A structure written with one `T` and opened
-/// with a `T` whose fields or variants changed fails with
-/// [`Error::LayoutMismatch`] and changes nothing, as a
-/// `#[derive(Payload)]` struct does. (A structure with no entries has nothing to compare and
-/// opens with any type.)
+/// with a `T` whose fields or variants changed fails with [`Error::LayoutMismatch`] and
+/// changes nothing, as a `#[derive(Payload)]` struct does. (A structure with no entries has
+/// nothing to compare and opens with any type.)
 ///
 /// A type postcard cannot store (one that needs a self-describing format: `#[serde(flatten)]`,
 /// untagged enums, `serde_json::Value`) is refused when a structure opens, with
