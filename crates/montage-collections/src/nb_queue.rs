@@ -21,6 +21,7 @@
 
 use std::marker::PhantomData;
 
+use montage_core::payload::EncodeAs;
 use montage_core::verified::VerifiedQueue;
 use montage_core::{Attached, Codec, Heap, PBlock, Result};
 
@@ -78,7 +79,17 @@ impl<T: Codec> NbQueue<T> {
     /// [`Error::OutOfSpace`](montage_core::Error::OutOfSpace) when the heap is full (nothing changed); a heap error.
     #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
     pub fn push_back(&self, value: T) -> Result<()> {
-        queue::encode_element(&value, |bytes| {
+        self.push_back_ref(&value)
+    }
+
+    /// Appends a value given in any form that encodes as a `T`, as
+    /// [`Queue::push_back_ref`](crate::Queue::push_back_ref) does.
+    ///
+    /// # Errors
+    ///
+    /// As [`push_back`](Self::push_back).
+    pub fn push_back_ref<Q: EncodeAs<T> + ?Sized>(&self, value: &Q) -> Result<()> {
+        queue::encode_element::<T, Q, _>(value, |bytes| {
             self.attached.heap().run_op(|op| {
                 // The payload is written once the sequence number is known, so that it
                 // goes in with the bytes; only a retried link (another push linked first)

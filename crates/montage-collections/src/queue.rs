@@ -23,7 +23,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use montage_core::payload::Encoded;
+use montage_core::payload::{EncodeAs, Encoded};
 use montage_core::stamped::StampedGuard;
 use montage_core::{Attached, BlockView, Codec, Error, Heap, OpGuard, PBlock, Result, StampedLock};
 
@@ -85,16 +85,16 @@ pub(crate) fn decode<T: Codec>(bytes: &[u8], offset: u64) -> Result<(u64, T)> {
     Ok((seq, value))
 }
 
-/// Runs `f` with an element's bytes, a zero sequence number followed by `value`, encoded
-/// into this thread's encoding buffer.
-pub(crate) fn encode_element<T: Codec, R>(
-    value: &T,
+/// Runs `f` with an element's bytes, a zero sequence number followed by `value` encoded as
+/// a `T`, in this thread's encoding buffer.
+pub(crate) fn encode_element<T: Codec, Q: EncodeAs<T> + ?Sized, R>(
+    value: &Q,
     f: impl FnOnce(&mut [u8]) -> Result<R>,
 ) -> Result<R> {
     structure::with_encode_buffer(|bytes| {
         bytes.clear();
         bytes.extend_from_slice(&[0; 8]);
-        value.encode(bytes)?;
+        value.encode_as(bytes)?;
         f(bytes)
     })
 }
@@ -188,7 +188,30 @@ impl<T: Codec> Queue<T> {
     /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
     #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
     pub fn push_back(&self, value: T) -> Result<()> {
-        encode_element(&value, |bytes| {
+        self.push_back_ref(&value)
+    }
+
+    /// Appends a value given in any form that encodes as a `T` (see [`EncodeAs`]: a `&[u8]`
+    /// for `Vec<u8>` elements, a `&str` for `String` ones, or a `&T`), as
+    /// [`push_back`](Self::push_back) does. The queue only copies an element into the heap,
+    /// so a caller holding bytes need not build an owned `T` first.
+    ///
+    /// ```
+    /// # use montage_core::{Heap, HeapConfig};
+    /// # use montage_collections::Queue;
+    /// # let heap = Heap::create(&HeapConfig::in_memory(8 << 20))?;
+    /// let queue: Queue<Vec<u8>> = Queue::open(&heap, "jobs")?;
+    /// let received: &[u8] = b"straight from a socket buffer";
+    /// queue.push_back_ref(received)?;
+    /// assert_eq!(queue.pop_front()?.as_deref(), Some(received));
+    /// # Ok::<(), montage_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`push_back`](Self::push_back).
+    pub fn push_back_ref<Q: EncodeAs<T> + ?Sized>(&self, value: &Q) -> Result<()> {
+        encode_element::<T, Q, _>(value, |bytes| {
             self.attached.heap().run_op(|op| self.push_in(op, bytes))
         })
     }
@@ -436,8 +459,17 @@ impl<T: Codec> TogetherQueue<'_, '_, '_, T> {
     /// As [`Queue::push_back`].
     #[allow(clippy::needless_pass_by_value)] // as `Queue::push_back`
     pub fn push_back(&mut self, value: T) -> Result<()> {
+        self.push_back_ref(&value)
+    }
+
+    /// As [`Queue::push_back_ref`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Queue::push_back`].
+    pub fn push_back_ref<Q: EncodeAs<T> + ?Sized>(&mut self, value: &Q) -> Result<()> {
         let part = &mut *self.part;
-        encode_element(&value, |bytes| {
+        encode_element::<T, Q, _>(value, |bytes| {
             part.queue.push_locked(self.op, &mut part.state, bytes)
         })?;
         part.undo.push(Undo::Pushed);
@@ -509,7 +541,7 @@ mod tests {
         queue.push_back(1).unwrap();
         queue.push_back(2).unwrap();
         // As if this push had read the number before the two appends.
-        encode_element(&3u64, |bytes| {
+        encode_element::<u64, u64, _>(&3u64, |bytes| {
             heap.run_op(|op| queue.push_expecting(op, bytes, 0))
         })
         .unwrap();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use montage_collections::{NbQueue, Queue};
+use montage_collections::{NbQueue, Queue, together};
 use montage_core::sim::SimMode;
 use montage_core::{Heap, HeapConfig};
 use proptest::prelude::*;
@@ -20,6 +20,45 @@ proptest! {
     fn behaves_like_vecdeque_and_survives_a_reopen(steps in proptest::collection::vec(0u8..4, 1..150)) {
         common::check_queue_against_vecdeque(common::open_nb_queue, &steps)?;
     }
+}
+
+/// Both queues, and a queue in a `together`, take borrowed forms (`&[u8]` for `Vec<u8>`, `&str` for `String`) and owned
+/// ones alike; each reads what the other pushed after a crash.
+#[test]
+fn borrowed_values_are_pushed_as_their_owned_forms() {
+    let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let bytes: Queue<Vec<u8>> = Queue::open(&heap, "bytes").unwrap();
+    let text: Queue<String> = Queue::open(&heap, "text").unwrap();
+    bytes.push_back_ref(&b"queue, borrowed"[..]).unwrap();
+    bytes.push_back(b"queue, owned".to_vec()).unwrap();
+    text.push_back_ref("queue, borrowed").unwrap();
+    together(&heap, |tx| tx.queue(&text, |q| q.push_back_ref("together"))).unwrap();
+    drop((bytes, text));
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(0);
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    let bytes: NbQueue<Vec<u8>> = NbQueue::open(&heap, "bytes").unwrap();
+    let text: NbQueue<String> = NbQueue::open(&heap, "text").unwrap();
+    bytes.push_back_ref(&b"nb, borrowed"[..]).unwrap();
+    text.push_back_ref(&"nb, owned".to_owned()).unwrap();
+    text.push_back_ref("nb, borrowed").unwrap();
+    drop((bytes, text));
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(0);
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    let bytes: Queue<Vec<u8>> = Queue::open(&heap, "bytes").unwrap();
+    let text: Queue<String> = Queue::open(&heap, "text").unwrap();
+    assert_eq!(
+        bytes.to_vec().unwrap(),
+        [&b"queue, borrowed"[..], b"queue, owned", b"nb, borrowed"].map(<[u8]>::to_vec)
+    );
+    assert_eq!(
+        text.to_vec().unwrap(),
+        ["queue, borrowed", "together", "nb, owned", "nb, borrowed"].map(str::to_owned)
+    );
 }
 
 #[test]

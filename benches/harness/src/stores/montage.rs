@@ -144,8 +144,10 @@ map_store!(NbHashMap);
 macro_rules! queue_store {
     ($queue:ident) => {
         impl QueueStore for $queue<Vec<u8>> {
+            // `push_back_ref`: as a map's `put_ref`, it copies the caller's bytes into the
+            // heap with no owned value built first (the DRAM queue needs one: it keeps it).
             fn push(&self, value: &[u8]) -> Result {
-                Ok(self.push_back(value.to_vec())?)
+                Ok(self.push_back_ref(value)?)
             }
 
             fn pop(&self) -> Result<Option<usize>> {
