@@ -15,15 +15,16 @@
 //! Every method that changes the map runs in one operation, and each stripe is a
 //! `StampedLock`, which remembers the epoch of the last operation that changed it: an
 //! operation of an older epoch that meets it aborts and is retried in a new operation, so the
-//! lock order on
-//! every key agrees with epoch order, and recovery to any epoch boundary gives the state
-//! after a prefix of that order.
+//! lock order on every key agrees with epoch order, and recovery to any epoch boundary gives
+//! the state after a prefix of that order.
 //!
 //! [`get`](HashMap::get) and [`contains_key`](HashMap::contains_key) run in no operation:
 //! a read changes nothing recovery could keep or lose, so it needs no epoch. Under the
 //! stripe lock the block the index names is live (it leaves the index, under the same lock,
 //! before it is retired, and is reclaimed two epochs later) and its bytes are still (every
-//! write to it holds the lock). A read may return a value written in an epoch newer than
+//! write to it holds the lock). Because every reader of a block holds its stripe, a delete
+//! of a block written in the same epoch hands it out again as soon as its operation ends
+//! ([`OpGuard::delete_unshared`]), while it is still in the processor's cache. A read may return a value written in an epoch newer than
 //! the clock the reader last saw; a `sync` the reader calls afterwards reads a clock at
 //! least that new, so it covers the write before the reader acknowledges what it read.
 //!
@@ -570,12 +571,14 @@ where
             return Ok(None);
         };
         match old {
+            // Every reader of the map's blocks holds the key's stripe, which this operation
+            // holds: a block written in this epoch can be reused as soon as it ends.
             Some(old) => {
                 let view = op.view(found)?;
                 *old = Some(entry::view_value(&view)?);
-                op.delete_viewed(&view)?;
+                op.delete_viewed_unshared(&view)?;
             }
-            None => op.delete(found)?,
+            None => op.delete_unshared(found)?,
         }
         Ok(stripe
             .remove(hash, key)

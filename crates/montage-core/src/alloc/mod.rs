@@ -45,6 +45,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::base::epoch::Epoch;
 use crate::base::layout::{
     Geometry, HEADER_LEN, META_RETIRED, RawHeader, SPAN_COUNT_OFFSET, SPAN_SIZE, SpanEntry,
     TRAILER_LEN, block_capacity, payload_checksum, payload_checksum_words, span_count_word,
@@ -558,6 +559,20 @@ impl Allocator {
         self.alloc_small(media, caches, class, len).ok().map(PBlock)
     }
 
+    /// Puts a small block that an operation wrote and killed in the same epoch (its meta
+    /// word just set to zero) on the caller's free list at once, so that the caller's next
+    /// allocation of its class reuses it (INV-ALLOC-1's exception); `false`, doing nothing,
+    /// for a large block, which the caller hands to reclamation instead.
+    pub(crate) fn take_back_killed(&self, caches: &impl Caches, block: PBlock) -> bool {
+        match self.locate(block.0) {
+            Ok(Place::Small { class }) => {
+                caches.mine(|cache| cache.free[usize::from(class)].push(block.0));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Returns a block from [`take_small`](Self::take_small) whose header was never written
     /// to the caller's cache.
     pub(crate) fn put_back(&self, caches: &impl Caches, block: PBlock) {
@@ -568,11 +583,14 @@ impl Allocator {
 
     /// Writes `block`'s payload checksum into its trailer, right after the payload
     /// (INV-SUM-1), and returns the range to write back (header, payload and trailer); `None`
-    /// if the block holds no valid header any more (it was killed). `buf` is scratch space.
+    /// if the block holds no valid header any more (it was killed), or, with `epoch`, a
+    /// header of another epoch (it was killed and handed out again: its new owner writes
+    /// its own trailer, and may be writing the payload now). `buf` is scratch space.
     pub(crate) fn seal_payload(
         &self,
         media: &Media,
         block: PBlock,
+        epoch: Option<Epoch>,
         buf: &mut Vec<u8>,
     ) -> Result<Option<(u64, u64)>> {
         let Ok(place) = self.locate(block.0) else {
@@ -582,6 +600,9 @@ impl Allocator {
         let Some(info) = read_header(media, creation_id, block.0, place.capacity())? else {
             return Ok(None);
         };
+        if epoch.is_some_and(|epoch| info.spec.epoch != epoch) {
+            return Ok(None);
+        }
         let len = u64::from(info.len);
         buf.resize(info.len as usize, 0);
         media.read(block.payload_offset(), buf)?;

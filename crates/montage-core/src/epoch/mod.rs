@@ -426,7 +426,7 @@ impl Epochs {
         // operation changes any more (INV-SUM-1); their trailers are written back below.
         let mut buf = Vec::new();
         for block in written {
-            if let Some(range) = alloc.seal_payload(media, block, &mut buf)? {
+            if let Some(range) = alloc.seal_payload(media, block, Some(e.minus(1)), &mut buf)? {
                 persist.push(range);
             }
         }

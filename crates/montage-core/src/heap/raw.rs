@@ -138,7 +138,7 @@ impl RawHeap<'_> {
         if let Some((offset, len)) =
             runtime
                 .alloc
-                .seal_payload(&runtime.media, block, &mut Vec::new())?
+                .seal_payload(&runtime.media, block, None, &mut Vec::new())?
         {
             // PERSIST: header, payload and trailer start their write-back; the caller's
             // fence completes it.
