@@ -24,9 +24,10 @@
 //! before it is retired, and is reclaimed two epochs later) and its bytes are still (every
 //! write to it holds the lock). Because every reader of a block holds its stripe, a delete
 //! of a block written in the same epoch hands it out again as soon as its operation ends
-//! ([`OpGuard::delete_unshared`]), while it is still in the processor's cache. A read may return a value written in an epoch newer than
-//! the clock the reader last saw; a `sync` the reader calls afterwards reads a clock at
-//! least that new, so it covers the write before the reader acknowledges what it read.
+//! ([`OpGuard::delete_unshared`]), while it is still in the processor's cache. A read may
+//! return a value written in an epoch newer than the clock the reader last saw; a `sync`
+//! the reader calls afterwards reads a clock at least that new, so it covers the write
+//! before the reader acknowledges what it read.
 //!
 //! [`iter`](HashMap::iter) and [`len`](HashMap::len) are not linearizable as a whole while
 //! other threads write: `iter` visits the stripes one at a time, each in one operation.

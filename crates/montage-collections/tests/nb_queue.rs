@@ -22,8 +22,9 @@ proptest! {
     }
 }
 
-/// Both queues, and a queue in a `together`, take borrowed forms (`&[u8]` for `Vec<u8>`, `&str` for `String`) and owned
-/// ones alike; each reads what the other pushed after a crash.
+/// Both queues, and a queue in a `together`, take borrowed forms (`&[u8]` for `Vec<u8>`,
+/// `&str` for `String`) and owned ones alike; each reads what the other pushed after a
+/// crash.
 #[test]
 fn borrowed_values_are_pushed_as_their_owned_forms() {
     let config = HeapConfig::simulated(1 << 20, SimMode::Prefix);
@@ -35,20 +36,14 @@ fn borrowed_values_are_pushed_as_their_owned_forms() {
     text.push_back_ref("queue, borrowed").unwrap();
     together(&heap, |tx| tx.queue(&text, |q| q.push_back_ref("together"))).unwrap();
     drop((bytes, text));
-    heap.sync().unwrap();
-    let image = heap.simulator().unwrap().crash(0);
-    drop(heap);
-    let heap = Heap::open_image(image, &config).unwrap();
+    let heap = common::reopen_after_synced_crash(heap, &config);
     let bytes: NbQueue<Vec<u8>> = NbQueue::open(&heap, "bytes").unwrap();
     let text: NbQueue<String> = NbQueue::open(&heap, "text").unwrap();
     bytes.push_back_ref(&b"nb, borrowed"[..]).unwrap();
     text.push_back_ref(&"nb, owned".to_owned()).unwrap();
     text.push_back_ref("nb, borrowed").unwrap();
     drop((bytes, text));
-    heap.sync().unwrap();
-    let image = heap.simulator().unwrap().crash(0);
-    drop(heap);
-    let heap = Heap::open_image(image, &config).unwrap();
+    let heap = common::reopen_after_synced_crash(heap, &config);
     let bytes: Queue<Vec<u8>> = Queue::open(&heap, "bytes").unwrap();
     let text: Queue<String> = Queue::open(&heap, "text").unwrap();
     assert_eq!(
@@ -70,10 +65,7 @@ fn either_queue_opens_what_the_other_wrote() {
         queue.push_back(i).unwrap();
     }
     drop(queue);
-    heap.sync().unwrap();
-    let image = heap.simulator().unwrap().crash(0);
-    drop(heap);
-    let heap = Heap::open_image(image, &config).unwrap();
+    let heap = common::reopen_after_synced_crash(heap, &config);
     let queue: NbQueue<u64> = NbQueue::open(&heap, "q").unwrap();
     assert_eq!(queue.pop_front().unwrap(), Some(0));
     queue.push_back(5).unwrap();

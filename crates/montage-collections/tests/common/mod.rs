@@ -509,3 +509,15 @@ pub fn check_queue_against_vecdeque(
     prop_assert_eq!(queue.pop(), None);
     Ok(())
 }
+
+/// Syncs `heap`, crashes its simulator and opens the crash image with `config`: what a
+/// power failure right after a returned `sync` leaves.
+pub fn reopen_after_synced_crash(
+    heap: montage_core::Heap,
+    config: &montage_core::HeapConfig,
+) -> montage_core::Heap {
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(0);
+    drop(heap);
+    montage_core::Heap::open_image(image, config).unwrap()
+}

@@ -559,25 +559,18 @@ impl Allocator {
         self.alloc_small(media, caches, class, len).ok().map(PBlock)
     }
 
-    /// Puts a small block that an operation wrote and killed in the same epoch (its meta
-    /// word just set to zero) on the caller's free list at once, so that the caller's next
-    /// allocation of its class reuses it (INV-ALLOC-1's exception); `false`, doing nothing,
-    /// for a large block, which the caller hands to reclamation instead.
-    pub(crate) fn take_back_killed(&self, caches: &impl Caches, block: PBlock) -> bool {
+    /// Puts a small block whose meta word is zero and that nothing else can reach on the
+    /// caller's free list, so that the caller's next allocation of its class reuses it: a
+    /// block from [`take_small`](Self::take_small) whose header was never written, or one an
+    /// operation wrote and killed in the same epoch (INV-ALLOC-1's exception). `false`,
+    /// doing nothing, for a large block, which the caller hands to reclamation instead.
+    pub(crate) fn put_back(&self, caches: &impl Caches, block: PBlock) -> bool {
         match self.locate(block.0) {
             Ok(Place::Small { class }) => {
                 caches.mine(|cache| cache.free[usize::from(class)].push(block.0));
                 true
             }
             _ => false,
-        }
-    }
-
-    /// Returns a block from [`take_small`](Self::take_small) whose header was never written
-    /// to the caller's cache.
-    pub(crate) fn put_back(&self, caches: &impl Caches, block: PBlock) {
-        if let Ok(Place::Small { class }) = self.locate(block.0) {
-            caches.mine(|cache| cache.free[usize::from(class)].push(block.0));
         }
     }
 

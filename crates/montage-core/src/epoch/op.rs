@@ -895,23 +895,17 @@ impl<'h> OpGuard<'h> {
     /// leaving it empty.
     fn hand_over(&self, log: &mut OpLog) {
         let shared = self.runtime;
-        for block in log.kills.drain(..) {
+        let kills = log.kills.drain(..).map(|block| (block, false));
+        for (block, reusable) in kills.chain(log.reusable.drain(..).map(|block| (block, true))) {
             // A failed store leaves the block valid until reclamation invalidates it; the
             // heap is poisoned then and every later write reports it.
-            if shared.media.store(block.offset(), 0).is_ok() {
-                log.persist.push((block.offset(), 8));
-            }
-            log.victims.push(block);
-        }
-        for block in log.reusable.drain(..) {
-            // Invalidated as a kill is, and written back with this epoch all the same; but
-            // reused now (INV-ALLOC-1's exception), unless the store failed or the block is
-            // not one the thread's cache holds.
             let killed = shared.media.store(block.offset(), 0).is_ok();
             if killed {
                 log.persist.push((block.offset(), 8));
             }
-            if !(killed && shared.alloc.take_back_killed(&self.announcement, block)) {
+            // A reusable block (INV-ALLOC-1's exception) is reused now if it is small; any
+            // other waits for reclamation.
+            if !(reusable && killed && shared.alloc.put_back(&self.announcement, block)) {
                 log.victims.push(block);
             }
         }
