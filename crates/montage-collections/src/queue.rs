@@ -17,6 +17,14 @@
 //! older epoch that takes the lock after it aborts and is retried (the lock is a
 //! `StampedLock`), so the lock order agrees with epoch order and recovery to any epoch
 //! boundary gives the queue after a prefix of it.
+//!
+//! Every read of an element's payload holds the queue lock, and a pop removes the element
+//! from the deque under it, so once the pop's operation ends no one can reach the block: a
+//! pop of an element pushed in the same epoch hands its block out again at once
+//! ([`OpGuard::delete_viewed_unshared`]), while it is still in the processor's cache,
+//! instead of three epochs later. A queue that holds less than an epoch's pushes (the
+//! usual case for a work queue) then reuses its own blocks, as a queue in DRAM reuses
+//! memory its allocator just freed.
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -291,8 +299,9 @@ impl<T: Codec> Queue<T> {
         };
         let view = op.view(block)?;
         let value = read_value(&view)?;
-        // The header the view read is the one to retire: no second read.
-        op.delete_viewed(&view)?;
+        // The header the view read is the one to retire: no second read. Every reader of an
+        // element holds the queue lock, which this pop holds (module docs).
+        op.delete_viewed_unshared(&view)?;
         Ok(state.elements.pop_front().map(|element| (value, element)))
     }
 
