@@ -20,6 +20,10 @@
 //! key in its own operation, in key order (either direction): every entry they return was
 //! the key's value at some point during the scan, but the scan as a whole is not a
 //! snapshot while others write.
+//!
+//! Every read of an entry's payload holds the key's slot lock, and a removal takes the block
+//! out of the slot under it, so a removal of an entry written in the same epoch hands the
+//! block out again as soon as its operation ends ([`OpGuard::delete_viewed_unshared`]).
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -241,7 +245,8 @@ where
             };
             let view = op.view(block)?;
             let old = entry::view_value(&view)?;
-            op.delete_viewed(&view)?;
+            // Every reader of the block holds the slot lock, which this removal holds.
+            op.delete_viewed_unshared(&view)?;
             slot.block = None;
             self.len.decrement();
             Ok(Some((old, op.epoch())))

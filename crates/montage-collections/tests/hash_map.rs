@@ -293,3 +293,8 @@ fn a_map_filled_on_a_huge_page_tmpfs_keeps_every_synced_key() {
         check(&Heap::open(&config).unwrap());
     });
 }
+
+#[test]
+fn entries_written_and_removed_in_one_epoch_reuse_their_blocks() {
+    common::check_churn_in_one_epoch(common::open_hash_map);
+}

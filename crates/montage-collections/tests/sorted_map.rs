@@ -118,3 +118,8 @@ fn concurrent_histories_are_linearizable() {
 fn a_million_entries_are_recovered() {
     common::check_million_recovered(common::open_sorted_map);
 }
+
+#[test]
+fn entries_written_and_removed_in_one_epoch_reuse_their_blocks() {
+    common::check_churn_in_one_epoch(common::open_sorted_map);
+}

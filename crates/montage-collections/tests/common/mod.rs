@@ -195,6 +195,31 @@ test_map!(HashMap, open_hash_map);
 test_map!(SortedMap, open_sorted_map);
 test_map!(NbHashMap, open_nb_hash_map);
 
+/// A map whose entries are written and removed within one epoch reuses their blocks: far
+/// more entries pass through it than its heap holds, and the clock never moves (a full
+/// heap's retry would advance it to reclaim blocks). For the maps whose readers hold a
+/// lock their removals hold.
+#[allow(dead_code)] // each test binary uses what it needs
+pub fn check_churn_in_one_epoch(open: Opener) {
+    let config = montage_core::HeapConfig::in_memory(1 << 20)
+        .epoch_length(montage_core::EpochLength::Manual);
+    let heap = montage_core::Heap::create(&config).unwrap();
+    let map = open(&heap, "m");
+    map.insert(u64::MAX, 7);
+    let epoch = heap.epoch();
+    // 100,000 entries of at least 64 bytes each: six times the heap.
+    for i in 0..100_000 {
+        assert_eq!(map.insert(i % 4, i), None);
+        assert_eq!(map.get(i % 4), Some(i));
+        assert_eq!(map.remove(i % 4), Some(i));
+    }
+    assert_eq!(heap.epoch(), epoch, "no block waited for reclamation");
+    assert_eq!(
+        map.entries(),
+        std::collections::BTreeMap::from([(u64::MAX, 7)])
+    );
+}
+
 /// One key's recorded operations.
 type History = Vec<Event<MapOp, Option<u64>>>;
 
