@@ -105,6 +105,11 @@ pub(crate) fn scan_payloads(
         with_buffer(|bytes| {
             bytes.resize(info.len as usize, 0);
             view.read(0, bytes)?;
+            // A block freed and handed out again since the scan read its header (possible
+            // only while operations change this owner's blocks) is not this payload.
+            if !heap.is_current(view)? {
+                return Ok(());
+            }
             visit(info.spec.type_id, info.block, bytes)
         })
     })

@@ -5,6 +5,7 @@ use std::sync::{Mutex, PoisonError};
 
 use super::Heap;
 use crate::alloc::block::{BlockInfo, BlockView, OwnerId, PBlock};
+use crate::base::layout::META_RETIRED;
 use crate::error::Result;
 use crate::recovery::scan::{self, UnitVisit};
 
@@ -152,6 +153,13 @@ impl Heap {
     /// quarantined ([`RecoveryReport::quarantined`](crate::RecoveryReport::quarantined)) are
     /// never. Returns how many blocks were visited.
     ///
+    /// A scan runs in no operation, so while operations run, a block it visits can be
+    /// freed and handed out again between the scan's read of its header and `visit`'s read
+    /// of its payload: `visit` would read the next payload under the old header. A visitor
+    /// that reads payloads while operations may change the blocks it visits reads first and
+    /// then asks [`is_current`](Self::is_current), and drops what it read if the answer is
+    /// no (the block was replaced, deleted or reused in the meantime).
+    ///
     /// # Errors
     ///
     /// [`Error::Corrupted`](crate::Error::Corrupted) if the span table is damaged; any error `visit` returns.
@@ -194,6 +202,32 @@ impl Heap {
         Ok(counts.into_iter().sum())
     }
 
+    /// Whether the block `view` shows still holds the version whose header the view read,
+    /// so that what was read of its payload through the view before this call is that
+    /// version's, whole (a [`scan`](Self::scan)'s visitor asks after it reads; see there).
+    /// A version that was retired since (replaced or deleted, not yet freed) is still
+    /// current: its payload has not changed. A block's meta word never takes a value it had
+    /// before (it covers the block's unique id), and it is zero between a block's free and
+    /// its next header, so an unchanged word means that no one freed or rewrote the block
+    /// in between.
+    ///
+    /// # Errors
+    ///
+    /// A heap error reading the meta word.
+    pub fn is_current(&self, view: &BlockView<'_>) -> Result<bool> {
+        // ORDERING: the caller's reads of the payload come before the meta word's load
+        // below: the reader's side of a sequence lock, whose writer stores the zero that
+        // frees a block before the block is handed out again.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let info = view.info();
+        let offset = info.block.offset();
+        let read = info
+            .spec
+            .raw(info.len)
+            .meta(offset, self.shared().geometry.creation_id);
+        Ok(self.shared().runtime.media.load(offset)? & !META_RETIRED == read)
+    }
+
     /// Whether the block `info` describes, whose header the scan found valid, is part of
     /// the heap's state for a scan: not quarantined, and, if `live`, still the version the
     /// scan read and not retired (replaced or deleted by an operation). Between the scan's
@@ -232,5 +266,52 @@ impl Heap {
         let mut found = found.into_inner().unwrap_or_else(PoisonError::into_inner);
         found.sort_unstable_by_key(|info| info.block);
         Ok(found)
+    }
+}
+
+#[cfg(all(test, not(montage_loom)))]
+mod tests {
+    use crate::{EpochLength, Heap, HeapConfig, ScanFilter};
+
+    /// A block freed and handed out again while a scan's visitor holds its view shows the
+    /// next payload under the old header; `is_current` tells the visitor so. A version
+    /// retired but not freed is still current, and so is an untouched block.
+    #[test]
+    fn a_visitor_learns_that_its_block_was_reused_while_it_read() {
+        let config = HeapConfig::in_memory(1 << 20).epoch_length(EpochLength::Manual);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("t").unwrap();
+        let alloc = |bytes: &[u8]| heap.run_op(|op| op.alloc(owner, 1, bytes)).unwrap();
+        let older = alloc(b"an older version");
+        heap.advance_epoch().unwrap();
+        let reused = alloc(b"the first payload");
+        let filter = ScanFilter::all().live().owner(owner);
+        let seen = std::sync::Mutex::new(Vec::new());
+        heap.scan(filter, 1, |view| {
+            let block = view.info().block;
+            if block == reused {
+                // Freed in the epoch it was written in, and handed out at once to the next
+                // allocation of its class (the collections' deletes do this).
+                heap.run_op(|op| op.delete_unshared(block)).unwrap();
+                assert_eq!(alloc(b"someone's payload"), block);
+            } else {
+                // Retired (an anti-block records the deletion), not freed.
+                heap.run_op(|op| op.delete(block)).unwrap();
+            }
+            let mut bytes = vec![0; view.info().len as usize];
+            view.read(0, &mut bytes).unwrap();
+            let current = heap.is_current(view).unwrap();
+            seen.lock().unwrap().push((block, bytes, current));
+            Ok(())
+        })
+        .unwrap();
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        let mut want = vec![
+            (older, b"an older version".to_vec(), true),
+            (reused, b"someone's payload".to_vec(), false),
+        ];
+        want.sort();
+        assert_eq!(seen, want);
     }
 }

@@ -222,21 +222,28 @@ impl Heap {
             }
             let value = with_buf(info.len as usize, |buf| {
                 view.read(0, buf)?;
+                // Read while operations run, the block may have been freed and reused
+                // since the scan read its header: then it is not this version.
+                if !self.is_current(view)? {
+                    return Ok(None);
+                }
                 if buf.len() != size_of::<T>() {
                     return Err(Error::Corrupted {
                         offset: info.block.offset(),
                         what: "payload length differs from its type's size",
                     });
                 }
-                T::read_field(buf).ok_or(Error::Corrupted {
+                T::read_field(buf).map(Some).ok_or(Error::Corrupted {
                     offset: info.block.offset(),
                     what: "stored bytes are not a valid value of the payload's type",
                 })
             })?;
-            found
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push((PRef::from_block(info.block), value));
+            if let Some(value) = value {
+                found
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((PRef::from_block(info.block), value));
+            }
             Ok(())
         })?;
         Ok(found
