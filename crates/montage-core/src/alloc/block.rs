@@ -169,24 +169,28 @@ impl BlockInfo {
 pub struct BlockView<'a> {
     info: BlockInfo,
     media: &'a Media,
-    /// The meta word the header was read with, for a view an operation took.
-    meta: Option<u64>,
+    /// The meta word the header was read with.
+    meta: u64,
+    /// Whether an operation took this view (its writes may then trust `meta`).
+    by_op: bool,
 }
 
 impl<'a> BlockView<'a> {
-    /// The view of the block `info` describes, which the caller validated.
-    pub(crate) fn new(info: BlockInfo, media: &'a Media) -> BlockView<'a> {
+    /// The view of the block `info` describes, whose header the caller read, with the meta
+    /// word `meta`, and validated.
+    pub(crate) fn new(info: BlockInfo, media: &'a Media, meta: u64) -> BlockView<'a> {
         BlockView {
             info,
             media,
-            meta: None,
+            meta,
+            by_op: false,
         }
     }
 
-    /// This view, remembering that its header was read with the meta word `meta`.
-    pub(crate) fn with_meta(self, meta: u64) -> BlockView<'a> {
+    /// This view, taken by an operation.
+    pub(crate) fn taken_by_op(self) -> BlockView<'a> {
         BlockView {
-            meta: Some(meta),
+            by_op: true,
             ..self
         }
     }
@@ -194,7 +198,12 @@ impl<'a> BlockView<'a> {
     /// The meta word the header was read with, if an operation took this view of a block of
     /// `media`'s heap.
     pub(crate) fn meta_of(&self, media: &Media) -> Option<u64> {
-        self.meta.filter(|_| std::ptr::eq(self.media, media))
+        (self.by_op && std::ptr::eq(self.media, media)).then_some(self.meta)
+    }
+
+    /// The meta word the header was read with, however the view was taken.
+    pub(crate) fn header_meta(&self) -> u64 {
+        self.meta
     }
 
     /// The block's header.

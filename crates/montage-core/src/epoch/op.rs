@@ -312,7 +312,7 @@ impl<'h> OpGuard<'h> {
         let (info, meta) = self.info_and_meta_for_read(block)?;
         self.runtime
             .verify_payload(&info, self.epoch.durable_cut())?;
-        Ok(BlockView::new(info, &self.runtime.media).with_meta(meta))
+        Ok(BlockView::new(info, &self.runtime.media, meta).taken_by_op())
     }
 
     /// The payload of `block`.

@@ -84,11 +84,13 @@ impl Heap {
     /// [`info`](Self::info) for a caller about to read the payload (see
     /// `Allocator::header_for_read`).
     fn info_for_read(&self, block: PBlock) -> Result<BlockInfo> {
+        self.info_and_meta_for_read(block).map(|(info, _)| info)
+    }
+
+    /// [`info_for_read`](Self::info_for_read), with the meta word the header was read with.
+    fn info_and_meta_for_read(&self, block: PBlock) -> Result<(BlockInfo, u64)> {
         let runtime = &self.shared().runtime;
-        runtime
-            .alloc
-            .header_for_read(&runtime.media, block)
-            .map(|(info, _)| info)
+        runtime.alloc.header_for_read(&runtime.media, block)
     }
 
     /// A live block's header, with a reader of its payload: one header check for several
@@ -99,9 +101,9 @@ impl Heap {
     ///
     /// [`Error::InvalidBlock`](crate::Error::InvalidBlock) if `block` is not a live block.
     pub fn view(&self, block: PBlock) -> Result<BlockView<'_>> {
-        let info = self.info_for_read(block)?;
+        let (info, meta) = self.info_and_meta_for_read(block)?;
         self.verify_payload(&info)?;
-        Ok(BlockView::new(info, &self.shared().runtime.media))
+        Ok(BlockView::new(info, &self.shared().runtime.media, meta))
     }
 
     /// The payload of a live block (its recorded length).
@@ -176,7 +178,7 @@ impl Heap {
             let mut seen = 0;
             for (_, view) in &unit.blocks {
                 let Some(view) = view else { continue };
-                if !self.in_state(view.info(), filter.live)? {
+                if !self.in_state(view, filter.live)? {
                     continue;
                 }
                 if filter.matches(view.info()) {
@@ -219,34 +221,30 @@ impl Heap {
         // below: the reader's side of a sequence lock, whose writer stores the zero that
         // frees a block before the block is handed out again.
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        let info = view.info();
-        let offset = info.block.offset();
-        let read = info
-            .spec
-            .raw(info.len)
-            .meta(offset, self.shared().geometry.creation_id);
-        Ok(self.shared().runtime.media.load(offset)? & !META_RETIRED == read)
+        let now = self
+            .shared()
+            .runtime
+            .media
+            .load(view.info().block.offset())?;
+        Ok(now & !META_RETIRED == view.header_meta() & !META_RETIRED)
     }
 
-    /// Whether the block `info` describes, whose header the scan found valid, is part of
-    /// the heap's state for a scan: not quarantined, and, if `live`, still the version the
-    /// scan read and not retired (replaced or deleted by an operation). Between the scan's
-    /// read of a header and this check, reclamation may invalidate a retired block (its meta
-    /// word is zero then) and the allocator may hand it out again (a new header): neither
-    /// is the live version the scan found.
-    pub(super) fn in_state(&self, info: &BlockInfo, live: bool) -> Result<bool> {
-        let offset = info.block.offset();
+    /// Whether the block `view` shows, whose header the scan found valid, is part of the
+    /// heap's state for a scan: not quarantined, and, if `live`, still the version the scan
+    /// read and not retired (replaced or deleted by an operation). Between the scan's read
+    /// of a header and this check, reclamation may invalidate a retired block (its meta word
+    /// is zero then) and the allocator may hand it out again (a new header): neither is the
+    /// live version the scan found.
+    pub(super) fn in_state(&self, view: &BlockView<'_>, live: bool) -> Result<bool> {
+        let offset = view.info().block.offset();
         if self.shared().report.is_quarantined(offset) {
             return Ok(false);
         }
         if !live {
             return Ok(true);
         }
-        let read = info
-            .spec
-            .raw(info.len)
-            .meta(offset, self.shared().geometry.creation_id);
-        Ok(self.shared().runtime.media.load(offset)? == read)
+        let now = self.shared().runtime.media.load(offset)?;
+        Ok(now == view.header_meta() && now & META_RETIRED == 0)
     }
 
     /// The headers of every valid block matching `filter`, in heap order.

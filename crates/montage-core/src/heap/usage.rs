@@ -159,7 +159,7 @@ impl Heap {
             };
             for (_, view) in &unit.blocks {
                 let Some(view) = view else { continue };
-                if !self.in_state(view.info(), true)? {
+                if !self.in_state(view, true)? {
                     continue;
                 }
                 let info = view.info();

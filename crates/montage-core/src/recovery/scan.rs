@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::alloc::block::BlockView;
-use crate::alloc::read_header;
+use crate::alloc::read_header_and_meta;
 use crate::alloc::size_class::{blocks_per_span, class_size};
 use crate::base::layout::{Geometry, SPAN_SIZE, SpanEntry, block_capacity};
 use crate::config::RecoveryProgress;
@@ -214,8 +214,8 @@ fn visit_unit<'m>(
         if settle {
             media.settle_header(offset)?;
         }
-        let info = read_header(media, creation_id, offset, capacity)?;
-        Ok(info.map(|info| BlockView::new(info, media)))
+        let found = read_header_and_meta(media, creation_id, offset, capacity)?;
+        Ok(found.map(|(info, meta)| BlockView::new(info, media, meta)))
     };
     let mut blocks = Vec::new();
     match unit {
