@@ -16,6 +16,11 @@
 //! (a per-vertex lock scheme is a possible refinement). The graph remembers the epoch of
 //! the last change; an operation of an older epoch that takes the lock after it aborts and
 //! is retried, so lock order agrees with epoch order.
+//!
+//! Since every read of a payload holds the lock, and a removal takes its blocks out of the
+//! index while it holds the lock exclusively, a removal of a vertex or an edge written in
+//! the same epoch hands its blocks out again as soon as its operation ends
+//! ([`OpGuard::delete_unshared`]).
 
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
@@ -343,13 +348,15 @@ impl<V: Codec, E: Codec> Graph<V, E> {
             .filter(|&&src| src != id)
             .filter_map(|src| Some((*src, *state.vertices.get(src)?.out.get(&id)?)))
             .collect();
+        // Every reader of these blocks holds the graph's lock, which this change holds
+        // exclusively (module docs).
         for &edge in vertex.out.values() {
-            op.delete(edge)?;
+            op.delete_unshared(edge)?;
         }
         for &(_, edge) in &incoming {
-            op.delete(edge)?;
+            op.delete_unshared(edge)?;
         }
-        op.delete(block)?;
+        op.delete_unshared(block)?;
         let vertex = state.vertices.remove(&id).unwrap_or_default();
         let removed_edges = vertex.out.len() + incoming.len();
         for dst in vertex.out.keys() {
@@ -438,7 +445,7 @@ impl<V: Codec, E: Codec> Graph<V, E> {
             return Ok(None);
         };
         let old = value::<E>(&op.read(block)?, 16, block.offset())?;
-        op.delete(block)?;
+        op.delete_unshared(block)?;
         if let Some(source) = state.vertices.get_mut(&src) {
             source.out.remove(&dst);
         }
