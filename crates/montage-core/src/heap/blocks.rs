@@ -160,7 +160,7 @@ impl Heap {
     /// of its payload: `visit` would read the next payload under the old header. A visitor
     /// that reads payloads while operations may change the blocks it visits reads first and
     /// then asks [`is_current`](Self::is_current), and drops what it read if the answer is
-    /// no (the block was replaced, deleted or reused in the meantime).
+    /// no (the block was freed and handed out again in the meantime).
     ///
     /// # Errors
     ///
@@ -205,13 +205,15 @@ impl Heap {
     }
 
     /// Whether the block `view` shows still holds the version whose header the view read,
-    /// so that what was read of its payload through the view before this call is that
-    /// version's, whole (a [`scan`](Self::scan)'s visitor asks after it reads; see there).
-    /// A version that was retired since (replaced or deleted, not yet freed) is still
-    /// current: its payload has not changed. A block's meta word never takes a value it had
-    /// before (it covers the block's unique id), and it is zero between a block's free and
-    /// its next header, so an unchanged word means that no one freed or rewrote the block
-    /// in between.
+    /// so that what was read of its payload through the view before this call belongs to
+    /// that version, not to a later owner of the block (a [`scan`](Self::scan)'s visitor
+    /// asks after it reads; see there). A version that was retired since (replaced or
+    /// deleted, not yet freed) is still current. A block's meta word never takes a value it
+    /// had before (it covers the block's unique id), and it is zero between a block's free
+    /// and its next header, so an unchanged word means that no one freed the block and
+    /// handed it out again in between. Like every read outside an operation (see
+    /// [`read_payload`](Self::read_payload)), the read may still show a version that an
+    /// operation was writing, in part.
     ///
     /// # Errors
     ///
