@@ -18,12 +18,30 @@
 //! [`NbHashMap`](crate::NbHashMap)'s progress section says. `pop_front` on an
 //! empty queue linearizes at its read of the head, and aborts if an operation newer than
 //! it emptied the queue.
+//!
+//! # Blocks handed out again at once
+//!
+//! A pop of an element pushed in the same epoch gives its block back to the popping thread
+//! when its operation ends ([`OpGuard::delete_viewed_unshared`]), as the locked queue does,
+//! although another pop that read the head before the winner's swap may still read that
+//! block, finding it free, rewritten for a new element, or another structure's. Such a pop
+//! always fails its swap and rolls back, so what it read never leaves it; until then it
+//! must not act on another payload or report an error for one. So it claims the block
+//! only if the view shows an element of this queue and only through its view (which
+//! `delete_viewed_unshared` refuses once the header changed), and an error from its read is
+//! turned into a retry when the head has moved on ([`VerifiedQueue::pop`]). A claim it
+//! made on a new element of this queue is given back by its rollback, which clears the
+//! retired bit only if the meta word is still the one it set, so a block killed meanwhile
+//! stays dead. [`to_vec`](NbQueue::to_vec) drops an element that was popped while it read
+//! it.
 
 use std::marker::PhantomData;
 
+#[cfg(doc)]
+use montage_core::OpGuard;
 use montage_core::payload::EncodeAs;
 use montage_core::verified::VerifiedQueue;
-use montage_core::{Attached, Codec, Heap, PBlock, Result};
+use montage_core::{Attached, Codec, Error, Heap, PBlock, Result};
 
 use crate::count::Count;
 use crate::queue;
@@ -76,7 +94,7 @@ impl<T: Codec> NbQueue<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::OutOfSpace`](montage_core::Error::OutOfSpace) when the heap is full (nothing changed); a heap error.
+    /// [`Error::OutOfSpace`] when the heap is full (nothing changed); a heap error.
     #[allow(clippy::needless_pass_by_value)] // as `VecDeque::push_back`: the queue keeps it
     pub fn push_back(&self, value: T) -> Result<()> {
         self.push_back_ref(&value)
@@ -116,15 +134,22 @@ impl<T: Codec> NbQueue<T> {
     ///
     /// # Errors
     ///
-    /// A heap error ([`Error::Corrupted`](montage_core::Error::Corrupted) for an element that does not decode, ...).
+    /// A heap error ([`Error::Corrupted`] for an element that does not decode, ...).
     pub fn pop_front(&self) -> Result<Option<T>> {
         self.attached.heap().run_op(|op| {
             let mut value = None;
             let popped = self.index.pop(op, |offset, _| {
                 let block = PBlock::from_offset(offset);
                 let view = op.view(block).map_err(contended)?;
+                // A pop that lost the race for the head may be reading a block handed out
+                // again since, even to another structure (module docs): it claims nothing
+                // but an element of this queue, and its swap fails whatever it read.
+                let spec = view.info().spec;
+                if spec.owner != self.attached.owner() || spec.type_id != self.type_id {
+                    return Err(Error::Aborted);
+                }
                 value = Some(queue::read_value::<T>(&view)?);
-                op.delete_viewed(&view).map_err(contended)
+                op.delete_viewed_unshared(&view).map_err(contended)
             })?;
             if popped.is_none() {
                 return Ok(None);
@@ -159,14 +184,23 @@ impl<T: Codec> NbQueue<T> {
     /// As [`pop_front`](Self::pop_front).
     pub fn to_vec(&self) -> Result<Vec<T>> {
         self.attached.heap().run_op(|op| {
-            self.index
-                .to_vec(op)?
-                .into_iter()
-                .map(|(offset, _)| {
-                    let view = op.view(PBlock::from_offset(offset)).map_err(contended)?;
-                    queue::read_value::<T>(&view)
-                })
-                .collect()
+            let mut values = Vec::new();
+            for (offset, seq) in self.index.to_vec(op)? {
+                let read = op
+                    .view(PBlock::from_offset(offset))
+                    .map_err(contended)
+                    .and_then(|view| queue::read_value::<T>(&view));
+                // An element popped while it was read may have had its block handed out
+                // again (module docs): what was read then is nothing, not an error. One
+                // still queued after the read was read whole.
+                // ORDERING: the reads above come before the head's load.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                if self.index.is_dequeued(op, seq)? {
+                    continue;
+                }
+                values.push(read?);
+            }
+            Ok(values)
         })
     }
 

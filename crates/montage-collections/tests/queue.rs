@@ -65,30 +65,10 @@ fn threads_pushing_and_popping_lose_and_repeat_nothing() {
     common::check_queue_stress(common::open_queue);
 }
 
-/// A queue whose elements come and go within one epoch reuses its own blocks: far more
-/// bytes pass through it than its heap holds, and the clock never moves (a full heap's
-/// retry would advance it to reclaim blocks); popped and still-queued elements keep their
-/// values.
+/// A queue whose elements come and go within one epoch reuses its own blocks.
 #[test]
 fn elements_pushed_and_popped_in_one_epoch_reuse_their_blocks() {
-    let config = HeapConfig::in_memory(1 << 20).epoch_length(montage_core::EpochLength::Manual);
-    let heap = Heap::create(&config).unwrap();
-    let queue: Queue<Vec<u8>> = Queue::open(&heap, "q").unwrap();
-    let epoch = heap.epoch();
-    let element = |i: u32| {
-        let mut bytes = vec![0u8; 1024];
-        bytes[..4].copy_from_slice(&i.to_le_bytes());
-        bytes
-    };
-    for i in 0..16 {
-        queue.push_back(element(i)).unwrap();
-    }
-    // 8,000 elements of 1 KiB: eight times the heap.
-    for i in 16..8016 {
-        queue.push_back_ref(&element(i)[..]).unwrap();
-        assert_eq!(queue.pop_front().unwrap(), Some(element(i - 16)));
-    }
-    assert_eq!(queue.len(), 16);
-    assert_eq!(heap.epoch(), epoch, "no block waited for reclamation");
-    assert_eq!(heap.stats().growths, 0);
+    common::check_queue_reuse_in_one_epoch(|heap| {
+        montage_collections::Queue::<Vec<u8>>::open(heap, "q").unwrap()
+    });
 }

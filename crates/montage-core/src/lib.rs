@@ -116,6 +116,7 @@ pub mod limits {
 pub mod sim {
     pub use crate::config::SimMode;
     pub use crate::persist::sim::{CrashImage, Simulator, SplitMix64, crashes_on_this_thread};
+    pub use crate::verified::queue::race::{Hook as QueueHook, QueuePoint, pause_queue_reads_at};
 }
 
 /// What `#[derive(Payload)]` expands to. Not part of the API: no semver promise.

@@ -220,6 +220,59 @@ pub fn check_churn_in_one_epoch(open: Opener) {
     );
 }
 
+/// The queues, holding byte strings, as the reuse tests drive them.
+pub trait ByteQueue {
+    fn push(&self, bytes: &[u8]);
+    fn pop(&self) -> Option<Vec<u8>>;
+    fn all(&self) -> Vec<Vec<u8>>;
+}
+
+macro_rules! byte_queue {
+    ($queue:ident) => {
+        impl ByteQueue for montage_collections::$queue<Vec<u8>> {
+            fn push(&self, bytes: &[u8]) {
+                self.push_back_ref(bytes).unwrap();
+            }
+            fn pop(&self) -> Option<Vec<u8>> {
+                self.pop_front().unwrap()
+            }
+            fn all(&self) -> Vec<Vec<u8>> {
+                self.to_vec().unwrap()
+            }
+        }
+    };
+}
+byte_queue!(Queue);
+byte_queue!(NbQueue);
+
+/// A queue whose elements come and go within one epoch reuses its own blocks: eight times
+/// its heap's bytes pass through it, and the clock never moves (a full heap's retry would
+/// advance it to reclaim blocks); popped and still-queued elements keep their values.
+#[allow(dead_code)] // each test binary uses what it needs
+pub fn check_queue_reuse_in_one_epoch<Q: ByteQueue>(open: impl Fn(&montage_core::Heap) -> Q) {
+    let config = montage_core::HeapConfig::in_memory(1 << 20)
+        .epoch_length(montage_core::EpochLength::Manual);
+    let heap = montage_core::Heap::create(&config).unwrap();
+    let queue = open(&heap);
+    let epoch = heap.epoch();
+    let element = |i: u32| {
+        let mut bytes = vec![0u8; 1024];
+        bytes[..4].copy_from_slice(&i.to_le_bytes());
+        bytes
+    };
+    for i in 0..16 {
+        queue.push(&element(i));
+    }
+    // 8,000 elements of 1 KiB: eight times the heap.
+    for i in 16..8016 {
+        queue.push(&element(i));
+        assert_eq!(queue.pop(), Some(element(i - 16)));
+    }
+    assert_eq!(queue.all(), (8000..8016).map(element).collect::<Vec<_>>());
+    assert_eq!(heap.epoch(), epoch, "no block waited for reclamation");
+    assert_eq!(heap.stats().growths, 0);
+}
+
 /// One key's recorded operations.
 type History = Vec<Event<MapOp, Option<u64>>>;
 

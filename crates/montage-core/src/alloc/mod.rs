@@ -677,12 +677,15 @@ impl Allocator {
     }
 
     /// Clears the retired bit set by [`mark_retired`](Self::mark_retired) (an aborted
-    /// operation gives its claim back).
+    /// operation gives its claim back). A compare-and-swap, not a store: a nonblocking
+    /// structure's reader may have claimed a block that its owner's rollback kills at the
+    /// same time (its meta word stored 0), and a store would bring the header back.
     pub(crate) fn clear_retired(&self, media: &Media, block: PBlock) -> Result<()> {
         self.locate(block.0)?;
         let meta = media.load(block.0)?;
         if meta & META_RETIRED != 0 {
-            media.store(block.0, meta & !META_RETIRED)?;
+            // Failing means the word changed since the load: killed, which is final.
+            let _ = media.compare_exchange(block.0, meta, meta & !META_RETIRED)?;
         }
         Ok(())
     }

@@ -127,7 +127,8 @@ impl OpLog {
 enum Reach {
     /// Other operations and readers may still hold it: it is reused only after reclamation.
     Shared,
-    /// No one: the caller holds every reader's lock ([`OpGuard::delete_unshared`]).
+    /// No one acts on it: the caller holds every reader's lock, or its readers validate
+    /// what they read ([`OpGuard::delete_unshared`]).
     Unshared,
 }
 
@@ -718,14 +719,18 @@ impl<'h> OpGuard<'h> {
     }
 
     /// Deletes `block`'s payload as [`delete`](Self::delete) does, for a caller that
-    /// promises no other operation, and no reader outside one, can reach the block once
-    /// this operation ends: every reader of it holds a lock this operation holds while it
-    /// deletes (a striped map's readers hold the key's stripe). A block written in this
-    /// operation's epoch then goes straight back to this thread's cache when the
-    /// operation commits, still in the processor's cache, instead of three epochs later
-    /// with the other freed blocks (see `docs/design.md`, INV-ALLOC-1, for why no crash
-    /// can miss it). A structure whose readers do not hold such a lock (a nonblocking one)
-    /// must use `delete`: a reader could find the block handed out again.
+    /// promises that no one acts on the block after this operation ends: every reader of it
+    /// holds a lock this operation holds while it deletes (a striped map's readers hold the
+    /// key's stripe), or, for a reader that may still reach it, reads it inside an
+    /// operation that will fail and roll back, whatever it read, and that changes the block
+    /// only through a view it took ([`delete_viewed_unshared`](Self::delete_viewed_unshared),
+    /// which refuses a block changed since; a nonblocking queue's dequeuer that lost the
+    /// race for the head). A block written in this operation's epoch then goes straight back
+    /// to this thread's cache when the operation commits, still in the processor's cache,
+    /// instead of three epochs later with the other freed blocks (see `docs/design.md`,
+    /// INV-ALLOC-1, for why no crash can miss it). Any other structure (a nonblocking map,
+    /// whose readers return what they read) must use `delete`: a reader could find the
+    /// block handed out again.
     ///
     /// # Errors
     ///
@@ -757,20 +762,29 @@ impl<'h> OpGuard<'h> {
     }
 
     /// [`delete_viewed`](Self::delete_viewed) with the promise of
-    /// [`delete_unshared`](Self::delete_unshared), and its reuse.
+    /// [`delete_unshared`](Self::delete_unshared), and its reuse. Unlike `delete_viewed`, a
+    /// view this operation took of a block whose header changed since is refused with
+    /// [`Error::Aborted`], claiming nothing: a reader that lost a race may hold a view of a
+    /// block handed out again to another payload.
     ///
     /// # Errors
     ///
-    /// As [`delete`](Self::delete).
+    /// As [`delete`](Self::delete); [`Error::Aborted`] for a view of a block changed since.
     pub fn delete_viewed_unshared(&self, view: &BlockView<'_>) -> Result<()> {
         self.delete_viewed_as(view, Reach::Unshared)
     }
 
     fn delete_viewed_as(&self, view: &BlockView<'_>, reach: Reach) -> Result<()> {
-        if let Some((info, seen)) = self.viewed(view)?
-            && self.delete_known(&info, Some(seen), reach)?
-        {
-            return Ok(());
+        if let Some((info, seen)) = self.viewed(view)? {
+            if self.delete_known(&info, Some(seen), reach)? {
+                return Ok(());
+            }
+            if reach == Reach::Unshared {
+                // The block changed since this operation viewed it: under the caller's lock
+                // that cannot happen, so the caller is a reader that lost a race, and the
+                // block may be another payload now. Claim nothing; run again.
+                return Err(Error::Aborted);
+            }
         }
         self.delete_as(view.info().block, reach)
     }

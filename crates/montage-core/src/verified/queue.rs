@@ -147,6 +147,46 @@ unsafe fn node<'o>(link: Raw, _op: &'o OpGuard<'_>) -> &'o Node {
     unsafe { &*link.node::<Node>() }
 }
 
+/// Where a test may stop a dequeue or a traversal to let other threads run (the `sim`
+/// feature's [`sim::pause_queue_reads_at`](crate::sim::pause_queue_reads_at)).
+#[cfg(feature = "sim")]
+pub(crate) mod race {
+    use std::cell::RefCell;
+
+    /// A point in a queue operation where what it read may go stale.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum QueuePoint {
+        /// A dequeue read the head and the next node, and has not yet read its value.
+        DequeueRead,
+        /// A dequeue read its value (and its caller acted on it), and has not yet swapped
+        /// the head.
+        DequeueTook,
+        /// A traversal collected the elements' values, and has not yet returned them.
+        TraversalCollected,
+    }
+
+    /// What a test runs at a [`QueuePoint`].
+    pub type Hook = Box<dyn FnMut(QueuePoint)>;
+
+    thread_local! {
+        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    /// Calls `hook` on this thread at every [`QueuePoint`] its queue operations reach, until
+    /// it is replaced (`None`: no more calls).
+    pub fn pause_queue_reads_at(hook: Option<Hook>) {
+        HOOK.with(|slot| *slot.borrow_mut() = hook);
+    }
+
+    pub(super) fn reached(point: QueuePoint) {
+        HOOK.with(|slot| {
+            if let Some(hook) = slot.borrow_mut().as_mut() {
+                hook(point);
+            }
+        });
+    }
+}
+
 /// A lock-free FIFO queue of value words with sequence numbers (module docs). A queue
 /// serves the operations of one heap: the first operation binds it.
 pub struct VerifiedQueue {
@@ -345,7 +385,21 @@ impl VerifiedQueue {
             // ORDERING: SeqCst: whoever sees `next` as the head sees an epoch no older than
             // the dequeue that made it so.
             next.taken.fetch_max(op.epoch().get(), Ordering::SeqCst);
-            take(next.value, next.seq)?;
+            #[cfg(feature = "sim")]
+            race::reached(race::QueuePoint::DequeueRead);
+            if let Err(err) = take(next.value, next.seq) {
+                // `take` may have read a value another dequeue took since this one read the
+                // head (the caller's payload handed out again, for one): if the head moved
+                // on, what it read is stale, and the operation runs again.
+                // ORDERING: `take`'s reads come before the head's load below.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                if !matches!(err, Error::Aborted) && self.head.load(clock) != head_raw {
+                    return Err(Error::Aborted);
+                }
+                return Err(err);
+            }
+            #[cfg(feature = "sim")]
+            race::reached(race::QueuePoint::DequeueTook);
             return match dcss(&self.head, op, head_raw, next_raw) {
                 Ok(()) => {
                     if let Some(ptr) = NonNull::new(head_raw.node::<Node>()) {
@@ -366,6 +420,20 @@ impl VerifiedQueue {
         }
     }
 
+    /// Whether the element numbered `seq` (one that was linked) has been dequeued by now:
+    /// whether the dummy's number, that of the last element dequeued, has reached it.
+    /// Numbers wrap, so "reached" is within half the number space behind the dummy's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for an operation of another heap than the queue's.
+    pub fn is_dequeued(&self, op: &OpGuard<'_>, seq: u64) -> Result<bool> {
+        self.bind(op)?;
+        // SAFETY: read from `head` during `op`, which the queue is bound to.
+        let last = unsafe { node(self.head.load(Clock::of(op)), op) }.seq;
+        Ok(last.wrapping_sub(seq) <= u64::MAX / 2)
+    }
+
     /// Every element's value and sequence number, front to back (a traversal, not a
     /// snapshot while others change the queue).
     ///
@@ -381,6 +449,8 @@ impl VerifiedQueue {
         loop {
             let next = curr.next.load(clock);
             if next == Raw::NULL {
+                #[cfg(feature = "sim")]
+                race::reached(race::QueuePoint::TraversalCollected);
                 return Ok(out);
             }
             // SAFETY: read from a node's `next` during `op`, which the queue is bound to.
