@@ -336,9 +336,10 @@ impl Region {
     }
 
     /// Writes a whole block at `offset`, an 8-aligned block start, with one bounds check: the
-    /// header's four `body` words, then its `meta` word (each a Release store, the meta word
-    /// last: it is what makes the header valid, INV-HDR-1), then `payload` right after the
-    /// header and its trailer right after the payload, as [`write`](Self::write) copies them.
+    /// header's four `body` words (Release stores), then `payload` right after the header and
+    /// its trailer right after the payload, as [`write`](Self::write) copies them, and last
+    /// the `meta` word (a Release store): it makes the header valid (INV-HDR-1) and
+    /// publishes the whole block to a reader that sees it.
     /// The words are stored as given (the caller chose their byte order). The trailer is the
     /// crc32c of the little-endian `sum_words` followed by the payload, little-endian; a
     /// short payload is checksummed as it is copied, in one pass over it.
@@ -354,7 +355,7 @@ impl Region {
             .saturating_add(payload.len() as u64)
             .saturating_add(TRAILER as u64);
         let start = self.check_words(offset, total)?;
-        self.header_in(start, body, meta);
+        self.body_in(start, body);
         let payload_at = start.wrapping_add(HEADER);
         let sum = if payload.len() < crc::INLINE_MAX {
             // `payload_at` is 8-aligned (a block start and the header's length both are), so
@@ -378,6 +379,10 @@ impl Region {
             crc::words_then_bytes(sum_words, payload)
         };
         self.copy_in(payload_at.wrapping_add(payload.len()), &sum.to_le_bytes());
+        // ORDERING: Release, after the body, the payload and the trailer, which it publishes:
+        // a reader that sees the new meta word (an Acquire load) sees the whole block, even
+        // one that read the block's previous owner a moment ago (NbQueue's losing pops).
+        self.word_at(start).store(meta, Ordering::Release);
         Ok(())
     }
 
@@ -394,13 +399,21 @@ impl Region {
     /// [`store_header`](Self::store_header) at the checked, 8-aligned index `start`.
     #[inline]
     fn header_in(&self, start: usize, body: &[u64; 4], meta: u64) {
+        self.body_in(start, body);
+        // ORDERING: Release pairs with the Acquire of `Media::load`; after the body, which it
+        // publishes.
+        self.word_at(start).store(meta, Ordering::Release);
+    }
+
+    /// The four body words of the header at the checked, 8-aligned index `start`, each a
+    /// Release store; the caller stores the meta word after them.
+    #[inline]
+    fn body_in(&self, start: usize, body: &[u64; 4]) {
         for (i, &value) in body.iter().enumerate() {
             // ORDERING: Release pairs with the Acquire of `Media::load`.
             self.word_at(start.wrapping_add(8).wrapping_add(i.wrapping_mul(8)))
                 .store(value, Ordering::Release);
         }
-        // ORDERING: as above; after the body, which it publishes.
-        self.word_at(start).store(meta, Ordering::Release);
     }
 
     /// Copies `src` into the heap at the checked index `start` (see [`write`](Self::write)).

@@ -333,9 +333,12 @@ impl Media {
     ) -> Result<()> {
         #[cfg(any(test, feature = "sim"))]
         if self.simulator().is_some() {
-            self.store_header(offset, body, meta)?;
+            // In the hardware path's order: the body, the payload and trailer, then the meta
+            // word (a block handed out has a zero meta word until then: INV-ALLOC-1).
+            self.store_header(offset, body, 0)?;
             let trailer = crate::base::crc::words_then_bytes(sum_words, payload).to_le_bytes();
-            return self.write_pair(offset + crate::base::layout::HEADER_LEN, payload, &trailer);
+            self.write_pair(offset + crate::base::layout::HEADER_LEN, payload, &trailer)?;
+            return self.store(offset, meta);
         }
         self.check_poison()?;
         self.region.write_block(
