@@ -184,23 +184,28 @@ impl<T: Codec> NbQueue<T> {
     /// As [`pop_front`](Self::pop_front).
     pub fn to_vec(&self) -> Result<Vec<T>> {
         self.attached.heap().run_op(|op| {
-            let mut values = Vec::new();
-            for (offset, seq) in self.index.to_vec(op)? {
-                let read = op
-                    .view(PBlock::from_offset(offset))
-                    .map_err(contended)
-                    .and_then(|view| queue::read_value::<T>(&view));
-                // An element popped while it was read may have had its block handed out
-                // again (module docs): what was read then is nothing, not an error. One
-                // still queued after the read was read whole.
-                // ORDERING: the reads above come before the head's load.
-                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-                if self.index.is_dequeued(op, seq)? {
-                    continue;
-                }
-                values.push(read?);
-            }
-            Ok(values)
+            let read: Vec<(u64, Result<T>)> = self
+                .index
+                .to_vec(op)?
+                .into_iter()
+                .map(|(offset, seq)| {
+                    let value = op
+                        .view(PBlock::from_offset(offset))
+                        .map_err(contended)
+                        .and_then(|view| queue::read_value::<T>(&view));
+                    (seq, value)
+                })
+                .collect();
+            // An element popped while it was read may have had its block handed out again
+            // (module docs): what was read of it is nothing, not an error. One still queued
+            // after every read was read whole.
+            // ORDERING: the reads above come before the head's load.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let dequeued = self.index.dequeued(op)?;
+            read.into_iter()
+                .filter(|&(seq, _)| !dequeued.includes(seq))
+                .map(|(_, value)| value)
+                .collect()
         })
     }
 

@@ -3,7 +3,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use montage_core::{BlockKind, Error, Heap, OwnerId, PBlock, Result, ScanFilter};
+use montage_core::{Error, Heap, OwnerId, PBlock, Result, ScanFilter};
 
 /// The type id of a payload of the structure kind `kind` whose parts are encoded by the
 /// codecs with ids `codecs`: what every structure's payloads carry, and what
@@ -90,30 +90,20 @@ pub(crate) fn scan_payloads(
     visit: impl Fn(u64, PBlock, &[u8]) -> Result<()> + Sync,
 ) -> Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    heap.scan(ScanFilter::all().live().owner(owner), threads, |view| {
-        let info = view.info();
-        if info.spec.kind == BlockKind::Delete {
-            return Ok(());
-        }
-        if !type_ids.contains(&info.spec.type_id) {
-            return Err(Error::LayoutMismatch {
-                type_name,
-                stored: info.spec.type_id,
-                compiled: type_ids.first().copied().unwrap_or(0),
-            });
-        }
-        with_buffer(|bytes| {
-            bytes.resize(info.len as usize, 0);
-            view.read(0, bytes)?;
-            // A block freed and handed out again since the scan read its header (possible
-            // only while operations change this owner's blocks) is not this payload.
-            if !heap.is_current(view)? {
-                return Ok(());
+    heap.scan_payloads(
+        ScanFilter::all().live().owner(owner),
+        threads,
+        |info, bytes| {
+            if !type_ids.contains(&info.spec.type_id) {
+                return Err(Error::LayoutMismatch {
+                    type_name,
+                    stored: info.spec.type_id,
+                    compiled: type_ids.first().copied().unwrap_or(0),
+                });
             }
             visit(info.spec.type_id, info.block, bytes)
-        })
-    })
-    .map(|_| ())
+        },
+    )
 }
 
 /// An iterator over a structure read in `count` parts (stripes, buckets), each part read

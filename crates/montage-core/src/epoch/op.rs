@@ -865,11 +865,12 @@ impl<'h> OpGuard<'h> {
         let mut log = self.log();
         let log = &mut *log;
         let mut first_error = Ok(());
-        let retired = log.victims.drain(..);
-        for block in retired
+        let retired = log
+            .victims
+            .drain(..)
             .chain(log.kills.drain(..))
-            .chain(log.reusable.drain(..))
-        {
+            .chain(log.reusable.drain(..));
+        for block in retired {
             let result = shared.alloc.clear_retired(&shared.media, block);
             first_error = first_error.and(result);
         }

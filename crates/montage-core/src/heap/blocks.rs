@@ -4,7 +4,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use super::Heap;
-use crate::alloc::block::{BlockInfo, BlockView, OwnerId, PBlock};
+use crate::alloc::block::{BlockInfo, BlockKind, BlockView, OwnerId, PBlock};
 use crate::base::layout::META_RETIRED;
 use crate::error::Result;
 use crate::recovery::scan::{self, UnitVisit};
@@ -160,7 +160,8 @@ impl Heap {
     /// of its payload: `visit` would read the next payload under the old header. A visitor
     /// that reads payloads while operations may change the blocks it visits reads first and
     /// then asks [`is_current`](Self::is_current), and drops what it read if the answer is
-    /// no (the block was freed and handed out again in the meantime).
+    /// no (the block was freed and handed out again in the meantime);
+    /// [`scan_payloads`](Self::scan_payloads) does that for a visitor of whole payloads.
     ///
     /// # Errors
     ///
@@ -202,6 +203,45 @@ impl Heap {
             &|| Ok(()),
         )?;
         Ok(counts.into_iter().sum())
+    }
+
+    /// [`scan`](Self::scan) for a visitor of payloads: `visit` gets the header and the whole
+    /// payload of every matching block but anti-blocks (which hold none), read into a buffer
+    /// of the scanning thread. A block freed and handed out again between the scan's read of
+    /// its header and the read of its payload is left out ([`is_current`](Self::is_current)).
+    ///
+    /// # Errors
+    ///
+    /// As [`scan`](Self::scan).
+    pub fn scan_payloads(
+        &self,
+        filter: ScanFilter,
+        threads: usize,
+        visit: impl Fn(&BlockInfo, &[u8]) -> Result<()> + Sync,
+    ) -> Result<()> {
+        thread_local! {
+            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        self.scan(filter, threads, |view| {
+            let info = view.info();
+            if info.spec.kind == BlockKind::Delete {
+                return Ok(());
+            }
+            let read = |bytes: &mut Vec<u8>| {
+                bytes.resize(info.len as usize, 0);
+                view.read(0, bytes)?;
+                if !self.is_current(view)? {
+                    return Ok(());
+                }
+                visit(info, bytes)
+            };
+            // A visitor that scans again on this thread gets a buffer of its own.
+            BUFFER.with(|buffer| match buffer.try_borrow_mut() {
+                Ok(mut bytes) => read(&mut bytes),
+                Err(_) => read(&mut Vec::new()),
+            })
+        })
+        .map(|_| ())
     }
 
     /// Whether the block `view` shows still holds the version whose header the view read,

@@ -215,35 +215,21 @@ impl Heap {
             .live()
             .owner(owner)
             .type_id(T::TYPE_ID);
-        self.scan(filter, threads, |view| {
-            let info = view.info();
-            if info.spec.kind == crate::alloc::block::BlockKind::Delete {
-                return Ok(());
-            }
-            let value = with_buf(info.len as usize, |buf| {
-                view.read(0, buf)?;
-                // Read while operations run, the block may have been freed and reused
-                // since the scan read its header: then it is not this version.
-                if !self.is_current(view)? {
-                    return Ok(None);
-                }
-                if buf.len() != size_of::<T>() {
-                    return Err(Error::Corrupted {
-                        offset: info.block.offset(),
-                        what: "payload length differs from its type's size",
-                    });
-                }
-                T::read_field(buf).map(Some).ok_or(Error::Corrupted {
+        self.scan_payloads(filter, threads, |info, bytes| {
+            if bytes.len() != size_of::<T>() {
+                return Err(Error::Corrupted {
                     offset: info.block.offset(),
-                    what: "stored bytes are not a valid value of the payload's type",
-                })
-            })?;
-            if let Some(value) = value {
-                found
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push((PRef::from_block(info.block), value));
+                    what: "payload length differs from its type's size",
+                });
             }
+            let value = T::read_field(bytes).ok_or(Error::Corrupted {
+                offset: info.block.offset(),
+                what: "stored bytes are not a valid value of the payload's type",
+            })?;
+            found
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((PRef::from_block(info.block), value));
             Ok(())
         })?;
         Ok(found

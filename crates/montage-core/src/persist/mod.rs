@@ -335,7 +335,7 @@ impl Media {
         if self.simulator().is_some() {
             // In the hardware path's order: the body, the payload and trailer, then the meta
             // word (a block handed out has a zero meta word until then: INV-ALLOC-1).
-            self.store_header(offset, body, 0)?;
+            self.store_words(offset + 8, body)?;
             let trailer = crate::base::crc::words_then_bytes(sum_words, payload).to_le_bytes();
             self.write_pair(offset + crate::base::layout::HEADER_LEN, payload, &trailer)?;
             return self.store(offset, meta);

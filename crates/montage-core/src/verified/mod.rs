@@ -22,4 +22,4 @@ pub(crate) mod queue;
 pub use atomic::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
 pub use bucket::{BucketKey, VerifiedBucket};
 pub use list::{MAX_LIST_VALUE, VerifiedList};
-pub use queue::VerifiedQueue;
+pub use queue::{Dequeued, VerifiedQueue};

@@ -187,6 +187,22 @@ pub(crate) mod race {
     }
 }
 
+/// The elements a [`VerifiedQueue`] had dequeued when [`VerifiedQueue::dequeued`] read its
+/// head.
+#[derive(Debug, Clone, Copy)]
+pub struct Dequeued {
+    /// The number of the last element dequeued.
+    last: u64,
+}
+
+impl Dequeued {
+    /// Whether the element numbered `seq` (one that was linked) had been dequeued. Numbers
+    /// wrap, so that is within half the number space at or behind the last one dequeued.
+    pub fn includes(self, seq: u64) -> bool {
+        self.last.wrapping_sub(seq) <= u64::MAX / 2
+    }
+}
+
 /// A lock-free FIFO queue of value words with sequence numbers (module docs). A queue
 /// serves the operations of one heap: the first operation binds it.
 pub struct VerifiedQueue {
@@ -420,18 +436,17 @@ impl VerifiedQueue {
         }
     }
 
-    /// Whether the element numbered `seq` (one that was linked) has been dequeued by now:
-    /// whether the dummy's number, that of the last element dequeued, has reached it.
-    /// Numbers wrap, so "reached" is within half the number space behind the dummy's.
+    /// What has been dequeued by now: every element up to the dummy's number, that of the
+    /// last element dequeued ([`Dequeued::includes`]).
     ///
     /// # Errors
     ///
     /// [`Error::Unsupported`] for an operation of another heap than the queue's.
-    pub fn is_dequeued(&self, op: &OpGuard<'_>, seq: u64) -> Result<bool> {
+    pub fn dequeued(&self, op: &OpGuard<'_>) -> Result<Dequeued> {
         self.bind(op)?;
         // SAFETY: read from `head` during `op`, which the queue is bound to.
         let last = unsafe { node(self.head.load(Clock::of(op)), op) }.seq;
-        Ok(last.wrapping_sub(seq) <= u64::MAX / 2)
+        Ok(Dequeued { last })
     }
 
     /// Every element's value and sequence number, front to back (a traversal, not a
