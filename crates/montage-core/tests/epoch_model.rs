@@ -239,6 +239,12 @@ fn an_aborted_operation_leaves_no_trace_after_recovery() {
     op.alloc(owner, TYPE_KV, &encode(2, 2)).unwrap();
     op.update(kept, &encode(1, 9)).unwrap();
     op.abort().unwrap();
+    // An operation whose one allocation is all it did (the guard keeps that block apart
+    // from its log): the block is killed at once.
+    let op = heap.begin_op().unwrap();
+    let lone = op.alloc(owner, TYPE_KV, &encode(3, 3)).unwrap();
+    op.abort().unwrap();
+    assert!(heap.info(lone).is_err(), "an aborted allocation stays valid");
     heap.sync().unwrap();
     heap.sync().unwrap();
     let image = heap.simulator().unwrap().durable();

@@ -93,7 +93,7 @@ pub(crate) fn has_shared_op(instance: u64) -> bool {
 pub(crate) struct OpLog {
     /// Byte ranges written, to write back with the operation's epoch.
     persist: Vec<(u64, u64)>,
-    /// Blocks this operation allocated (undone on abort).
+    /// Blocks this operation allocated after its first (undone on abort).
     allocated: Vec<PBlock>,
     /// Blocks whose payload this operation changed in part, in place: the advance writes
     /// their payload checksums again (INV-SUM-1).
@@ -151,6 +151,9 @@ pub struct OpGuard<'h> {
     /// Taken from the slot's spare logs when the operation first logs something, and given
     /// back when it ends.
     log: RefCell<Option<Box<OpLog>>>,
+    /// The first block the operation allocated (undone on abort); the log lists the rest.
+    /// Most operations allocate one block and log nothing else, and never take a log.
+    first_alloc: Cell<Option<PBlock>>,
     done: Cell<bool>,
     /// The operation's announcement, and through it its thread slot: withdrawn when the
     /// guard is dropped, after `finish` has handed everything to the advancer.
@@ -178,6 +181,7 @@ impl<'h> OpGuard<'h> {
             runtime,
             epoch: announcement.epoch(),
             log: RefCell::new(None),
+            first_alloc: Cell::new(None),
             done: Cell::new(false),
             announcement: RefCell::new(announcement),
             _not_send: PhantomData,
@@ -625,7 +629,11 @@ impl<'h> OpGuard<'h> {
     /// Logs a block this operation allocated, holding `len` payload bytes: killed if the
     /// operation aborts, written back with its epoch.
     fn log_new(&self, block: PBlock, len: u64) {
-        self.log().allocated.push(block);
+        if self.first_alloc.get().is_none() {
+            self.first_alloc.set(Some(block));
+        } else {
+            self.log().allocated.push(block);
+        }
         self.log_persist(block.offset(), HEADER_LEN + len + TRAILER_LEN);
     }
 
@@ -878,6 +886,7 @@ impl<'h> OpGuard<'h> {
         // What this operation allocated was never part of any committed state: kill it, so
         // that the zeroed header is written back with this epoch and the block is reused
         // once that is durable (INV-EP-3).
+        log.kills.extend(self.first_alloc.take());
         log.kills.append(&mut log.allocated);
         first_error
     }

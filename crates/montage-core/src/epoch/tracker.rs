@@ -314,6 +314,13 @@ enum SlotId {
     Shared(usize),
 }
 
+/// The cells of the slot an [`Announcement`] is in.
+#[derive(Debug)]
+enum Cells<'s, S, L> {
+    Own(&'s OwnCells<S, L>),
+    Shared(&'s SharedCells<S, L>),
+}
+
 /// An owned slot's cells (module docs).
 #[derive(Debug)]
 struct OwnCells<S, L> {
@@ -429,13 +436,18 @@ impl<S, L> Slots<S, L> {
             .tracker
             .announce(counters, owned)
             .ok_or(Refused::Closed)?;
-        if owned {
-            // ORDERING: as above.
-            counters.busy.store(true, Ordering::Relaxed);
-        }
+        let cells = match slot {
+            SlotId::Own(i) => {
+                // ORDERING: as above.
+                counters.busy.store(true, Ordering::Relaxed);
+                Cells::Own(&self.own[i])
+            }
+            SlotId::Shared(j) => Cells::Shared(&self.shared[j]),
+        };
         Ok(Announcement {
             slots: self,
-            slot,
+            cells,
+            counters,
             epoch,
             held,
         })
@@ -594,7 +606,9 @@ impl<S, L> Slots<S, L> {
 #[derive(Debug)]
 pub(crate) struct Announcement<'s, S, L> {
     slots: &'s Slots<S, L>,
-    slot: SlotId,
+    /// The slot's cells and counters, looked up once, when the operation announced.
+    cells: Cells<'s, S, L>,
+    counters: &'s Counters,
     epoch: Epoch,
     /// Keeps the thread's id, and so its owned slot, this thread's while the announcement
     /// lives.
@@ -610,7 +624,7 @@ impl<'s, S, L> Announcement<'s, S, L> {
     /// Whether the operation is announced in a slot its thread owns.
     #[inline]
     pub(crate) fn owned(&self) -> bool {
-        matches!(self.slot, SlotId::Own(_))
+        matches!(self.cells, Cells::Own(_))
     }
 
     /// The slots the operation is announced in.
@@ -621,15 +635,15 @@ impl<'s, S, L> Announcement<'s, S, L> {
     /// Runs `f` on the slot's state.
     #[inline]
     pub(crate) fn state<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
-        match self.slot {
-            SlotId::Own(i) => self.slots.own[i].state.with_mut(|state| {
+        match self.cells {
+            Cells::Own(cells) => cells.state.with_mut(|state| {
                 // SAFETY: INV-SLOT-1: this announcement is alive, so the slot is not idle and no
                 // thief uses its state (a thief that froze it first has finished: announce
                 // waited for the flag to clear); this thread holds the owner's id (`held`),
                 // `busy` let it announce once, and `&mut self` makes this the only borrow.
                 f(unsafe { &mut *state })
             }),
-            SlotId::Shared(j) => f(&mut lock(&self.slots.shared[j].state)),
+            Cells::Shared(cells) => f(&mut lock(&cells.state)),
         }
     }
 
@@ -638,15 +652,15 @@ impl<'s, S, L> Announcement<'s, S, L> {
     #[inline]
     pub(crate) fn log<R>(&mut self, f: impl FnOnce(&mut L) -> R) -> R {
         let index = self.epoch.slot4();
-        let filled = &self.slots.counters(self.slot).filled[index];
+        let filled = &self.counters.filled[index];
         // ORDERING: Relaxed, as only one party writes the flag at a time (the writers of
         // this epoch's log, or the advancer after they left); the Release of `leave`
         // publishes it with the log.
         if !filled.load(Ordering::Relaxed) {
             filled.store(true, Ordering::Relaxed);
         }
-        match self.slot {
-            SlotId::Own(i) => self.slots.own[i].logs[index].with_mut(|log| {
+        match self.cells {
+            Cells::Own(cells) => cells.logs[index].with_mut(|log| {
                 // SAFETY: INV-SLOT-1: the operation is announced in `self.epoch`, so the
                 // advancer does not take this log before it leaves (it waits for the epoch to
                 // be quiescent), and no other epoch using the log can run meanwhile; this
@@ -654,7 +668,7 @@ impl<'s, S, L> Announcement<'s, S, L> {
                 // borrow.
                 f(unsafe { &mut *log })
             }),
-            SlotId::Shared(j) => f(&mut lock(&self.slots.shared[j].logs)[index]),
+            Cells::Shared(cells) => f(&mut lock(&cells.logs)[index]),
         }
     }
 
@@ -667,17 +681,15 @@ impl<'s, S, L> Announcement<'s, S, L> {
     /// Runs `f` if no advance past the operation's epoch has begun (INV-EP-4; see
     /// [`Tracker`]'s module docs); `None` if the epoch has begun to close.
     pub(crate) fn verify<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        self.slots
-            .tracker
-            .verify(self.slots.counters(self.slot), self.epoch, f)
+        self.slots.tracker.verify(self.counters, self.epoch, f)
     }
 }
 
 impl<S, L> Drop for Announcement<'_, S, L> {
     fn drop(&mut self) {
-        let counters = self.slots.counters(self.slot);
+        let counters = self.counters;
         let counter = &counters.running[self.epoch.slot4()];
-        if matches!(self.slot, SlotId::Own(_)) {
+        if self.owned() {
             // ORDERING: only the owner reads or writes `busy`.
             counters.busy.store(false, Ordering::Relaxed);
             // An owned slot's counters change only in its owner's thread (announce, its
