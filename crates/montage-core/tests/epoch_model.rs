@@ -244,7 +244,10 @@ fn an_aborted_operation_leaves_no_trace_after_recovery() {
     let op = heap.begin_op().unwrap();
     let lone = op.alloc(owner, TYPE_KV, &encode(3, 3)).unwrap();
     op.abort().unwrap();
-    assert!(heap.info(lone).is_err(), "an aborted allocation stays valid");
+    assert!(
+        heap.info(lone).is_err(),
+        "an aborted allocation stays valid"
+    );
     heap.sync().unwrap();
     heap.sync().unwrap();
     let image = heap.simulator().unwrap().durable();
