@@ -237,6 +237,8 @@ fn an_aborted_operation_leaves_no_trace_after_recovery() {
     heap.sync().unwrap();
     let op = heap.begin_op().unwrap();
     op.alloc(owner, TYPE_KV, &encode(2, 2)).unwrap();
+    // `kept` is of an older epoch: the update supersedes it (the guard keeps the first old
+    // version apart from its log), and the abort must make it live again.
     op.update(kept, &encode(1, 9)).unwrap();
     op.abort().unwrap();
     // An operation whose one allocation is all it did (the guard keeps that block apart

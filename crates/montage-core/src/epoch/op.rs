@@ -98,7 +98,8 @@ pub(crate) struct OpLog {
     /// Blocks whose payload this operation changed in part, in place: the advance writes
     /// their payload checksums again (INV-SUM-1).
     resealed: Vec<PBlock>,
-    /// Older versions this operation superseded or deleted (retired bit set).
+    /// Older versions this operation superseded or deleted (retired bit set), after the
+    /// first, which the guard keeps.
     victims: Vec<PBlock>,
     /// Blocks of this epoch to invalidate when the operation commits (retired bit set).
     kills: Vec<PBlock>,
@@ -154,6 +155,9 @@ pub struct OpGuard<'h> {
     /// The first block the operation allocated (undone on abort); the log lists the rest.
     /// Most operations allocate one block and log nothing else, and never take a log.
     first_alloc: Cell<Option<PBlock>>,
+    /// The first older version the operation superseded or deleted (retired bit set); the
+    /// log lists the rest. An update that writes a new version needs no log either.
+    first_victim: Cell<Option<PBlock>>,
     done: Cell<bool>,
     /// The operation's announcement, and through it its thread slot: withdrawn when the
     /// guard is dropped, after `finish` has handed everything to the advancer.
@@ -182,6 +186,7 @@ impl<'h> OpGuard<'h> {
             epoch: announcement.epoch(),
             log: RefCell::new(None),
             first_alloc: Cell::new(None),
+            first_victim: Cell::new(None),
             done: Cell::new(false),
             announcement: RefCell::new(announcement),
             _not_send: PhantomData,
@@ -657,11 +662,12 @@ impl<'h> OpGuard<'h> {
     /// Logs `old`, superseded by this operation: killed at commit if it is of this epoch,
     /// reclaimed as an old version otherwise.
     fn log_superseded(&self, old: &BlockInfo) {
-        let mut log = self.log();
         if old.spec.epoch == self.epoch {
-            log.kills.push(old.block);
+            self.log().kills.push(old.block);
+        } else if self.first_victim.get().is_none() {
+            self.first_victim.set(Some(old.block));
         } else {
-            log.victims.push(old.block);
+            self.log().victims.push(old.block);
         }
     }
 
@@ -873,6 +879,7 @@ impl<'h> OpGuard<'h> {
         let mut log = self.log();
         let log = &mut *log;
         let mut first_error = Ok(());
+        log.victims.extend(self.first_victim.take());
         let retired = log
             .victims
             .drain(..)
@@ -899,12 +906,20 @@ impl<'h> OpGuard<'h> {
             return;
         }
         let taken = self.log.borrow_mut().take();
+        let victim = self.first_victim.take();
         if let Some(mut log) = taken {
+            log.victims.extend(victim);
             self.hand_over(&mut log);
             // What is left is capacity for the next operation in this slot.
             self.announcement
                 .borrow_mut()
                 .state(|state| state.spare_logs.push(log));
+        } else if let Some(victim) = victim {
+            // As `hand_over` would: to the slot's log of this epoch before the announcement
+            // is withdrawn.
+            self.announcement
+                .borrow_mut()
+                .log(|bucket| bucket.victims.push(victim));
         }
         let instance = self.runtime.epochs.instance();
         if !self.announcement.borrow().owned() {
