@@ -198,9 +198,7 @@ impl<T: Codec> NbQueue<T> {
                 .collect();
             // An element popped while it was read may have had its block handed out again
             // (module docs): what was read of it is nothing, not an error. One still queued
-            // after every read was read whole.
-            // ORDERING: the reads above come before the head's load.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            // after every read (`dequeued` reads the head after them) was read whole.
             let dequeued = self.index.dequeued(op)?;
             read.into_iter()
                 .filter(|&(seq, _)| !dequeued.includes(seq))

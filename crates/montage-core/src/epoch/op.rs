@@ -634,11 +634,7 @@ impl<'h> OpGuard<'h> {
     /// Logs a block this operation allocated, holding `len` payload bytes: killed if the
     /// operation aborts, written back with its epoch.
     fn log_new(&self, block: PBlock, len: u64) {
-        if self.first_alloc.get().is_none() {
-            self.first_alloc.set(Some(block));
-        } else {
-            self.log().allocated.push(block);
-        }
+        self.keep(&self.first_alloc, block, |log| &mut log.allocated);
         self.log_persist(block.offset(), HEADER_LEN + len + TRAILER_LEN);
     }
 
@@ -664,10 +660,24 @@ impl<'h> OpGuard<'h> {
     fn log_superseded(&self, old: &BlockInfo) {
         if old.spec.epoch == self.epoch {
             self.log().kills.push(old.block);
-        } else if self.first_victim.get().is_none() {
-            self.first_victim.set(Some(old.block));
         } else {
-            self.log().victims.push(old.block);
+            self.keep(&self.first_victim, old.block, |log| &mut log.victims);
+        }
+    }
+
+    /// Keeps `block` in the guard's cell `first` if it is empty, and otherwise in the list
+    /// of the log that `rest` picks: the first of each kind stays out of the log, so that
+    /// an operation with one of each takes none.
+    fn keep(
+        &self,
+        first: &Cell<Option<PBlock>>,
+        block: PBlock,
+        rest: impl FnOnce(&mut OpLog) -> &mut Vec<PBlock>,
+    ) {
+        if first.get().is_none() {
+            first.set(Some(block));
+        } else {
+            rest(&mut self.log()).push(block);
         }
     }
 

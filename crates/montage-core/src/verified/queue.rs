@@ -407,9 +407,7 @@ impl VerifiedQueue {
                 // `take` may have read a value another dequeue took since this one read the
                 // head (the caller's payload handed out again, for one): if the head moved
                 // on, what it read is stale, and the operation runs again.
-                // ORDERING: `take`'s reads come before the head's load below.
-                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-                if !matches!(err, Error::Aborted) && self.head.load(clock) != head_raw {
+                if !matches!(err, Error::Aborted) && self.dequeued(op)?.includes(next.seq) {
                     return Err(Error::Aborted);
                 }
                 return Err(err);
@@ -437,13 +435,17 @@ impl VerifiedQueue {
     }
 
     /// What has been dequeued by now: every element up to the dummy's number, that of the
-    /// last element dequeued ([`Dequeued::includes`]).
+    /// last element dequeued ([`Dequeued::includes`]). What the caller read before this call
+    /// (an element's payload) is ordered before its read of the head, so an element it does
+    /// not include was still queued after the caller's reads.
     ///
     /// # Errors
     ///
     /// [`Error::Unsupported`] for an operation of another heap than the queue's.
     pub fn dequeued(&self, op: &OpGuard<'_>) -> Result<Dequeued> {
         self.bind(op)?;
+        // ORDERING: the caller's earlier reads come before the head's load.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         // SAFETY: read from `head` during `op`, which the queue is bound to.
         let last = unsafe { node(self.head.load(Clock::of(op)), op) }.seq;
         Ok(Dequeued { last })
