@@ -15,8 +15,23 @@
 //! value word in its bucket: that swap is the linearization point, and it succeeds only
 //! while the clock still reads the operation's epoch (INV-CAS-1). If the swap fails
 //! (another operation changed the key first, or the epoch moved), the operation aborts,
-//! which undoes its payload work, and runs again. A read linearizes at its load of the
-//! value word (and aborts if that holds a payload or a removal of a newer epoch).
+//! which undoes its payload work, and runs again. A read inside an operation linearizes
+//! at its load of the value word (and aborts if that holds a payload or a removal of a
+//! newer epoch); one outside an operation, below, at its last load of it.
+//!
+//! # Reads
+//!
+//! [`get`](NbHashMap::get) and [`contains_key`](NbHashMap::contains_key) read without an
+//! operation, as [`HashMap`](crate::HashMap)'s do, but with no lock to keep the entry
+//! still: [`VerifiedBucket::peek`] loads the key's value word (linearizing there, as a read
+//! inside an operation does), and [`Heap::read_named`] reads the payload it names and keeps
+//! what it read only if the bucket still names that payload afterwards and the block was
+//! not freed and handed out again meanwhile (INV-READ-1); the read then linearizes at that
+//! second load. A swap in progress in the bucket, a dead list node, or a block changed
+//! under the read sends the call into an operation instead, which decides the swap and
+//! reports damage. Like `HashMap`'s reads, these may return a write of an epoch newer than
+//! the clock the caller last saw; a `sync` after them covers it (`docs/design.md`, "Reads
+//! outside operations").
 //!
 //! # Progress
 //!
@@ -33,7 +48,7 @@ use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 
 use montage_core::payload::EncodeAs;
-use montage_core::verified::VerifiedBucket;
+use montage_core::verified::{Peek, VerifiedBucket};
 use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result};
 
 use crate::count::Count;
@@ -94,8 +109,9 @@ where
     /// other key in a list searched node by node (a cache miss a node): give it about as
     /// many buckets as it will hold keys. With a million keys in the default 65,536 buckets
     /// and every key in a list, reads ran at 0.4x the striped [`HashMap`]'s; with a million
-    /// buckets for half a million `u64` keys, the three mixes of the harness ran at 0.94x
-    /// to 0.95x of it (geometric means; `docs/PERFORMANCE.md`).
+    /// buckets for half a million `u64` keys, the three mixes of the harness ran at 0.87x
+    /// to 1.16x of it (geometric means of two runs; `docs/PERFORMANCE.md`, nineteenth
+    /// round).
     ///
     /// [`HashMap`]: crate::HashMap
     ///
@@ -190,14 +206,39 @@ where
 
     /// The value of `key`.
     ///
+    /// It reads without an operation when it can (module docs, "Reads"), and inside one
+    /// otherwise.
+    ///
     /// # Errors
     ///
     /// A heap error ([`Error::Corrupted`] for an entry that does not decode, ...).
     pub fn get(&self, key: &K) -> Result<Option<V>> {
         let bucket = self.bucket_ahead(key);
+        match self.peek(bucket, key) {
+            Peek::Found(value) => return Ok(Some(value)),
+            Peek::Absent => return Ok(None),
+            Peek::Undecided => {}
+        }
         self.attached
             .heap()
             .run_op(|op| Ok(Self::find(op, bucket, key)?.map(|found| found.value)))
+    }
+
+    /// The value of `key` read without an operation (module docs, "Reads"), or
+    /// [`Peek::Undecided`]: the caller reads inside an operation instead.
+    fn peek(&self, bucket: &VerifiedBucket<K>, key: &K) -> Peek<V> {
+        let offset = match bucket.peek(key) {
+            Peek::Found(offset) => offset,
+            Peek::Absent => return Peek::Absent,
+            Peek::Undecided => return Peek::Undecided,
+        };
+        let read =
+            self.attached
+                .heap()
+                .read_named(PBlock::from_offset(offset), entry::view_value, || {
+                    bucket.peek(key) == Peek::Found(offset)
+                });
+        read.map_or(Peek::Undecided, Peek::Found)
     }
 
     /// Whether the map holds `key`.
@@ -207,6 +248,11 @@ where
     /// As [`get`](Self::get).
     pub fn contains_key(&self, key: &K) -> Result<bool> {
         let bucket = self.bucket_ahead(key);
+        match bucket.peek(key) {
+            Peek::Found(_) => return Ok(true),
+            Peek::Absent => return Ok(false),
+            Peek::Undecided => {}
+        }
         self.attached
             .heap()
             .run_op(|op| Ok(Self::find(op, bucket, key)?.is_some()))

@@ -115,6 +115,9 @@ pub mod limits {
 #[cfg(feature = "sim")]
 pub mod sim {
     pub use crate::config::SimMode;
+    pub use crate::heap::blocks::race::{
+        Hook as NamedReadHook, NamedReadPoint, pause_named_reads_at,
+    };
     pub use crate::persist::sim::{CrashImage, Simulator, SplitMix64, crashes_on_this_thread};
     pub use crate::verified::queue::race::{Hook as QueueHook, QueuePoint, pause_queue_reads_at};
 }

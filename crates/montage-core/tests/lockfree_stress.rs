@@ -7,7 +7,7 @@
 //! * List, and a table of buckets (`VerifiedBucket`: an inline entry the first key with a
 //!   word claims, then a list): each thread writes only its own keys (so it knows their
 //!   exact state and checks every result) and reads everyone's (a value read must be one
-//!   its key's owner wrote).
+//!   its key's owner wrote), inside operations and outside them (`peek`).
 //! * Queue: producers push their own increasing numbers, consumers pop; every number is
 //!   popped exactly once, and each producer's numbers come out in order.
 
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use montage_core::sim::SplitMix64;
-use montage_core::verified::{BucketKey, VerifiedBucket, VerifiedList, VerifiedQueue};
+use montage_core::verified::{BucketKey, Peek, VerifiedBucket, VerifiedList, VerifiedQueue};
 use montage_core::{EpochLength, Error, Heap, HeapConfig};
 use montage_core::{OpGuard, Result};
 use montage_testkit::run_with_clock;
@@ -60,6 +60,7 @@ trait Index<K>: Sync {
     fn replace(&self, op: &OpGuard<'_>, key: &K, current: u64, new: u64) -> Result<Found>;
     fn remove(&self, op: &OpGuard<'_>, key: &K, current: u64) -> Result<Found>;
     fn entries(&self, op: &OpGuard<'_>) -> Result<Vec<(K, u64)>>;
+    fn peek(&self, key: &K) -> Peek<u64>;
 }
 
 type Outcome<T, E> = std::result::Result<T, E>;
@@ -83,6 +84,9 @@ macro_rules! index {
             }
             fn entries(&self, op: &OpGuard<'_>) -> Result<Vec<(K, u64)>> {
                 $ty::entries(self, op)
+            }
+            fn peek(&self, key: &K) -> Peek<u64> {
+                $ty::peek(self, key)
             }
         }
     };
@@ -166,6 +170,7 @@ fn list_stress<K>(
             .map(|k| (k, None))
             .collect();
         let own: Vec<u64> = mine.keys().copied().collect();
+        let mut decided = 0;
         for i in 1..=OPS {
             let key = own[(rng.next_u64() % own.len() as u64) as usize];
             let state = mine[&key];
@@ -204,6 +209,17 @@ fn list_stress<K>(
             });
             let new_state = result.unwrap();
             mine.insert(key, new_state);
+            // Outside any operation: this thread's key as it left it, unless the read
+            // cannot tell.
+            let peeked = indexes[pick(&k)].peek(&k);
+            if peeked != Peek::Undecided {
+                assert_eq!(
+                    peeked,
+                    Peek::from_option(new_state),
+                    "thread {t} key {key}, read outside an operation"
+                );
+                decided += 1;
+            }
             // Read someone else's key: whatever is there was written for that key.
             let other = rng.next_u64() % KEYS;
             let other_key = key_of(other);
@@ -212,7 +228,20 @@ fn list_stress<K>(
                 Ok(None) => {}
                 Err(err) => panic!("{err}"),
             }
+            if let Peek::Found(v) = indexes[pick(&other_key)].peek(&other_key) {
+                assert_eq!(
+                    v >> 24,
+                    other,
+                    "a value of another key, read outside an operation"
+                );
+            }
         }
+        // Reads outside operations cannot tell only while a swap is in progress or a dead
+        // node is still linked: most of them answer.
+        assert!(
+            decided > OPS / 2,
+            "thread {t}: {decided} of {OPS} reads answered"
+        );
         // What this thread leaves behind.
         let entries = heap
             .run_op(|op| {

@@ -42,7 +42,7 @@ pub(crate) mod size_class;
 
 use std::collections::BTreeSet;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::base::epoch::Epoch;
@@ -481,6 +481,36 @@ impl Allocator {
         spec: BlockSpec,
         len: u64,
     ) -> Result<PBlock> {
+        let (offset, stored_len) = self.place(media, caches, spec, len)?;
+        self.write_header(media, offset, &spec.raw(stored_len))?;
+        Ok(PBlock(offset))
+    }
+
+    /// Allocates a block holding `payload` and writes all of it, its meta word last (as
+    /// [`alloc_filled`](Self::alloc_filled) does, from wherever [`alloc`](Self::alloc) finds
+    /// the block): the header becomes valid only over the whole payload, which readers
+    /// outside operations rely on (INV-READ-1).
+    pub(crate) fn alloc_whole(
+        &self,
+        media: &Media,
+        caches: &impl Caches,
+        spec: BlockSpec,
+        payload: &[u8],
+    ) -> Result<PBlock> {
+        let (offset, stored_len) = self.place(media, caches, spec, payload.len() as u64)?;
+        self.write_block(media, offset, spec, stored_len, payload)?;
+        Ok(PBlock(offset))
+    }
+
+    /// A free block for `len` payload bytes, handed out (see [`hand_out`]), with the length
+    /// its header stores.
+    fn place(
+        &self,
+        media: &Media,
+        caches: &impl Caches,
+        spec: BlockSpec,
+        len: u64,
+    ) -> Result<(u64, u32)> {
         let stored_len = u32::try_from(len).map_err(|_| self.out_of_space(caches, len))?;
         let total = len
             .checked_add(HEADER_LEN + TRAILER_LEN)
@@ -500,8 +530,29 @@ impl Allocator {
             }
             Err(other) => return Err(other),
         };
-        self.write_header(media, offset, &spec.raw(stored_len))?;
-        Ok(PBlock(offset))
+        Ok((hand_out(offset), stored_len))
+    }
+
+    /// Writes a whole block at `offset`: the header of `spec` for `len` payload bytes, the
+    /// payload and its trailer, and the meta word last.
+    #[inline]
+    fn write_block(
+        &self,
+        media: &Media,
+        offset: u64,
+        spec: BlockSpec,
+        len: u32,
+        payload: &[u8],
+    ) -> Result<()> {
+        let header = spec.raw(len);
+        let creation_id = self.geometry.creation_id;
+        media.write_block(
+            offset,
+            &header.body_words(),
+            header.meta(offset, creation_id),
+            payload,
+            &payload_checksum_words(offset, creation_id),
+        )
     }
 
     /// Allocates a block holding `payload` from the caller's cache and writes all of it at
@@ -528,17 +579,8 @@ impl Allocator {
             return Ok(None);
         };
         // A small class holds far less than 4 GiB.
-        let header = spec.raw(len as u32);
-        let block = PBlock(offset);
-        let creation_id = self.geometry.creation_id;
-        media.write_block(
-            offset,
-            &header.body_words(),
-            header.meta(offset, creation_id),
-            payload,
-            &payload_checksum_words(offset, creation_id),
-        )?;
-        Ok(Some(block))
+        self.write_block(media, hand_out(offset), spec, len as u32, payload)?;
+        Ok(Some(PBlock(offset)))
     }
 
     /// A small block for `len` payload bytes from the caller's cache, without its header:
@@ -556,7 +598,9 @@ impl Allocator {
         len: u64,
     ) -> Option<PBlock> {
         let class = class_for(len.checked_add(HEADER_LEN + TRAILER_LEN)?)?;
-        self.alloc_small(media, caches, class, len).ok().map(PBlock)
+        self.alloc_small(media, caches, class, len)
+            .ok()
+            .map(|offset| PBlock(hand_out(offset)))
     }
 
     /// Puts a small block whose meta word is zero and that nothing else can reach on the
@@ -1291,6 +1335,22 @@ pub(crate) fn read_header(
     capacity: u64,
 ) -> Result<Option<BlockInfo>> {
     Ok(read_header_and_meta(media, creation_id, offset, capacity)?.map(|(info, _)| info))
+}
+
+/// `offset`, a free block about to be handed out for writing. The Release fence orders the
+/// zero that the block's free stored in its meta word (before this, in this thread or in
+/// the one whose free list passed the block on) before every store the new owner makes into
+/// it: the writer's side of the sequence lock with which a reader outside any operation
+/// learns that the block was reused while it read ([`Heap::is_current`], INV-READ-1). Free
+/// on x86-64, where stores are never reordered with stores.
+///
+/// [`Heap::is_current`]: crate::Heap::is_current
+#[inline]
+fn hand_out(offset: u64) -> u64 {
+    // ORDERING: Release; see above. A reader that reads any store of the new owner and
+    // then issues an Acquire fence sees the zero, or a later meta word, after it.
+    fence(Ordering::Release);
+    offset
 }
 
 /// [`read_header`], with the meta word it read.

@@ -263,11 +263,12 @@ impl<'h> OpGuard<'h> {
             self.log_new(block, len);
             return Ok(block);
         }
+        // Otherwise written whole as well, the meta word last (INV-READ-1).
         let block = shared
             .alloc
-            .alloc(&shared.media, &self.announcement, spec, len)?;
+            .alloc_whole(&shared.media, &self.announcement, spec, bytes)?;
         self.log_new(block, len);
-        self.fill(block, bytes).map(|()| block)
+        Ok(block)
     }
 
     /// Writes `bytes` as `block`'s payload, and their checksum into its trailer.

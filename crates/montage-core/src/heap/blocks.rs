@@ -271,6 +271,50 @@ impl Heap {
         Ok(now & !META_RETIRED == view.header_meta() & !META_RETIRED)
     }
 
+    /// Reads the block a lock-free index names, outside any operation: `read` gets a view of
+    /// `block`, and what it returns is kept only if, after it, `still_named` says the index
+    /// still names `block` and the block still holds the version whose header the view
+    /// read ([`is_current`](Self::is_current)). Then what `read` returned was read from the
+    /// version the index named at `still_named`'s load, which is where such a read
+    /// linearizes. `None` when either check fails, when `block` held no valid header as the
+    /// view was taken (freed, or being written), or when `read` failed: the caller reads
+    /// again inside an operation, which waits for nothing and reports real damage.
+    ///
+    /// What the index promises (INV-READ-1): it names a block only once a version is written
+    /// in it whole (every allocation writes the meta word last), it never changes a version
+    /// it names (a new version goes into a new block), and it frees the block only after it
+    /// stops naming it, through the epochs' reclamation (`OpGuard::delete`, never the
+    /// `_unshared` deletes, which hand a block out again at once to readers that hold a
+    /// lock). `read` may see bytes of a later owner of the block, since nothing keeps the
+    /// block from being freed and handed out again while it reads; it must be safe for any
+    /// bytes (a [`Codec`](crate::Codec)'s decode returns `None` for bytes it did not write),
+    /// and this call then drops what it returned.
+    pub fn read_named<T>(
+        &self,
+        block: PBlock,
+        read: impl FnOnce(&BlockView<'_>) -> Result<T>,
+        still_named: impl FnOnce() -> bool,
+    ) -> Option<T> {
+        #[cfg(feature = "sim")]
+        race::reached(race::NamedReadPoint::Named, block);
+        let view = self.view(block).ok()?;
+        #[cfg(feature = "sim")]
+        race::reached(race::NamedReadPoint::Viewed, block);
+        let value = read(&view).ok()?;
+        #[cfg(feature = "sim")]
+        race::reached(race::NamedReadPoint::Read, block);
+        // ORDERING: the payload's loads above come before the index's load in
+        // `still_named`: had any of them read a store of the block's next owner, which made
+        // it after the block was freed and so after the index stopped naming it, the index's
+        // load would see that (the allocator's Release fence as it hands a block out pairs
+        // with this Acquire fence).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        if !still_named() {
+            return None;
+        }
+        self.is_current(&view).ok()?.then_some(value)
+    }
+
     /// Whether the block `view` shows, whose header the scan found valid, is part of the
     /// heap's state for a scan: not quarantined, and, if `live`, still the version the scan
     /// read and not retired (replaced or deleted by an operation). Between the scan's read
@@ -306,6 +350,49 @@ impl Heap {
         let mut found = found.into_inner().unwrap_or_else(PoisonError::into_inner);
         found.sort_unstable_by_key(|info| info.block);
         Ok(found)
+    }
+}
+
+/// Where a test may stop a [`Heap::read_named`] to change the block under it (the `sim`
+/// feature's [`sim::pause_named_reads_at`](crate::sim::pause_named_reads_at)).
+#[cfg(feature = "sim")]
+pub(crate) mod race {
+    use std::cell::RefCell;
+
+    use crate::alloc::block::PBlock;
+
+    /// A point in [`Heap::read_named`](crate::Heap::read_named).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum NamedReadPoint {
+        /// The index named the block; nothing of it is read yet.
+        Named,
+        /// The block's header is read; its payload is not.
+        Viewed,
+        /// The payload is read; neither check has run.
+        Read,
+    }
+
+    /// What a test runs at a [`NamedReadPoint`], given the block being read.
+    pub type Hook = Box<dyn FnMut(NamedReadPoint, PBlock)>;
+
+    thread_local! {
+        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    /// Calls `hook` on this thread at every [`NamedReadPoint`] its reads reach, until it is
+    /// replaced (`None`: no more calls). Reads the hook itself makes do not call it.
+    pub fn pause_named_reads_at(hook: Option<Hook>) {
+        HOOK.with(|slot| *slot.borrow_mut() = hook);
+    }
+
+    pub(crate) fn reached(point: NamedReadPoint, block: PBlock) {
+        HOOK.with(|slot| {
+            if let Ok(mut hook) = slot.try_borrow_mut()
+                && let Some(hook) = hook.as_mut()
+            {
+                hook(point, block);
+            }
+        });
     }
 }
 

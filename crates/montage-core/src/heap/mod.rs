@@ -4,7 +4,7 @@
 //! `blocks.rs`, and the raw block layer in `raw.rs`.
 
 mod attach;
-mod blocks;
+pub(crate) mod blocks;
 mod directory;
 mod open;
 pub mod raw;

@@ -291,6 +291,18 @@ impl Word {
         }
     }
 
+    /// The word's value, or `None` while a swap is in progress: a read for a caller outside
+    /// any operation, which has no clock to decide the swap with and must not wait for it.
+    /// A value returned is one the word held at this load, outside every swap: a decided
+    /// one, never the new value of a swap that may still fail.
+    #[inline]
+    pub(crate) fn peek(&self) -> Option<Raw> {
+        // ORDERING: SeqCst, as every access to verified words (INV-CAS-1); it also acquires
+        // what the swap that stored the value published (a node, a payload).
+        let found = self.0.load(Ordering::SeqCst);
+        Tag::decode(found).is_none().then_some(Raw(found))
+    }
+
     /// Replaces `current` with `new` without verifying the epoch, for steps that are not
     /// linearization points (unlinking, marking, moving a lagging tail). Fails if the word
     /// holds anything else, a swap in progress included.
@@ -366,6 +378,13 @@ impl<T: CasWord> VerifiedAtomic<T> {
     /// If the word is shared with operations of another heap (a misuse).
     pub fn load(&self, op: &OpGuard<'_>) -> T {
         self.load_in(Clock::of(op))
+    }
+
+    /// The current value, or `None` while a swap of the word is in progress, for a caller
+    /// outside any operation (see `Word::peek`).
+    #[inline]
+    pub(crate) fn peek(&self) -> Option<T> {
+        self.word.peek().map(decode)
     }
 
     /// [`load`](Self::load) for a caller that has the clock at hand.
@@ -817,6 +836,38 @@ mod loom_tests {
             } else {
                 assert_eq!(seen, 0);
                 assert_eq!(env.read(&word), 0, "a failed swap left its value behind");
+            }
+        });
+    }
+
+    /// A read outside any operation (`Word::peek`) races with a swap of epoch 1 and the
+    /// publish of epoch 2: it answers only with a decided value, never with the new value of
+    /// a swap that fails, and after it sees the new value every read does.
+    #[test]
+    fn a_read_outside_operations_sees_only_decided_values() {
+        loom::model(|| {
+            let (env, mut publisher) = Env::new(1);
+            let word = Arc::new(Word::new(encode(0u32)));
+            let owner = Env::spawn_swap(&env, 0, &word, 0, 1);
+            let peeked = {
+                let word = word.clone();
+                loom::thread::spawn(move || {
+                    let first = word.peek().map(decode::<u32>);
+                    let second = word.peek().map(decode::<u32>);
+                    (first, second)
+                })
+            };
+            env.slots.publish(&mut publisher, Epoch::new(2));
+            let succeeded = owner.join().unwrap().is_ok();
+            let (first, second) = peeked.join().unwrap();
+            for seen in [first, second].into_iter().flatten() {
+                assert!(
+                    seen == 0 || (seen == 1 && succeeded),
+                    "read {seen} outside an operation; the swap succeeded: {succeeded}"
+                );
+            }
+            if first == Some(1) {
+                assert_eq!(second, Some(1), "a read outside went back");
             }
         });
     }

@@ -30,8 +30,9 @@
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
 use crate::primitive::{AtomicU64, Ordering};
+use crate::verified::Peek;
 use crate::verified::atomic::{Clock, VerifiedAtomic};
-use crate::verified::list::{REMOVED, VerifiedList, live, swap_live, swap_word};
+use crate::verified::list::{REMOVED, VerifiedList, live, peeked, swap_live, swap_word};
 
 /// A key a [`VerifiedBucket`] can hold: ordered for its list, and, where its values fit
 /// one, with a word to keep inline. Every [`Codec`](crate::Codec) key has it, through the
@@ -140,6 +141,20 @@ impl<K: BucketKey> VerifiedBucket<K> {
             Place::Inline => live(op, self.value.load_in(Clock::of(op))),
             Place::List => self.list.get(op, key),
             Place::Absent => Ok(None),
+        }
+    }
+
+    /// The value of `key` as [`get`](Self::get) finds it, for a reader outside any
+    /// operation, or [`Peek::Undecided`] when it cannot tell without one (see
+    /// [`VerifiedList::peek`], which it is for a key in the list). An inline value is read
+    /// as the list reads a node's: a live value is the key's at that load, a removed one
+    /// says it was absent then.
+    #[inline]
+    pub fn peek(&self, key: &K) -> Peek<u64> {
+        match self.place(key, false) {
+            Place::Inline => self.value.peek().map_or(Peek::Undecided, peeked),
+            Place::List => self.list.peek(key),
+            Place::Absent => Peek::Absent,
         }
     }
 

@@ -28,6 +28,7 @@ use std::ptr::NonNull;
 use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
+use crate::verified::Peek;
 use crate::verified::atomic::{
     CasErrorKind, Clock, Raw, VerifiedAtomic, Word, free_chain, publish_node, reclaim,
 };
@@ -193,6 +194,40 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
         }
     }
 
+    /// The value of `key` as [`get`](Self::get) finds it, for a reader outside any
+    /// operation, or [`Peek::Undecided`] when it cannot tell without an operation (it met a
+    /// swap in progress, which only an operation's clock can decide, or a dead node, which
+    /// only a traversal inside one unlinks). It changes nothing and waits for no one.
+    ///
+    /// Linearizable (INV-LIST-2): the traversal follows links whether marked or not, as the
+    /// wait-free `contains` of Harris's list does (Herlihy and Shavit, 9.8). A live value
+    /// is read from the one node of `key` that is not dead (there is at most one, and a
+    /// node is dead before it is unlinked, for good), so the key held it at that load; a
+    /// removed value likewise says the key was absent at that load. A traversal that passes
+    /// the key's place without meeting it missed no node of the key that stayed linked
+    /// throughout: the key was absent at some moment inside the call.
+    pub fn peek(&self, key: &K) -> Peek<u64> {
+        let guard = reclaim::pin();
+        let mut link = self.head.peek();
+        while let Some(raw) = link {
+            let ptr = raw.node::<Node<K>>();
+            if ptr.is_null() {
+                return Peek::Absent;
+            }
+            // SAFETY: `ptr` is not null and was just read from a link of the list while
+            // pinned by `guard`.
+            let curr: &Node<K> = unsafe { node(ptr, &guard) };
+            if curr.key >= *key {
+                if curr.key != *key {
+                    return Peek::Absent;
+                }
+                return curr.value.peek().map_or(Peek::Undecided, peeked);
+            }
+            link = curr.next.peek();
+        }
+        Peek::Undecided
+    }
+
     /// Sets `key` to `value` if it is absent; otherwise returns its value.
     ///
     /// # Errors
@@ -348,6 +383,19 @@ pub(super) fn swap_live(
     match swap_word(word, op, current, new)? {
         Ok(()) => Ok(Ok(())),
         Err(found) => Ok(Err(live(op, found)?)),
+    }
+}
+
+/// A value word as a read outside any operation sees it ([`VerifiedList::peek`]): the key's
+/// value if live, absent if removed, undecided if dead (a dead node's key may be in a newer
+/// node the reader did not reach).
+pub(super) fn peeked(value: u64) -> Peek<u64> {
+    if value & (REMOVED | DEAD) == 0 {
+        Peek::Found(value)
+    } else if value & DEAD == 0 {
+        Peek::Absent
+    } else {
+        Peek::Undecided
     }
 }
 

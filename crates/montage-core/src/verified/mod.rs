@@ -23,3 +23,23 @@ pub use atomic::{CasError, CasErrorKind, CasWord, VerifiedAtomic};
 pub use bucket::{BucketKey, VerifiedBucket};
 pub use list::{MAX_LIST_VALUE, VerifiedList};
 pub use queue::{Dequeued, VerifiedQueue};
+
+/// What a read outside any operation found ([`VerifiedBucket::peek`], [`VerifiedList::peek`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peek<T> {
+    /// The key held this value.
+    Found(T),
+    /// The key was absent.
+    Absent,
+    /// The read cannot tell without an operation: it met a swap in progress, which only an
+    /// operation's clock can decide, or a node that only a traversal inside an operation
+    /// unlinks.
+    Undecided,
+}
+
+impl<T> Peek<T> {
+    /// `Found` for `Some`, `Absent` for `None`.
+    pub fn from_option(found: Option<T>) -> Peek<T> {
+        found.map_or(Peek::Absent, Peek::Found)
+    }
+}
