@@ -340,3 +340,55 @@ fn a_stale_pop_gives_back_a_new_element_it_claimed() {
     assert_eq!(queue.pop_front().unwrap(), Some(vec![3; 100]));
     assert_eq!(queue.pop_front().unwrap(), None);
 }
+
+/// A pop stopped after it read the head, while another thread pops the same element and
+/// writes, into its block, a payload of this queue's owner and type that does not decode
+/// (a block of the queue's kind whose bytes are no `String`): the stopped pop's read of it
+/// fails, but the head has moved past the element it read, so the pop runs again and pops
+/// the next element instead of reporting damage.
+#[test]
+fn a_stale_pop_that_cannot_decode_what_it_read_pops_again() {
+    use std::sync::Arc;
+    let config = HeapConfig::in_memory(1 << 20).epoch_length(montage_core::EpochLength::Manual);
+    let heap = Heap::create(&config).unwrap();
+    let queue: Arc<NbQueue<String>> = Arc::new(NbQueue::open(&heap, "q").unwrap());
+    let (first, second) = ("a".repeat(100), "b".repeat(100));
+    queue.push_back(first.clone()).unwrap();
+    queue.push_back(second.clone()).unwrap();
+    let owner = heap.register("q").unwrap();
+    let elements = heap
+        .collect(montage_core::ScanFilter::all().owner(owner))
+        .unwrap();
+    let front = elements
+        .iter()
+        .min_by_key(|info| info.spec.uid)
+        .copied()
+        .unwrap();
+    // A sequence number, then bytes that are no UTF-8, as long as the first element's.
+    let garbage = [&[0u8; 8][..], &[0xff; 100]].concat();
+    let (q, h) = (Arc::clone(&queue), heap.clone());
+    let mut reached = false;
+    pause_queue_reads_at(Some(Box::new(move |at| {
+        if at == QueuePoint::DequeueRead && !reached {
+            reached = true;
+            let (q, h, first, garbage) =
+                (Arc::clone(&q), h.clone(), first.clone(), garbage.clone());
+            std::thread::spawn(move || {
+                assert_eq!(q.pop_front().unwrap(), Some(first));
+                let written = h
+                    .run_op(|op| op.alloc(owner, front.spec.type_id, &garbage))
+                    .unwrap();
+                assert_eq!(
+                    written, front.block,
+                    "the popped element's block was reused"
+                );
+            })
+            .join()
+            .unwrap();
+        }
+    })));
+    let popped = queue.pop_front();
+    pause_queue_reads_at(None);
+    assert_eq!(popped.unwrap(), Some(second));
+    assert_eq!(queue.pop_front().unwrap(), None);
+}
