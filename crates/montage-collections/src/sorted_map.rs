@@ -8,9 +8,10 @@
 //!
 //! # Linearization points
 //!
-//! `get`, `contains_key`, `insert`, `remove` and `update` run in one operation and hold the
-//! key's slot lock while they read or write its payload; they linearize at that access (at
-//! the slot or skip-list lookup for an absent key). An operation of an older epoch than the
+//! `insert`, `remove` and `update` run in one operation, and `get` and `contains_key` in
+//! none (they read as `HashMap`'s do: `docs/design.md`, "Reads outside operations"); each
+//! holds the key's slot lock while it reads or writes its payload and linearizes at that
+//! access (at the slot or skip-list lookup for an absent key). An operation of an older epoch than the
 //! slot's stamp aborts and is retried, so each key's lock order agrees with epoch order.
 //! A removed key keeps its slot, stamped, until the clock is two epochs past the removal
 //! (no operation of an older epoch can run then); until that point the stamp makes an
@@ -159,12 +160,10 @@ where
     ///
     /// A heap error ([`Error::Corrupted`] for an entry that does not decode, ...).
     pub fn get(&self, key: &K) -> Result<Option<V>> {
-        self.attached.heap().run_op(|op| self.get_in(op, key))
-    }
-
-    fn get_in(&self, op: &OpGuard<'_>, key: &K) -> Result<Option<V>> {
-        self.with_slot(op, key, false, |slot| match slot.and_then(|s| s.block) {
-            Some(block) => Ok(Some(entry::read_value(op, block)?)),
+        // No operation: the slot lock keeps the block live and its bytes still while it is
+        // read (module docs).
+        self.with_slot_outside_op(key, |block| match block {
+            Some(block) => entry::view_value(&self.attached.heap().view(block)?).map(Some),
             None => Ok(None),
         })
     }
@@ -175,12 +174,28 @@ where
     ///
     /// As [`get`](Self::get).
     pub fn contains_key(&self, key: &K) -> Result<bool> {
-        self.attached.heap().run_op(|op| {
-            self.with_slot(op, key, false, |slot| match slot.and_then(|s| s.block) {
-                Some(block) => op.info(block).map(|_| true),
-                None => Ok(false),
-            })
-        })
+        self.with_slot_outside_op(key, |block| Ok(block.is_some()))
+    }
+
+    /// Runs `f` on the block `key`'s slot holds (`None` for a missing slot or a removed
+    /// key), with the slot locked outside any operation: for reads, which need no epoch
+    /// (`docs/design.md`, "Reads outside operations").
+    fn with_slot_outside_op<R>(
+        &self,
+        key: &K,
+        f: impl FnOnce(Option<PBlock>) -> Result<R>,
+    ) -> Result<R> {
+        loop {
+            let Some(found) = self.index.get(key) else {
+                return f(None);
+            };
+            let slot = found.value().lock_outside_op();
+            if found.is_removed() {
+                // Purged between the lookup and the lock: look again.
+                continue;
+            }
+            return f(slot.block);
+        }
     }
 
     /// Sets `key` to `value`; returns the value it replaced.
@@ -475,7 +490,8 @@ mod tests {
                     map.insert_in(old, &1, &bytes),
                     Err(Error::Aborted)
                 ));
-                assert!(matches!(map.get_in(old, &1), Err(Error::Aborted)));
+                // A read runs in no operation and has no epoch: it sees the removal.
+                assert_eq!(map.get(&1).unwrap(), None);
             },
         );
         assert!(
