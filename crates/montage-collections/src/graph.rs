@@ -10,8 +10,11 @@
 //! # Concurrency and linearization points
 //!
 //! The index sits under one reader-writer lock: lookups share it, changes take it
-//! exclusively, and every method runs in one operation that holds it, so each method
-//! linearizes at its payload access (or lookup) under the lock. A vertex removal touches
+//! exclusively, and every method holds it while it reads or changes the graph, so each
+//! method linearizes at its payload access (or lookup) under the lock. Every change runs
+//! in one operation; the reads (`vertex`, `edge`, `neighbours`) run in none, as
+//! `HashMap`'s do (`docs/design.md`, "Reads outside operations"), since every change of
+//! what they read holds the lock exclusively. A vertex removal touches
 //! the adjacency of arbitrarily many other vertices, which is why changes are not striped
 //! (a per-vertex lock scheme is a possible refinement). The graph remembers the epoch of
 //! the last change; an operation of an older epoch that takes the lock after it aborts and
@@ -51,18 +54,29 @@ struct State {
 }
 
 impl State {
-    /// The value of vertex `id`, read in `op`.
-    fn vertex<V: Codec>(op: &OpGuard<'_>, state: &State, id: u64) -> Result<Option<V>> {
-        match state.vertices.get(&id).and_then(|v| v.block) {
-            Some(block) => Ok(Some(value(&op.read(block)?, 8, block.offset())?)),
+    /// The value of vertex `id`, its payload read by `read` (in an operation, or outside
+    /// any while the caller holds the lock).
+    fn vertex<V: Codec>(
+        &self,
+        id: u64,
+        read: impl FnOnce(PBlock) -> Result<Vec<u8>>,
+    ) -> Result<Option<V>> {
+        match self.vertices.get(&id).and_then(|v| v.block) {
+            Some(block) => Ok(Some(value(&read(block)?, 8, block.offset())?)),
             None => Ok(None),
         }
     }
 
-    /// The value of edge `src -> dst`, read in `op`.
-    fn edge<E: Codec>(op: &OpGuard<'_>, state: &State, src: u64, dst: u64) -> Result<Option<E>> {
-        match state.vertices.get(&src).and_then(|v| v.out.get(&dst)) {
-            Some(&block) => Ok(Some(value(&op.read(block)?, 16, block.offset())?)),
+    /// The value of edge `src -> dst`, its payload read by `read` (as
+    /// [`vertex`](Self::vertex)).
+    fn edge<E: Codec>(
+        &self,
+        src: u64,
+        dst: u64,
+        read: impl FnOnce(PBlock) -> Result<Vec<u8>>,
+    ) -> Result<Option<E>> {
+        match self.vertices.get(&src).and_then(|v| v.out.get(&dst)) {
+            Some(&block) => Ok(Some(value(&read(block)?, 16, block.offset())?)),
             None => Ok(None),
         }
     }
@@ -462,9 +476,12 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn vertex(&self, id: u64) -> Result<Option<V>> {
-        self.attached
-            .heap()
-            .run_op(|op| State::vertex(op, &*self.state.read(op)?, id))
+        // No operation: the lock keeps the payload live and its bytes still while it is
+        // read (module docs).
+        let heap = self.attached.heap();
+        self.state
+            .read_outside_op()
+            .vertex(id, |block| heap.read_payload(block))
     }
 
     /// The value of edge `src -> dst`.
@@ -473,9 +490,11 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
-        self.attached
-            .heap()
-            .run_op(|op| State::edge(op, &*self.state.read(op)?, src, dst))
+        // No operation, as `vertex`.
+        let heap = self.attached.heap();
+        self.state
+            .read_outside_op()
+            .edge(src, dst, |block| heap.read_payload(block))
     }
 
     /// The destinations of `id`'s outgoing edges, in increasing order; `None` if there is no
@@ -485,9 +504,8 @@ impl<V: Codec, E: Codec> Graph<V, E> {
     ///
     /// A heap error.
     pub fn neighbours(&self, id: u64) -> Result<Option<Vec<u64>>> {
-        self.attached
-            .heap()
-            .run_op(|op| Ok(self.state.read(op)?.neighbours(id)))
+        // No operation, as `vertex`.
+        Ok(self.state.read_outside_op().neighbours(id))
     }
 
     /// Every vertex id, in increasing order.
@@ -669,7 +687,7 @@ impl<V: Codec, E: Codec> TogetherGraph<'_, '_, '_, V, E> {
     ///
     /// As [`Graph::vertex`].
     pub fn vertex(&self, id: u64) -> Result<Option<V>> {
-        State::vertex(self.op, &self.part.state, id)
+        self.part.state.vertex(id, |block| self.op.read(block))
     }
 
     /// As [`Graph::edge`].
@@ -678,7 +696,7 @@ impl<V: Codec, E: Codec> TogetherGraph<'_, '_, '_, V, E> {
     ///
     /// As [`Graph::edge`].
     pub fn edge(&self, src: u64, dst: u64) -> Result<Option<E>> {
-        State::edge(self.op, &self.part.state, src, dst)
+        self.part.state.edge(src, dst, |block| self.op.read(block))
     }
 
     /// As [`Graph::neighbours`].

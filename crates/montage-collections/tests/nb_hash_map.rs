@@ -189,7 +189,7 @@ fn a_read_outside_an_operation_never_returns_a_payload_no_one_published() {
 fn reads_outside_operations_stay_whole_and_ordered_while_blocks_are_reused() {
     const THREADS: u64 = 3;
     const KEYS: u64 = 24;
-    const OPS: u64 = 20_000;
+    const OPS: u64 = 200_000;
     // A value: its key and version in every one of its eight words.
     let value = |key: u64, version: u64| ((key << 40) | version).to_le_bytes().repeat(8);
     let heap =
@@ -203,18 +203,26 @@ fn reads_outside_operations_stay_whole_and_ordered_while_blocks_are_reused() {
         let t = t as u64;
         let mut rng = sim::SplitMix64::new(t + 7);
         let mut last_seen = [0u64; KEYS as usize];
+        let mut found = 0;
         for version in 1..=OPS {
             let key = rng.next_u64() % KEYS;
-            if key % THREADS == t {
-                if rng.next_u64().is_multiple_of(4) {
-                    map.delete(&key).unwrap();
-                } else {
-                    map.put(key, value(key, version)).unwrap();
+            let got = if key % THREADS == t {
+                // This thread's key: only it writes it, so a read returns what it wrote.
+                let written = (!rng.next_u64().is_multiple_of(4)).then(|| value(key, version));
+                match &written {
+                    Some(bytes) => map.put(key, bytes.clone()).map(|_| ()).unwrap(),
+                    None => map.delete(&key).map(|_| ()).unwrap(),
                 }
-            }
-            let Some(read) = map.get(&key).unwrap() else {
+                let got = map.get(&key).unwrap();
+                assert_eq!(got, written, "thread {t} key {key}");
+                got
+            } else {
+                map.get(&key).unwrap()
+            };
+            let Some(read) = got else {
                 continue;
             };
+            found += 1;
             let word = u64::from_le_bytes(read[..8].try_into().unwrap());
             assert_eq!(read, value(key, word & ((1 << 40) - 1)), "a torn value");
             assert_eq!(word >> 40, key, "a value of another key");
@@ -226,5 +234,9 @@ fn reads_outside_operations_stay_whole_and_ordered_while_blocks_are_reused() {
             );
             last_seen[key as usize] = seen;
         }
+        assert!(
+            found > OPS / 4,
+            "thread {t} found {found} values in {OPS} reads"
+        );
     });
 }
