@@ -7,8 +7,9 @@
 //!
 //! # Linearization points
 //!
-//! Every method runs in one operation and holds the queue lock while it changes or reads the
-//! queue; `push_back` linearizes when it appends its element, `pop_front` at its deletion of
+//! Every change runs in one operation, and the reads (`front`, `to_vec`) in none, as
+//! `HashMap`'s (`docs/design.md`, "Reads outside operations"); each holds the queue lock
+//! while it changes or reads the queue. `push_back` linearizes when it appends its element, `pop_front` at its deletion of
 //! the front element, `front` and `len` at their read. `push_back` writes its payload before
 //! it takes the lock, with the sequence number it expects to get (the one after the last
 //! append it saw), so that the lock is held only to append; when another push took that
@@ -311,15 +312,20 @@ impl<T: Codec> Queue<T> {
     ///
     /// As [`pop_front`](Self::pop_front).
     pub fn front(&self) -> Result<Option<T>> {
-        self.attached
-            .heap()
-            .run_op(|op| Self::front_locked(op, &*self.state.lock(op)?))
+        // No operation: the queue lock keeps the element live and its bytes still while it
+        // is read (module docs).
+        let heap = self.attached.heap();
+        Self::front_locked(&self.state.lock_outside_op(), |block| heap.view(block))
     }
 
-    /// [`front`](Self::front) with the queue locked (`state`).
-    fn front_locked(op: &OpGuard<'_>, state: &State) -> Result<Option<T>> {
+    /// [`front`](Self::front) with the queue locked (`state`), the element's block viewed
+    /// by `view` (in an operation, or outside any while the caller holds the lock).
+    fn front_locked<'h>(
+        state: &State,
+        view: impl FnOnce(PBlock) -> Result<BlockView<'h>>,
+    ) -> Result<Option<T>> {
         match state.elements.front() {
-            Some(&(_, block)) => Ok(Some(read_value(&op.view(block)?)?)),
+            Some(&(_, block)) => Ok(Some(read_value(&view(block)?)?)),
             None => Ok(None),
         }
     }
@@ -341,20 +347,20 @@ impl<T: Codec> Queue<T> {
         self.len() == 0
     }
 
-    /// Every element, front to back, read in one operation.
+    /// Every element, front to back, read under the queue lock (outside any operation, as
+    /// [`front`](Self::front)).
     ///
     /// # Errors
     ///
     /// As [`pop_front`](Self::pop_front).
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        self.attached.heap().run_op(|op| {
-            let state = self.state.lock(op)?;
-            state
-                .elements
-                .iter()
-                .map(|&(_, block)| Ok(decode(&op.read(block)?, block.offset())?.1))
-                .collect()
-        })
+        let heap = self.attached.heap();
+        let state = self.state.lock_outside_op();
+        state
+            .elements
+            .iter()
+            .map(|&(_, block)| Ok(decode(&heap.read_payload(block)?, block.offset())?.1))
+            .collect()
     }
 
     /// The heap the queue lives in.
@@ -504,7 +510,7 @@ impl<T: Codec> TogetherQueue<'_, '_, '_, T> {
     ///
     /// As [`Queue::pop_front`].
     pub fn front(&self) -> Result<Option<T>> {
-        Queue::front_locked(self.op, &self.part.state)
+        Queue::front_locked(&self.part.state, |block| self.op.view(block))
     }
 
     /// The number of elements, with this together's changes.
