@@ -8,19 +8,20 @@
 //!
 //! # Linearization points
 //!
-//! `insert`, `remove` and `update` run in one operation, and `get` and `contains_key` in
-//! none (they read as `HashMap`'s do: `docs/design.md`, "Reads outside operations"); each
-//! holds the key's slot lock while it reads or writes its payload and linearizes at that
-//! access (at the slot or skip-list lookup for an absent key). An operation of an older epoch than the
-//! slot's stamp aborts and is retried, so each key's lock order agrees with epoch order.
+//! `insert`, `remove` and `update` run in one operation, and `get`, `contains_key` and the
+//! scans in none (they read as `HashMap`'s do: `docs/design.md`, "Reads outside
+//! operations"); each holds the key's slot lock while it reads or writes its payload and
+//! linearizes at that access (at the slot or skip-list lookup for an absent key). An
+//! operation of an older epoch than the slot's stamp aborts and is retried, so each key's
+//! lock order agrees with epoch order.
 //! A removed key keeps its slot, stamped, until the clock is two epochs past the removal
 //! (no operation of an older epoch can run then); until that point the stamp makes an
 //! older operation that finds the key absent abort.
 //!
 //! Scans ([`range`](SortedMap::range), [`iter`](SortedMap::iter), and both ends) read each
-//! key in its own operation, in key order (either direction): every entry they return was
-//! the key's value at some point during the scan, but the scan as a whole is not a
-//! snapshot while others write.
+//! key as `get` does, under its slot lock, in key order (either direction): every entry they
+//! return was the key's value at some point during the scan, but the scan as a whole is
+//! not a snapshot while others write.
 //!
 //! Every read of an entry's payload holds the key's slot lock, and a removal takes the block
 //! out of the slot under it, so a removal of an entry written in the same epoch hands the
@@ -369,15 +370,16 @@ where
         self.iter().next_back().transpose()
     }
 
-    /// Reads the entry of an index slot, in its own operation; `None` for a removed key.
+    /// Reads the entry of an index slot, with the slot locked outside any operation (as
+    /// [`get`](Self::get)); `None` for a removed key (a purged slot holds none either).
     fn read_slot(&self, key: &K, slot: &StampedLock<Slot>) -> Result<Option<(K, V)>> {
-        self.attached.heap().run_op(|op| {
-            let slot = slot.lock(op)?;
-            match slot.block {
-                Some(block) => Ok(Some((key.clone(), entry::read_value(op, block)?))),
-                None => Ok(None),
+        match slot.lock_outside_op().block {
+            Some(block) => {
+                let value = entry::view_value(&self.attached.heap().view(block)?)?;
+                Ok(Some((key.clone(), value)))
             }
-        })
+            None => Ok(None),
+        }
     }
 
     /// The heap the map lives in.
