@@ -112,6 +112,13 @@ pub(crate) fn read_value<V: Codec>(op: &OpGuard<'_>, block: PBlock) -> Result<V>
     view_value(&op.view(block)?)
 }
 
+/// The value of the entry in `block`, read outside any operation (see [`view_value`]), by a
+/// caller whose lock keeps the block live and its bytes still while it reads
+/// (`docs/design.md`, "Reads outside operations").
+pub(crate) fn read_locked_value<V: Codec>(heap: &Heap, block: PBlock) -> Result<V> {
+    view_value(&heap.view(block)?)
+}
+
 /// Rebuilds a map's index from its entries (scanned on every core): decodes each entry and
 /// hands its key, value and block to `add`, which returns whether the key was new (and
 /// counts it, if the map keeps a count). A key met twice is [`Error::Corrupted`] with

@@ -322,7 +322,7 @@ where
         let (hash, stripe) = self.stripe(key);
         let stripe = stripe.lock_outside_op();
         match stripe.get(hash, key) {
-            Some(block) => entry::view_value(&self.attached.heap().view(block)?).map(Some),
+            Some(block) => entry::read_locked_value(self.attached.heap(), block).map(Some),
             None => Ok(None),
         }
     }

@@ -227,18 +227,10 @@ where
     /// The value of `key` read without an operation (module docs, "Reads"), or
     /// [`Peek::Undecided`]: the caller reads inside an operation instead.
     fn peek(&self, bucket: &VerifiedBucket<K>, key: &K) -> Peek<V> {
-        let offset = match bucket.peek(key) {
-            Peek::Found(offset) => offset,
-            Peek::Absent => return Peek::Absent,
-            Peek::Undecided => return Peek::Undecided,
-        };
-        let read =
-            self.attached
-                .heap()
-                .read_named(PBlock::from_offset(offset), entry::view_value, || {
-                    bucket.peek(key) == Peek::Found(offset)
-                });
-        read.map_or(Peek::Undecided, Peek::Found)
+        let heap = self.attached.heap();
+        bucket.peek_with(key, |offset, still_named| {
+            heap.read_named(PBlock::from_offset(offset), entry::view_value, still_named)
+        })
     }
 
     /// Whether the map holds `key`.

@@ -164,7 +164,7 @@ where
         // No operation: the slot lock keeps the block live and its bytes still while it is
         // read (module docs).
         self.with_slot_outside_op(key, |block| match block {
-            Some(block) => entry::view_value(&self.attached.heap().view(block)?).map(Some),
+            Some(block) => entry::read_locked_value(self.attached.heap(), block).map(Some),
             None => Ok(None),
         })
     }
@@ -375,7 +375,7 @@ where
     fn read_slot(&self, key: &K, slot: &StampedLock<Slot>) -> Result<Option<(K, V)>> {
         match slot.lock_outside_op().block {
             Some(block) => {
-                let value = entry::view_value(&self.attached.heap().view(block)?)?;
+                let value = entry::read_locked_value(self.attached.heap(), block)?;
                 Ok(Some((key.clone(), value)))
             }
             None => Ok(None),

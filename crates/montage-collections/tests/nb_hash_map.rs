@@ -103,7 +103,7 @@ fn reclaim(heap: &Heap) {
 /// Runs `hook` at `point` of the next read outside an operation on this thread, once.
 fn at_read_point(point: NamedReadPoint, hook: impl FnOnce(PBlock) + 'static) {
     let mut hook = Some(hook);
-    sim::pause_named_reads_at(Some(Box::new(move |reached, block| {
+    sim::pause_named_reads_at(Some(Box::new(move |(reached, block)| {
         if reached == point
             && let Some(hook) = hook.take()
         {
@@ -144,7 +144,7 @@ fn a_read_outside_an_operation_never_returns_a_payload_no_one_published() {
     let other = heap.register("other").unwrap();
     let (writer, heap_for_hook) = (Arc::clone(&map), heap.clone());
     let mut seen = None;
-    sim::pause_named_reads_at(Some(Box::new(move |point, block| match point {
+    sim::pause_named_reads_at(Some(Box::new(move |(point, block)| match point {
         NamedReadPoint::Viewed => {
             // The entry is deleted, its block freed and written by an operation that
             // aborts: a payload that is never published.

@@ -70,6 +70,8 @@ mod meta;
 pub mod payload;
 mod persist;
 mod primitive;
+#[cfg(feature = "sim")]
+mod race;
 mod random;
 mod recovery;
 mod thread_id;

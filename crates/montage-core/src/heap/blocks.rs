@@ -263,6 +263,11 @@ impl Heap {
         // below: the reader's side of a sequence lock, whose writer stores the zero that
         // frees a block before the block is handed out again.
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        self.meta_unchanged(view)
+    }
+
+    /// [`is_current`](Self::is_current) for a caller that has issued its Acquire fence.
+    fn meta_unchanged(&self, view: &BlockView<'_>) -> Result<bool> {
         let now = self
             .shared()
             .runtime
@@ -304,15 +309,15 @@ impl Heap {
         #[cfg(feature = "sim")]
         race::reached(race::NamedReadPoint::Read, block);
         // ORDERING: the payload's loads above come before the index's load in
-        // `still_named`: had any of them read a store of the block's next owner, which made
-        // it after the block was freed and so after the index stopped naming it, the index's
-        // load would see that (the allocator's Release fence as it hands a block out pairs
-        // with this Acquire fence).
+        // `still_named` and the meta word's after it: had any of them read a store of the
+        // block's next owner, which made it after the block was freed and so after the index
+        // stopped naming it, both loads would see that (the allocator's Release fence as it
+        // hands a block out pairs with this Acquire fence, as in `is_current`).
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         if !still_named() {
             return None;
         }
-        self.is_current(&view).ok()?.then_some(value)
+        self.meta_unchanged(&view).ok()?.then_some(value)
     }
 
     /// Whether the block `view` shows, whose header the scan found valid, is part of the
@@ -357,8 +362,6 @@ impl Heap {
 /// feature's [`sim::pause_named_reads_at`](crate::sim::pause_named_reads_at)).
 #[cfg(feature = "sim")]
 pub(crate) mod race {
-    use std::cell::RefCell;
-
     use crate::alloc::block::PBlock;
 
     /// A point in [`Heap::read_named`](crate::Heap::read_named).
@@ -373,26 +376,21 @@ pub(crate) mod race {
     }
 
     /// What a test runs at a [`NamedReadPoint`], given the block being read.
-    pub type Hook = Box<dyn FnMut(NamedReadPoint, PBlock)>;
+    pub type Hook = crate::race::Hook<(NamedReadPoint, PBlock)>;
 
     thread_local! {
-        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+        static HOOK: crate::race::Slot<(NamedReadPoint, PBlock)> =
+            const { std::cell::RefCell::new(None) };
     }
 
     /// Calls `hook` on this thread at every [`NamedReadPoint`] its reads reach, until it is
     /// replaced (`None`: no more calls). Reads the hook itself makes do not call it.
     pub fn pause_named_reads_at(hook: Option<Hook>) {
-        HOOK.with(|slot| *slot.borrow_mut() = hook);
+        crate::race::set(&HOOK, hook);
     }
 
     pub(crate) fn reached(point: NamedReadPoint, block: PBlock) {
-        HOOK.with(|slot| {
-            if let Ok(mut hook) = slot.try_borrow_mut()
-                && let Some(hook) = hook.as_mut()
-            {
-                hook(point, block);
-            }
-        });
+        crate::race::reached(&HOOK, (point, block));
     }
 }
 

@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::primitive::{AtomicU64, Ordering};
 use crate::verified::Peek;
 use crate::verified::atomic::{Clock, VerifiedAtomic};
-use crate::verified::list::{REMOVED, VerifiedList, live, peeked, swap_live, swap_word};
+use crate::verified::list::{REMOVED, VerifiedList, live, peek_word, swap_live, swap_word};
 
 /// A key a [`VerifiedBucket`] can hold: ordered for its list, and, where its values fit
 /// one, with a word to keep inline. Every [`Codec`](crate::Codec) key has it, through the
@@ -151,9 +151,21 @@ impl<K: BucketKey> VerifiedBucket<K> {
     /// says it was absent then.
     #[inline]
     pub fn peek(&self, key: &K) -> Peek<u64> {
+        self.peek_with(key, |value, _| Some(value))
+    }
+
+    /// [`peek`](Self::peek), and what `read` makes of a live value, with a second load of
+    /// the same value word (as [`VerifiedList::peek_with`]; the inline entry's key word never
+    /// changes once claimed, so its value word is the key's for good).
+    #[inline]
+    pub fn peek_with<T>(
+        &self,
+        key: &K,
+        read: impl FnOnce(u64, &dyn Fn() -> bool) -> Option<T>,
+    ) -> Peek<T> {
         match self.place(key, false) {
-            Place::Inline => self.value.peek().map_or(Peek::Undecided, peeked),
-            Place::List => self.list.peek(key),
+            Place::Inline => peek_word(&self.value, read),
+            Place::List => self.list.peek_with(key, read),
             Place::Absent => Peek::Absent,
         }
     }

@@ -207,6 +207,18 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
     /// the key's place without meeting it missed no node of the key that stayed linked
     /// throughout: the key was absent at some moment inside the call.
     pub fn peek(&self, key: &K) -> Peek<u64> {
+        self.peek_with(key, |value, _| Some(value))
+    }
+
+    /// [`peek`](Self::peek), and what `read` makes of a live value: it gets the value and a
+    /// check that loads the key's value word again (the same word, its node still pinned)
+    /// and says whether it still holds the value, which then was the key's at that second
+    /// load too. `None` from `read` is [`Peek::Undecided`].
+    pub fn peek_with<T>(
+        &self,
+        key: &K,
+        read: impl FnOnce(u64, &dyn Fn() -> bool) -> Option<T>,
+    ) -> Peek<T> {
         let guard = reclaim::pin();
         let mut link = self.head.peek();
         while let Some(raw) = link {
@@ -221,7 +233,7 @@ impl<K: Ord + Clone + Send + Sync + 'static> VerifiedList<K> {
                 if curr.key != *key {
                     return Peek::Absent;
                 }
-                return curr.value.peek().map_or(Peek::Undecided, peeked);
+                return peek_word(&curr.value, read);
             }
             link = curr.next.peek();
         }
@@ -386,16 +398,20 @@ pub(super) fn swap_live(
     }
 }
 
-/// A value word as a read outside any operation sees it ([`VerifiedList::peek`]): the key's
-/// value if live, absent if removed, undecided if dead (a dead node's key may be in a newer
-/// node the reader did not reach).
-pub(super) fn peeked(value: u64) -> Peek<u64> {
-    if value & (REMOVED | DEAD) == 0 {
-        Peek::Found(value)
-    } else if value & DEAD == 0 {
-        Peek::Absent
-    } else {
-        Peek::Undecided
+/// A key's value word `word` as a read outside any operation sees it
+/// ([`VerifiedList::peek_with`]): a live value goes to `read`, with a second load of the
+/// word; a removed one is absent; a dead one undecided (the key may be in a newer node the
+/// reader did not reach).
+pub(super) fn peek_word<T>(
+    word: &VerifiedAtomic<u64>,
+    read: impl FnOnce(u64, &dyn Fn() -> bool) -> Option<T>,
+) -> Peek<T> {
+    match word.peek() {
+        Some(value) if value & (REMOVED | DEAD) == 0 => {
+            read(value, &|| word.peek() == Some(value)).map_or(Peek::Undecided, Peek::Found)
+        }
+        Some(value) if value & DEAD == 0 => Peek::Absent,
+        _ => Peek::Undecided,
     }
 }
 

@@ -151,8 +151,6 @@ unsafe fn node<'o>(link: Raw, _op: &'o OpGuard<'_>) -> &'o Node {
 /// feature's [`sim::pause_queue_reads_at`](crate::sim::pause_queue_reads_at)).
 #[cfg(feature = "sim")]
 pub(crate) mod race {
-    use std::cell::RefCell;
-
     /// A point in a queue operation where what it read may go stale.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum QueuePoint {
@@ -166,24 +164,20 @@ pub(crate) mod race {
     }
 
     /// What a test runs at a [`QueuePoint`].
-    pub type Hook = Box<dyn FnMut(QueuePoint)>;
+    pub type Hook = crate::race::Hook<QueuePoint>;
 
     thread_local! {
-        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+        static HOOK: crate::race::Slot<QueuePoint> = const { std::cell::RefCell::new(None) };
     }
 
     /// Calls `hook` on this thread at every [`QueuePoint`] its queue operations reach, until
     /// it is replaced (`None`: no more calls).
     pub fn pause_queue_reads_at(hook: Option<Hook>) {
-        HOOK.with(|slot| *slot.borrow_mut() = hook);
+        crate::race::set(&HOOK, hook);
     }
 
     pub(super) fn reached(point: QueuePoint) {
-        HOOK.with(|slot| {
-            if let Some(hook) = slot.borrow_mut().as_mut() {
-                hook(point);
-            }
-        });
+        crate::race::reached(&HOOK, point);
     }
 }
 
