@@ -27,7 +27,14 @@ const UNSAFE_ALLOWED: &[&str] = &[
 /// may use only modules of lower layers; modules of one layer do not use each other. The
 /// crate root (`lib.rs`) sits on top and may use any.
 const CORE_LAYERS: &[&[&str]] = &[
-    &["error", "primitive", "thread_id", "fingerprint", "random"],
+    &[
+        "error",
+        "primitive",
+        "thread_id",
+        "fingerprint",
+        "random",
+        "race",
+    ],
     &["config"],
     &["base"],
     &["persist"],
