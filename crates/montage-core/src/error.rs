@@ -119,7 +119,8 @@ pub enum Error {
         /// What is wrong with it.
         what: &'static str,
     },
-    /// The backend cannot run here (for example the CPU lacks a flush instruction).
+    /// Something this heap or call cannot do: the backend cannot run here (the CPU lacks a
+    /// flush instruction), or a call asks for what its arguments do not allow.
     #[error("unsupported: {what}")]
     Unsupported {
         /// What is missing.

@@ -82,7 +82,7 @@ pub use alloc::block::{BlockInfo, BlockKind, BlockView, OwnerId, PBlock};
 pub use base::epoch::Epoch;
 pub use config::{BackendKind, EpochLength, HeapConfig, RecoveryProgress, WriteBack};
 
-pub use epoch::op::OpGuard;
+pub use epoch::op::{InPlace, OpGuard};
 pub use epoch::stamped::{StampedLock, StampedRwLock};
 pub use error::{Error, Result};
 pub use heap::raw;

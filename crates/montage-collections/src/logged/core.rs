@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
+use montage_core::limits;
 use montage_core::stamped::StampedWriteGuard;
-use montage_core::{Attached, Codec, Error, Heap, OpGuard, PBlock, Result, StampedRwLock};
+use montage_core::{Attached, Codec, Error, Heap, InPlace, OpGuard, PBlock, Result, StampedRwLock};
 
 use super::found::{Commit, Dead, Found, Rebuilt};
 use super::{Replay, SnapshotPolicy};
@@ -20,13 +21,66 @@ pub(super) const MAX_SHARDS: usize = 64;
 /// Bytes of a snapshot per chunk payload, each written in an operation of its own.
 const CHUNK: usize = 64 << 10;
 
+/// Block sizes of log pages, header included: the first page of an epoch is as large as
+/// the page before it if that one filled half its room, else the smallest, and each page
+/// that fills is followed by one twice its size.
+const PAGE_BLOCKS: [u64; 7] = [256, 512, 1024, 2048, 4096, 8192, 16384];
+
+/// What a block's header and trailer take of its size.
+const BLOCK_OVERHEAD: u64 = limits::HEADER_LEN + limits::TRAILER_LEN;
+
+/// The payload of a log page in a block of `size` bytes: whole words.
+const fn page_payload(size: u64) -> u64 {
+    (size - BLOCK_OVERHEAD) / 8 * 8
+}
+
+/// The largest page's payload, and the zeros a new page is written with.
+const MAX_PAGE: u64 = page_payload(PAGE_BLOCKS[PAGE_BLOCKS.len() - 1]);
+static ZEROS: [u8; MAX_PAGE as usize] = [0; MAX_PAGE as usize];
+
+/// Bytes a record takes in a page before the operation's encoding: its header word and its
+/// sequence number.
+pub(super) const PAGE_RECORD_PREFIX: u64 = 16;
+
+/// The high half of a page record's header word (the low half is the encoding's length):
+/// a page's records end at the first word that is zero.
+pub(super) const PAGE_RECORD_TAG: u64 = 0x4C4F_4752 << 32;
+
+/// Where one record of a shard's log is: the block (a record payload of its own, or a log
+/// page holding many), where the operation's encoding starts in its payload, and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub(super) seq: u64,
+    pub(super) block: PBlock,
+    pub(super) at: u64,
+    pub(super) len: u64,
+}
+
+impl Entry {
+    /// The log bytes the record counts for in the snapshot policy.
+    pub(super) fn bytes(&self) -> u64 {
+        self.len + PAGE_RECORD_PREFIX
+    }
+}
+
+/// The page a shard's calls of one epoch append their records to.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Page {
+    target: InPlace,
+    /// Bytes of its payload the records take (a multiple of 8).
+    tail: u64,
+}
+
 /// One shard's DRAM side.
 pub(super) struct State<T> {
     pub(super) value: T,
     /// The sequence number the next record gets.
     pub(super) next_seq: u64,
-    /// The records after the snapshot: (sequence number, block, payload bytes).
-    pub(super) records: VecDeque<(u64, PBlock, u64)>,
+    /// The records after the snapshot, in sequence order. A page's records are next to one
+    /// another: a record written outside the page ends it.
+    pub(super) records: VecDeque<Entry>,
+    /// The page of the current epoch, if a call of it started one.
+    page: Option<Page>,
     /// The payload bytes of `records`.
     pub(super) log_bytes: u64,
     /// The sequence number the current snapshot covers up to (0: none).
@@ -46,16 +100,17 @@ impl<T> State<T> {
     pub(super) fn new(
         value: T,
         next_seq: u64,
-        records: VecDeque<(u64, PBlock, u64)>,
+        records: VecDeque<Entry>,
         snapshot_upto: u64,
         snapshot: Vec<PBlock>,
         snapshot_bytes: u64,
     ) -> State<T> {
-        let log_bytes = records.iter().map(|&(_, _, len)| len).sum();
+        let log_bytes = records.iter().map(Entry::bytes).sum();
         State {
             value,
             next_seq,
             records,
+            page: None,
             log_bytes,
             snapshot_upto,
             snapshot,
@@ -66,13 +121,14 @@ impl<T> State<T> {
     }
 }
 
-/// The type ids of one shard's payloads. Records carry the operation's codec id, so a log
-/// written by other operations is [`Error::LayoutMismatch`]; chunks and commits do not, so
-/// that a new version of the code opens a structure whose log is empty (closed cleanly)
-/// from its snapshot alone. All three carry the shard count and index.
+/// The type ids of one shard's payloads. Records and pages carry the operation's codec id,
+/// so a log written by other operations is [`Error::LayoutMismatch`]; chunks and commits do
+/// not, so that a new version of the code opens a structure whose log is empty (closed
+/// cleanly) from its snapshot alone. All four carry the shard count and index.
 #[derive(Clone, Copy)]
 pub(super) struct Kinds {
     pub(super) record: u64,
+    pub(super) page: u64,
     pub(super) chunk: u64,
     pub(super) commit: u64,
 }
@@ -84,6 +140,7 @@ impl Kinds {
         Ok((0..n)
             .map(|i| Kinds {
                 record: structure::type_id_of("logged-record", &[op, n, i]),
+                page: structure::type_id_of("logged-page", &[op, n, i]),
                 chunk: structure::type_id_of("logged-chunk", &[n, i]),
                 commit: structure::type_id_of("logged-commit", &[n, i]),
             })
@@ -103,16 +160,19 @@ struct Shard<T> {
 /// A call's record, written, with its shard locked until the call is applied.
 pub(super) struct Record<'a, T> {
     state: StampedWriteGuard<'a, State<T>>,
-    seq: u64,
-    block: PBlock,
-    len: u64,
+    entry: Entry,
+    /// For a record in the shard's page (`State::page`, which holds it already): where the
+    /// record's header word is, zeroed again if the call panics.
+    in_page: Option<u64>,
 }
 
-/// Writes a record's bytes for `op` into `bytes`: eight bytes for the sequence number
-/// (`write_record` fills them in), then the operation's encoding.
+/// Writes a record's bytes for `op` into `bytes`: a word for a page record's header and
+/// one for the sequence number (`write_record` fills them in), then the operation's
+/// encoding.
+#[inline]
 pub(super) fn encode_record<O: Codec>(op: &O, bytes: &mut Vec<u8>) -> Result<()> {
     bytes.clear();
-    bytes.extend_from_slice(&[0; 8]);
+    bytes.extend_from_slice(&[0; PAGE_RECORD_PREFIX as usize]);
     op.encode(bytes)
 }
 
@@ -318,13 +378,27 @@ impl<T: Replay> Core<T> {
                 records: Vec::new(),
                 snapshots: std::mem::replace(&mut state.snapshot, snapshot),
             };
-            while let Some(&(seq, block, len)) = state.records.front() {
-                if seq >= upto {
+            while let Some(&entry) = state.records.front() {
+                if entry.seq >= upto {
                     break;
                 }
-                replaced.records.push(block);
-                state.log_bytes -= len;
+                state.log_bytes -= entry.bytes();
                 state.records.pop_front();
+                // A page goes with its last record; the current page's calls start a new
+                // one.
+                if state
+                    .records
+                    .front()
+                    .is_none_or(|next| next.block != entry.block)
+                {
+                    if state
+                        .page
+                        .is_some_and(|page| page.target.block() == entry.block)
+                    {
+                        state.page = None;
+                    }
+                    replaced.records.push(entry.block);
+                }
             }
             state.snapshot_upto = upto;
             state.snapshot_bytes = bytes.len() as u64;
@@ -451,7 +525,7 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
             let mut op = Some(op);
             this.attached.heap().run_op(|guard| {
                 let state = this.lock_shard(index, guard)?;
-                let mut record = this.write_record(state, index, guard, bytes)?;
+                let mut record = this.write_record(state, index, guard, bytes, true)?;
                 // Taken once: from here the closure returns what ends `run_op` (a success or
                 // the panic's error), never an error that runs it again.
                 let Some(op) = op.take() else {
@@ -461,8 +535,16 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
                     Ok(done) => Ok(done),
                     Err(payload) => {
                         // The error rolls the operation back, record and all, so the log
-                        // never holds a call whose replay panics; the panic goes on to the
-                        // caller below.
+                        // never holds a call whose replay panics (a record in a page is
+                        // unmade by its header word, since bytes written in place stay);
+                        // the panic goes on to the caller below.
+                        if let Some(at) = record.in_page
+                            && let Some(page) = record.state.page.as_mut()
+                        {
+                            // A failure here is the heap's own (it is poisoned), and every
+                            // later write reports it.
+                            let _ = guard.write_in_place(&mut page.target, at, &[0; 8]);
+                        }
                         panic = Some(payload);
                         Err(Error::Panicked {
                             structure: this.name.clone(),
@@ -482,6 +564,7 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
     }
 
     /// Locks shard `index` for writing by operation `guard`: the first step of a call.
+    #[inline]
     pub(super) fn lock_shard<'a>(
         &'a self,
         index: usize,
@@ -491,30 +574,105 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
     }
 
     /// In operation `guard`, with shard `index` locked (`state`): writes the record whose
-    /// bytes (`encode_record`) are `bytes`, with the shard's next sequence number. The last
-    /// step of a call that can fail.
+    /// bytes (`encode_record`) are `bytes`, with the shard's next sequence number: appended
+    /// to the shard's page of this epoch if `in_page` (a page is started if there is none,
+    /// or it is full), as a payload of its own otherwise, or if it is too long for a page.
+    /// The last step of a call that can fail.
+    #[inline]
     pub(super) fn write_record<'a>(
         &'a self,
-        state: StampedWriteGuard<'a, State<T>>,
+        mut state: StampedWriteGuard<'a, State<T>>,
         index: usize,
         guard: &OpGuard<'_>,
         bytes: &mut [u8],
+        in_page: bool,
     ) -> Result<Record<'a, T>> {
         let seq = state.next_seq;
-        bytes[..8].copy_from_slice(&seq.to_le_bytes());
-        let kind = self.shards[index].kinds.record;
-        let block = guard.alloc(self.attached.owner(), kind, bytes)?;
-        Ok(Record {
-            state,
+        let prefix = PAGE_RECORD_PREFIX as usize;
+        bytes[8..prefix].copy_from_slice(&seq.to_le_bytes());
+        let len = (bytes.len() - prefix) as u64;
+        // Whole words: the next record's header word is aligned.
+        let room = (bytes.len() as u64).next_multiple_of(8);
+        let kinds = self.shards[index].kinds;
+        if in_page && room <= MAX_PAGE {
+            let mut page = match state.page {
+                Some(page)
+                    if page.target.epoch() == guard.epoch()
+                        && page.tail + room <= page.target.len() =>
+                {
+                    page
+                }
+                current => self.new_page(current, guard, kinds.page, room)?,
+            };
+            let at = page.tail;
+            // The length fits the header's low half: the record fits a page.
+            let header = PAGE_RECORD_TAG | len;
+            bytes[..8].copy_from_slice(&header.to_le_bytes());
+            guard.write_in_place(&mut page.target, at, bytes)?;
+            page.tail += room;
+            let entry = Entry {
+                seq,
+                block: page.target.block(),
+                at: at + PAGE_RECORD_PREFIX,
+                len,
+            };
+            // Now, rather than once the call is applied: the only call that is not applied
+            // after this is one whose `apply` panics, which poisons the structure, and no
+            // call, compaction or close uses a poisoned structure's state again.
+            state.page = Some(page);
+            return Ok(Record {
+                state,
+                entry,
+                in_page: Some(at),
+            });
+        }
+        let block = guard.alloc(self.attached.owner(), kinds.record, &bytes[8..])?;
+        let entry = Entry {
             seq,
             block,
-            len: bytes.len() as u64,
+            at: 8,
+            len,
+        };
+        Ok(Record {
+            state,
+            entry,
+            in_page: None,
+        })
+    }
+
+    /// Starts a page for a record of `room` bytes in `guard`'s epoch, after `current` (the
+    /// shard's page, of an older epoch or full): twice as large as `current` if it is of
+    /// this epoch, as large as the last page if that one filled half its room, else the
+    /// smallest; always large enough for the record.
+    fn new_page(
+        &self,
+        current: Option<Page>,
+        guard: &OpGuard<'_>,
+        kind: u64,
+        room: u64,
+    ) -> Result<Page> {
+        let this_epoch = |page: &Page| page.target.epoch() == guard.epoch();
+        let want = match current {
+            Some(page) if this_epoch(&page) => page.target.len() * 2,
+            Some(page) if page.tail * 2 >= page.target.len() => page.target.len(),
+            _ => page_payload(PAGE_BLOCKS[0]),
+        };
+        let len = PAGE_BLOCKS
+            .iter()
+            .map(|&size| page_payload(size))
+            .find(|&len| len >= want.max(room))
+            .unwrap_or(MAX_PAGE);
+        let block = guard.alloc(self.attached.owner(), kind, &ZEROS[..len as usize])?;
+        Ok(Page {
+            target: guard.in_place(block)?,
+            tail: 0,
         })
     }
 
     /// Applies `op`, whose record `record` wrote, to the shard; returns its output and
     /// whether the policy asks for a snapshot now. If `apply` panics, poisons the structure
     /// (`T` may be half changed) and returns the panic.
+    #[inline]
     pub(super) fn apply_record(
         &self,
         record: &mut Record<'_, T>,
@@ -524,10 +682,14 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
         let state: &mut State<T> = &mut record.state;
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.value.apply(op))) {
             Ok(output) => {
-                let (seq, block, len) = (record.seq, record.block, record.len);
-                state.next_seq = seq + 1;
-                state.records.push_back((seq, block, len));
-                state.log_bytes += len;
+                let entry = record.entry;
+                state.next_seq = entry.seq + 1;
+                state.records.push_back(entry);
+                state.log_bytes += entry.bytes();
+                // A record outside the page ends it, so that a page's records stay together.
+                if record.in_page.is_none() {
+                    state.page = None;
+                }
                 let ask = !state.requested && state.log_bytes >= state.trigger_at;
                 if ask {
                     state.requested = true;

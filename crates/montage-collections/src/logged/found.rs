@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use montage_core::{Attached, Codec, Error, Heap, PBlock, Result};
 
 use super::Replay;
-use super::core::{Kinds, State};
+use super::core::{Entry, Kinds, PAGE_RECORD_PREFIX, PAGE_RECORD_TAG, State};
 use crate::structure::{self, lock};
 
 fn corrupted(offset: u64, what: &'static str) -> Error {
@@ -77,8 +77,11 @@ impl Dead {
 pub(super) struct Found {
     /// The heap the payloads are in (records are read again, in order, at replay).
     heap: Option<Heap>,
-    /// (sequence number, block, payload bytes)
-    records: Vec<(u64, PBlock, u64)>,
+    /// Every record, of its own or in a page.
+    records: Vec<Entry>,
+    /// Pages that hold no record (a page's first record and the page are written in one
+    /// operation, so only damage leaves one).
+    empty: Vec<PBlock>,
     /// (snapshot's `upto`, index, block, bytes)
     chunks: Vec<(u64, u64, PBlock, Vec<u8>)>,
     commits: Vec<(Commit, PBlock)>,
@@ -88,6 +91,7 @@ pub(super) struct Found {
 #[derive(Clone, Copy)]
 enum Kind {
     Record,
+    Page,
     Chunk,
     Commit,
 }
@@ -97,9 +101,10 @@ impl Found {
     /// shards' type ids) and kind. A payload of another type id is
     /// [`Error::LayoutMismatch`]: a log of other operations, or of another shard count.
     pub(super) fn scan(heap: &Heap, attached: &Attached, kinds: &[Kinds]) -> Result<Vec<Found>> {
-        let mut ids: Vec<(u64, Kind, usize)> = Vec::with_capacity(kinds.len() * 3);
+        let mut ids: Vec<(u64, Kind, usize)> = Vec::with_capacity(kinds.len() * 4);
         for (shard, k) in kinds.iter().enumerate() {
             ids.push((k.record, Kind::Record, shard));
+            ids.push((k.page, Kind::Page, shard));
             ids.push((k.chunk, Kind::Chunk, shard));
             ids.push((k.commit, Kind::Commit, shard));
         }
@@ -123,13 +128,28 @@ impl Found {
                 let Some(&(_, kind, shard)) = ids.iter().find(|&&(id, _, _)| id == type_id) else {
                     unreachable!("scan_payloads passes only the type ids it was given")
                 };
+                if let Kind::Page = kind {
+                    let entries = page_records(block, bytes)?;
+                    let mut found = lock(&found[shard]);
+                    if entries.is_empty() {
+                        found.empty.push(block);
+                    }
+                    found.records.extend(entries);
+                    return Ok(());
+                }
                 let seq = structure::seq_prefix(bytes)
                     .ok_or_else(|| bad("a log payload has no sequence number"))?;
                 let mut found = lock(&found[shard]);
                 match kind {
                     // Only where it is: replay reads it again, in sequence order, rather
                     // than a copy of every record being held until then.
-                    Kind::Record => found.records.push((seq, block, bytes.len() as u64)),
+                    Kind::Record => found.records.push(Entry {
+                        seq,
+                        block,
+                        at: 8,
+                        len: bytes.len() as u64 - 8,
+                    }),
+                    Kind::Page => unreachable!("pages are parsed above"),
                     Kind::Chunk => {
                         let index = structure::word_at(bytes, 8)
                             .ok_or_else(|| bad("a snapshot chunk has no index"))?;
@@ -164,6 +184,7 @@ impl Found {
         let Found {
             heap,
             records,
+            empty,
             mut chunks,
             mut commits,
         } = self;
@@ -219,37 +240,41 @@ impl Found {
         // The records from `upto` on must be exactly `upto..next_seq`: each goes to its place
         // by its sequence number (no sort), and a place taken twice, or one left empty, is
         // damage.
-        let mut log = Vec::with_capacity(records.len());
-        for (seq, block, len) in records {
-            if seq < upto {
-                dead.records.push(block);
-            } else {
-                log.push((seq, block, len));
-            }
-        }
-        let mut slots: Vec<Option<(PBlock, u64)>> = vec![None; log.len()];
-        for &(seq, block, len) in &log {
-            let slot = usize::try_from(seq - upto)
+        // A block goes when none of its records is needed: a page may hold records on both
+        // sides of `upto`.
+        let (mut covered, log): (Vec<Entry>, Vec<Entry>) =
+            records.into_iter().partition(|entry| entry.seq < upto);
+        let needed: std::collections::HashSet<PBlock> =
+            log.iter().map(|entry| entry.block).collect();
+        covered.sort_unstable_by_key(|entry| entry.block);
+        covered.dedup_by_key(|entry| entry.block);
+        dead.records.extend(
+            covered
+                .into_iter()
+                .map(|entry| entry.block)
+                .filter(|block| !needed.contains(block)),
+        );
+        dead.records.extend(empty);
+        let mut slots: Vec<Option<Entry>> = vec![None; log.len()];
+        for &entry in &log {
+            let slot = usize::try_from(entry.seq - upto)
                 .ok()
                 .and_then(|at| slots.get_mut(at))
                 .ok_or_else(|| {
                     corrupted(
-                        block.offset(),
+                        entry.block.offset(),
                         "the log has a gap: a record it needs was lost",
                     )
                 })?;
-            if slot.replace((block, len)).is_some() {
+            if slot.replace(entry).is_some() {
                 return Err(corrupted(
-                    block.offset(),
+                    entry.block.offset(),
                     "two log records have the same sequence number",
                 ));
             }
         }
         // Each record took a place of its own among as many places: none is empty.
-        let records: VecDeque<(u64, PBlock, u64)> = (upto..)
-            .zip(slots.into_iter().flatten())
-            .map(|(seq, (block, len))| (seq, block, len))
-            .collect();
+        let records: VecDeque<Entry> = slots.into_iter().flatten().collect();
         let next_seq = upto + records.len() as u64;
         let start = value.unwrap_or_else(initial);
         let value = match heap {
@@ -309,24 +334,62 @@ pub(super) fn rebuild_all<T: Replay + Send>(
     done.into_iter().map(|(_, rebuilt)| rebuilt).collect()
 }
 
-/// Applies the records `records` (sequence number, block, payload bytes) name, read from
-/// `heap` in order, to `value`.
+/// The records in the log page `block` whose payload is `bytes`: each a header word (the
+/// tag and the encoding's length), its sequence number and the encoding, from the start to
+/// the first zero word. Anything else there is damage.
+fn page_records(block: PBlock, bytes: &[u8]) -> Result<Vec<Entry>> {
+    let bad = |what| corrupted(block.offset(), what);
+    let mut entries = Vec::new();
+    let mut at = 0usize;
+    while let Some(header) = structure::word_at(bytes, at).filter(|&word| word != 0) {
+        if header & !u64::from(u32::MAX) != PAGE_RECORD_TAG {
+            return Err(bad("a log page holds a record with a damaged header"));
+        }
+        let len = header & u64::from(u32::MAX);
+        let start = at as u64 + PAGE_RECORD_PREFIX;
+        let end = start + len;
+        let seq = structure::seq_prefix(&bytes[at + 8..])
+            .filter(|_| end <= bytes.len() as u64)
+            .ok_or_else(|| bad("a log page holds a record that does not fit it"))?;
+        entries.push(Entry {
+            seq,
+            block,
+            at: start,
+            len,
+        });
+        // Within the payload, checked just above.
+        at = end.next_multiple_of(8) as usize;
+    }
+    Ok(entries)
+}
+
+/// Applies the records `records` name, read from `heap` in order, to `value`.
 fn replay<T: Replay>(
     heap: &Heap,
     mut value: T,
-    records: &VecDeque<(u64, PBlock, u64)>,
+    records: &VecDeque<Entry>,
     name: &str,
 ) -> Result<T> {
     let replayed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<T> {
         structure::with_buffer(|bytes| {
-            for &(_, block, _) in records {
-                heap.read_payload_into(block, bytes)?;
-                let op = bytes.get(8..).and_then(T::Op::decode).ok_or_else(|| {
-                    corrupted(
-                        block.offset(),
-                        "a log record does not decode as an operation",
-                    )
-                })?;
+            // A page is read once for its records, which follow one another.
+            let mut read = None;
+            for entry in records {
+                if read != Some(entry.block) {
+                    heap.read_payload_into(entry.block, bytes)?;
+                    read = Some(entry.block);
+                }
+                let op = usize::try_from(entry.at)
+                    .ok()
+                    .zip(usize::try_from(entry.at + entry.len).ok())
+                    .and_then(|(start, end)| bytes.get(start..end))
+                    .and_then(T::Op::decode)
+                    .ok_or_else(|| {
+                        corrupted(
+                            entry.block.offset(),
+                            "a log record does not decode as an operation",
+                        )
+                    })?;
                 value.apply(op);
             }
             Ok(value)

@@ -91,7 +91,7 @@ impl<'h> Together<'h, '_, '_> {
         let (call, extra) = decide(&state.value);
         let record = structure::with_encode_buffer(|bytes| {
             encode_record(&call, bytes)?;
-            core.write_record(state, index, op, bytes)
+            core.write_record(state, index, op, bytes, false)
         })?;
         let output = Rc::new(RefCell::new(None));
         self.stage(Box::new(Call {

@@ -62,6 +62,78 @@ enum NewVersion<'b> {
     Filled(PBlock, u64),
 }
 
+/// What a write in place of a block of an older epoch fails with.
+#[cold]
+fn older_epoch() -> Error {
+    Error::Unsupported {
+        what: "writes in place to a block of an older epoch than the operation's",
+    }
+}
+
+/// One block an operation keeps out of its log (see `OpGuard::keep`), or none: half the
+/// size of a `Cell<Option<PBlock>>`, as no block starts at offset 0 (the heap's header
+/// does), so that the guard stays small enough to be moved without a call to `memcpy`.
+#[derive(Debug, Default)]
+struct Kept(Cell<u64>);
+
+impl Kept {
+    fn get(&self) -> Option<PBlock> {
+        let offset = self.0.get();
+        (offset != 0).then_some(PBlock(offset))
+    }
+
+    fn set(&self, block: PBlock) {
+        debug_assert_ne!(block.0, 0, "no block starts at offset 0");
+        self.0.set(block.0);
+    }
+
+    fn take(&self) -> Option<PBlock> {
+        let kept = self.get();
+        self.0.set(0);
+        kept
+    }
+}
+
+/// A block of one epoch that operations of that epoch write in place without reading its
+/// header each time: from [`OpGuard::in_place`], for [`OpGuard::write_in_place`]. Good for
+/// the epoch it was found in only; a write in any other fails with [`Error::Unsupported`]
+/// (not `Aborted`: running the operation again cannot make it good).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InPlace {
+    block: PBlock,
+    epoch: Epoch,
+    /// The payload's length, which writes stay inside.
+    len: u64,
+    /// Whether an operation of the epoch has logged the block for its checksum already.
+    resealed: bool,
+}
+
+impl InPlace {
+    /// The block.
+    #[inline]
+    pub fn block(&self) -> PBlock {
+        self.block
+    }
+
+    /// The epoch it may be written in.
+    #[inline]
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The payload's length: writes stay inside it.
+    #[inline]
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the payload is empty (no write fits).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// Records in the thread's count of recent updates (`NEW_VERSIONS`, which was `versions`)
 /// whether an update wrote in place.
 fn count_version(versions: u8, in_place: bool) {
@@ -154,10 +226,10 @@ pub struct OpGuard<'h> {
     log: RefCell<Option<Box<OpLog>>>,
     /// The first block the operation allocated (undone on abort); the log lists the rest.
     /// Most operations allocate one block and log nothing else, and never take a log.
-    first_alloc: Cell<Option<PBlock>>,
+    first_alloc: Kept,
     /// The first older version the operation superseded or deleted (retired bit set); the
     /// log lists the rest. An update that writes a new version needs no log either.
-    first_victim: Cell<Option<PBlock>>,
+    first_victim: Kept,
     done: Cell<bool>,
     /// The operation's announcement, and through it its thread slot: withdrawn when the
     /// guard is dropped, after `finish` has handed everything to the advancer.
@@ -185,8 +257,8 @@ impl<'h> OpGuard<'h> {
             runtime,
             epoch: announcement.epoch(),
             log: RefCell::new(None),
-            first_alloc: Cell::new(None),
-            first_victim: Cell::new(None),
+            first_alloc: Kept::default(),
+            first_victim: Kept::default(),
             done: Cell::new(false),
             announcement: RefCell::new(announcement),
             _not_send: PhantomData,
@@ -207,6 +279,7 @@ impl<'h> OpGuard<'h> {
     }
 
     /// The epoch this operation runs in.
+    #[inline]
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }
@@ -394,7 +467,7 @@ impl<'h> OpGuard<'h> {
             return self.supersede(&info, self.version_kind(&info), new);
         }
         self.put_back(filled);
-        self.write_in_place(&info, bytes)
+        self.overwrite_in_place(&info, bytes)
     }
 
     /// Updates the block `view` shows, as [`update`](Self::update) does, without reading its
@@ -421,7 +494,7 @@ impl<'h> OpGuard<'h> {
         }
         count_version(NEW_VERSIONS.get(), in_place);
         if in_place {
-            return self.write_in_place(&info, bytes);
+            return self.overwrite_in_place(&info, bytes);
         }
         self.supersede_claimed(&info, self.version_kind(&info), NewVersion::Bytes(bytes))
     }
@@ -446,7 +519,7 @@ impl<'h> OpGuard<'h> {
 
     /// Writes `bytes` over the payload of the block `info` describes, which this operation
     /// wrote and which has room for them (`update`'s in-place case).
-    fn write_in_place(&self, info: &BlockInfo, bytes: &[u8]) -> Result<PBlock> {
+    fn overwrite_in_place(&self, info: &BlockInfo, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
         let block = info.block;
         let len = bytes.len() as u64;
@@ -516,6 +589,65 @@ impl<'h> OpGuard<'h> {
             .read(block.payload_offset(), &mut payload)?;
         payload[at as usize..(at + len) as usize].copy_from_slice(bytes);
         self.replace(info, &payload)
+    }
+
+    /// Finds `block`, written in this operation's epoch, for writes in place by this and
+    /// later operations of the same epoch ([`write_in_place`](Self::write_in_place)) without
+    /// reading its header again: for a structure that appends to a block through an epoch
+    /// (a log page).
+    ///
+    /// # Errors
+    ///
+    /// As [`info`](Self::info); [`Error::Unsupported`] if the block is of an older epoch
+    /// (only a block of the operation's own epoch may change in place: write a new block).
+    pub fn in_place(&self, block: PBlock) -> Result<InPlace> {
+        let info = self.info(block)?;
+        if info.spec.epoch != self.epoch {
+            return Err(older_epoch());
+        }
+        Ok(InPlace {
+            block,
+            epoch: self.epoch,
+            len: u64::from(info.len),
+            resealed: false,
+        })
+    }
+
+    /// Writes `bytes` at byte `at` of the payload of `target`'s block, in place: as
+    /// [`write`](Self::write) does for a block of this epoch, with the header read once, by
+    /// [`in_place`](Self::in_place). The block's checksum is written again when its epoch is
+    /// written back, as for every change in place.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] if `target` was found in another epoch (the caller writes a
+    /// new block); [`Error::OutOfBounds`] if the range leaves the payload;
+    /// [`Error::ReadOnly`] on a heap opened read-only.
+    #[inline]
+    pub fn write_in_place(&self, target: &mut InPlace, at: u64, bytes: &[u8]) -> Result<()> {
+        self.runtime.writable()?;
+        if target.epoch != self.epoch {
+            return Err(older_epoch());
+        }
+        let len = bytes.len() as u64;
+        if at.checked_add(len).is_none_or(|end| end > target.len) {
+            return Err(Error::OutOfBounds { offset: at, len });
+        }
+        let offset = target.block.payload_offset() + at;
+        self.runtime.media.write(offset, bytes)?;
+        if self.runtime.write_back == WriteBack::MeasureEachOp {
+            // Durable when the operation ends.
+            self.log().persist.push((offset, len));
+        }
+        if !target.resealed {
+            // Once per block and epoch: the advance reseals it once every operation of the
+            // epoch has ended and writes the whole block back with its new checksum, so it
+            // covers this operation's writes and every later one's (no range of their own
+            // to log). An aborted operation's log is handed over too.
+            self.log().resealed.push(target.block);
+            target.resealed = true;
+        }
+        Ok(())
     }
 
     /// Records that this operation wrote `len` bytes at `offset` in place, inside `block`'s
@@ -669,14 +801,9 @@ impl<'h> OpGuard<'h> {
     /// Keeps `block` in the guard's cell `first` if it is empty, and otherwise in the list
     /// of the log that `rest` picks: the first of each kind stays out of the log, so that
     /// an operation with one of each takes none.
-    fn keep(
-        &self,
-        first: &Cell<Option<PBlock>>,
-        block: PBlock,
-        rest: impl FnOnce(&mut OpLog) -> &mut Vec<PBlock>,
-    ) {
+    fn keep(&self, first: &Kept, block: PBlock, rest: impl FnOnce(&mut OpLog) -> &mut Vec<PBlock>) {
         if first.get().is_none() {
-            first.set(Some(block));
+            first.set(block);
         } else {
             rest(&mut self.log()).push(block);
         }
@@ -1049,7 +1176,56 @@ pub(crate) fn last_commit(instance: u64) -> Option<Epoch> {
 
 #[cfg(all(test, not(montage_loom)))]
 mod tests {
-    use crate::{Error, Heap, HeapConfig};
+    use crate::{EpochLength, Error, Heap, HeapConfig};
+
+    /// A block found with `in_place` takes writes in place from every operation of its
+    /// epoch, inside its payload only, and from none of a later epoch; a block of an older
+    /// epoch cannot be found for them. What is written reaches the heap and, once the
+    /// epoch is written back, a checksum that matches it.
+    #[test]
+    fn a_block_found_for_writes_in_place_takes_them_in_its_epoch_only() {
+        let config = HeapConfig::in_memory(1 << 20)
+            .epoch_length(EpochLength::Manual)
+            .verify_reads(true);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("t").unwrap();
+        let (block, mut target) = heap
+            .run_op(|op| {
+                let block = op.alloc(owner, 1, &[0; 24])?;
+                let mut target = op.in_place(block)?;
+                op.write_in_place(&mut target, 0, b"first")?;
+                Ok((block, target))
+            })
+            .unwrap();
+        assert_eq!((target.block(), target.len()), (block, 24));
+        // A later operation of the same epoch, without reading the header again.
+        heap.run_op(|op| op.write_in_place(&mut target, 16, b"second!!"))
+            .unwrap();
+        assert!(matches!(
+            heap.run_op(|op| op.write_in_place(&mut target, 21, b"long")),
+            Err(Error::OutOfBounds { offset: 21, len: 4 })
+        ));
+        let mut want = [0u8; 24];
+        want[..5].copy_from_slice(b"first");
+        want[16..].copy_from_slice(b"second!!");
+        assert_eq!(heap.read_payload(block).unwrap(), want);
+        // Written back with a checksum of what it holds: reads verify it once the clock is
+        // two epochs past the block's.
+        heap.sync().unwrap();
+        heap.sync().unwrap();
+        assert_eq!(heap.read_payload(block).unwrap(), want);
+        // The epoch has moved on: neither the handle nor a new one takes writes (an error
+        // that `run_op` does not retry).
+        assert!(matches!(
+            heap.run_op(|op| op.write_in_place(&mut target, 0, b"late")),
+            Err(Error::Unsupported { .. })
+        ));
+        assert!(matches!(
+            heap.run_op(|op| op.in_place(block)),
+            Err(Error::Unsupported { .. })
+        ));
+        assert_eq!(heap.read_payload(block).unwrap(), want);
+    }
 
     /// `delete_viewed` retires a block viewed in the same operation without reading its
     /// header again, whether the deletion kills it (written in this epoch) or writes an
