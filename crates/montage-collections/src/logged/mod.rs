@@ -2,12 +2,13 @@
 //! changes it (a semantic log, after Pronto) on the heap's epochs.
 //!
 //! The structure `T` stays an ordinary Rust value in DRAM. Each change is described by an
-//! operation, a value of `T::Op` ([`Replay`]); [`Logged::apply`] writes the operation as
-//! one payload (a *record*: its sequence number, then the operation's [`Codec`] bytes) and
-//! applies it to `T`, in one heap operation. A record is written back with its epoch's
-//! batch like every payload, so logging costs one allocation and a copy of the operation's
-//! encoding, not a flush. [`open`](Logged::open) rebuilds `T` by applying the recovered
-//! records, in sequence order, to `T`'s initial value.
+//! operation, a value of `T::Op` ([`Replay`]); [`Logged::apply`] writes the operation as a
+//! *record* (its sequence number, then the operation's [`Codec`] bytes) and applies it to
+//! `T`, in one heap operation. The records of one epoch's calls are appended to a *page*, a
+//! payload of that epoch written in place, which is written back with the epoch's batch
+//! like every payload: logging costs a copy of the operation's encoding into the page, not
+//! an allocation and not a flush. [`open`](Logged::open) rebuilds `T` by applying the
+//! recovered records, in sequence order, to `T`'s initial value.
 //!
 //! # The contract
 //!
@@ -28,9 +29,10 @@
 //! [`StampedRwLock`](montage_core::StampedRwLock), for writing) while it takes the next
 //! sequence number, writes its record and applies its operation. The lock orders the calls,
 //! and the stamp orders their epochs the same way (a call of an older epoch that finds `T`
-//! changed in a newer one aborts and retries in the current epoch, INV-COL-1). Recovery keeps
-//! every payload of the epochs up to a cut and none after, so the records that survive are
-//! those of the first calls: sequence numbers `0..n` with no gap. A gap is damage, and
+//! changed in a newer one aborts and retries in the current epoch, INV-COL-1). A page holds
+//! records of its own epoch only. Recovery keeps every payload of the epochs up to a cut and
+//! none after, so the records that survive are those of the first calls: sequence numbers
+//! `0..n` with no gap. A gap is damage, and
 //! `open` reports it as [`Error::Corrupted`].
 //!
 //! # Snapshots
