@@ -44,7 +44,19 @@ pub(super) const PAGE_RECORD_PREFIX: u64 = 16;
 
 /// The high half of a page record's header word (the low half is the encoding's length):
 /// a page's records end at the first word that is zero.
-pub(super) const PAGE_RECORD_TAG: u64 = 0x4C4F_4752 << 32;
+const PAGE_RECORD_TAG: u64 = 0x4C4F_4752 << 32;
+
+/// The header word of a page record whose encoding is `len` bytes (less than a page).
+pub(super) fn record_header(len: u64) -> u64 {
+    PAGE_RECORD_TAG | len
+}
+
+/// The encoding's length a page record's header word gives, or `None` if the word does
+/// not carry the tag (damage).
+pub(super) fn record_len(header: u64) -> Option<u64> {
+    let low = u64::from(u32::MAX);
+    (header & !low == PAGE_RECORD_TAG).then_some(header & low)
+}
 
 /// Where one record of a shard's log is: the block (a record payload of its own, or a log
 /// page holding many), where the operation's encoding starts in its payload, and its length.
@@ -606,8 +618,7 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
             };
             let at = page.tail;
             // The length fits the header's low half: the record fits a page.
-            let header = PAGE_RECORD_TAG | len;
-            bytes[..8].copy_from_slice(&header.to_le_bytes());
+            bytes[..8].copy_from_slice(&record_header(len).to_le_bytes());
             guard.write_in_place(&mut page.target, at, bytes)?;
             page.tail += room;
             let entry = Entry {
@@ -651,9 +662,8 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
         kind: u64,
         room: u64,
     ) -> Result<Page> {
-        let this_epoch = |page: &Page| page.target.epoch() == guard.epoch();
         let want = match current {
-            Some(page) if this_epoch(&page) => page.target.len() * 2,
+            Some(page) if page.target.epoch() == guard.epoch() => page.target.len() * 2,
             Some(page) if page.tail * 2 >= page.target.len() => page.target.len(),
             _ => page_payload(PAGE_BLOCKS[0]),
         };

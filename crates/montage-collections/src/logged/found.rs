@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use montage_core::{Attached, Codec, Error, Heap, PBlock, Result};
 
 use super::Replay;
-use super::core::{Entry, Kinds, PAGE_RECORD_PREFIX, PAGE_RECORD_TAG, State};
+use super::core::{Entry, Kinds, PAGE_RECORD_PREFIX, State, record_len};
 use crate::structure::{self, lock};
 
 fn corrupted(offset: u64, what: &'static str) -> Error {
@@ -128,37 +128,42 @@ impl Found {
                 let Some(&(_, kind, shard)) = ids.iter().find(|&&(id, _, _)| id == type_id) else {
                     unreachable!("scan_payloads passes only the type ids it was given")
                 };
-                if let Kind::Page = kind {
-                    let entries = page_records(block, bytes)?;
-                    let mut found = lock(&found[shard]);
-                    if entries.is_empty() {
-                        found.empty.push(block);
-                    }
-                    found.records.extend(entries);
-                    return Ok(());
-                }
-                let seq = structure::seq_prefix(bytes)
-                    .ok_or_else(|| bad("a log payload has no sequence number"))?;
-                let mut found = lock(&found[shard]);
+                let seq = || {
+                    structure::seq_prefix(bytes)
+                        .ok_or_else(|| bad("a log payload has no sequence number"))
+                };
+                // Records, pages' included, only where they are: replay reads them again, in
+                // sequence order, rather than a copy of every record being held until then.
                 match kind {
-                    // Only where it is: replay reads it again, in sequence order, rather
-                    // than a copy of every record being held until then.
-                    Kind::Record => found.records.push(Entry {
-                        seq,
-                        block,
-                        at: 8,
-                        len: bytes.len() as u64 - 8,
-                    }),
-                    Kind::Page => unreachable!("pages are parsed above"),
+                    Kind::Page => {
+                        let entries = page_records(block, bytes)?;
+                        let mut found = lock(&found[shard]);
+                        if entries.is_empty() {
+                            found.empty.push(block);
+                        }
+                        found.records.extend(entries);
+                    }
+                    Kind::Record => {
+                        let entry = Entry {
+                            seq: seq()?,
+                            block,
+                            at: 8,
+                            len: bytes.len() as u64 - 8,
+                        };
+                        lock(&found[shard]).records.push(entry);
+                    }
                     Kind::Chunk => {
+                        let seq = seq()?;
                         let index = structure::word_at(bytes, 8)
                             .ok_or_else(|| bad("a snapshot chunk has no index"))?;
-                        found.chunks.push((seq, index, block, bytes[16..].to_vec()));
+                        let chunk = (seq, index, block, bytes[16..].to_vec());
+                        lock(&found[shard]).chunks.push(chunk);
                     }
                     Kind::Commit => {
+                        seq()?;
                         let commit = Commit::decode(bytes)
                             .ok_or_else(|| bad("a snapshot commit does not decode"))?;
-                        found.commits.push((commit, block));
+                        lock(&found[shard]).commits.push((commit, block));
                     }
                 }
                 Ok(())
@@ -356,10 +361,8 @@ fn page_records(block: PBlock, bytes: &[u8]) -> Result<Vec<Entry>> {
     let mut entries = Vec::new();
     let mut at = 0usize;
     while let Some(header) = structure::word_at(bytes, at).filter(|&word| word != 0) {
-        if header & !u64::from(u32::MAX) != PAGE_RECORD_TAG {
-            return Err(bad("a log page holds a record with a damaged header"));
-        }
-        let len = header & u64::from(u32::MAX);
+        let len = record_len(header)
+            .ok_or_else(|| bad("a log page holds a record with a damaged header"))?;
         let start = at as u64 + PAGE_RECORD_PREFIX;
         let end = start + len;
         let seq = structure::seq_prefix(&bytes[at + 8..])
@@ -418,6 +421,7 @@ fn replay<T: Replay>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::core::record_header;
     use super::*;
 
     /// A counter whose snapshot is its value's eight bytes.
@@ -503,7 +507,7 @@ mod tests {
     fn a_page_is_read_to_its_first_zero_word_and_damage_is_reported() {
         let block = PBlock::from_offset(0x1000);
         let record = |seq: u64, op: &[u8]| {
-            let mut bytes = (PAGE_RECORD_TAG | op.len() as u64).to_le_bytes().to_vec();
+            let mut bytes = record_header(op.len() as u64).to_le_bytes().to_vec();
             bytes.extend_from_slice(&seq.to_le_bytes());
             bytes.extend_from_slice(op);
             bytes.resize(bytes.len().next_multiple_of(8), 0);
@@ -530,7 +534,7 @@ mod tests {
             Err(Error::Corrupted { what, .. }) if what.contains("damaged header")
         ));
         let mut too_long = page.clone();
-        too_long[..8].copy_from_slice(&(PAGE_RECORD_TAG | 0xC8).to_le_bytes());
+        too_long[..8].copy_from_slice(&record_header(200).to_le_bytes());
         assert!(matches!(
             page_records(block, &too_long),
             Err(Error::Corrupted { what, .. }) if what.contains("does not fit")

@@ -635,28 +635,35 @@ impl<'h> OpGuard<'h> {
         }
         let offset = target.block.payload_offset() + at;
         self.runtime.media.write(offset, bytes)?;
-        if self.runtime.write_back == WriteBack::MeasureEachOp {
-            // Durable when the operation ends.
-            self.log().persist.push((offset, len));
-        }
-        if !target.resealed {
-            // Once per block and epoch: the advance reseals it once every operation of the
-            // epoch has ended and writes the whole block back with its new checksum, so it
-            // covers this operation's writes and every later one's (no range of their own
-            // to log). An aborted operation's log is handed over too.
-            self.log().resealed.push(target.block);
-            target.resealed = true;
-        }
+        // Once per block and epoch: the reseal covers this operation's writes and every
+        // later one's in the epoch (an aborted operation's log is handed over too).
+        self.record_in_place(target.block, offset, len, !target.resealed);
+        target.resealed = true;
         Ok(())
     }
 
     /// Records that this operation wrote `len` bytes at `offset` in place, inside `block`'s
     /// payload, to be written back with its epoch, and the block's checksum written again.
     pub(crate) fn record_write(&self, block: PBlock, offset: u64, len: u64) {
-        self.log_persist(offset, len);
-        let mut log = self.log();
-        if log.resealed.last() != Some(&block) {
-            log.resealed.push(block);
+        self.record_in_place(block, offset, len, true);
+    }
+
+    /// [`record_write`](Self::record_write), logging `block` for its reseal only if
+    /// `reseal` (a caller that knows an operation of this epoch logged it passes `false`).
+    /// The advance reseals a block once every operation of its epoch has ended and writes
+    /// the whole block back with its new checksum (INV-SUM-1), so a write in place logs no
+    /// range of its own, but where each operation flushes its own writes
+    /// ([`WriteBack::MeasureEachOp`]).
+    fn record_in_place(&self, block: PBlock, offset: u64, len: u64, reseal: bool) {
+        if self.runtime.write_back == WriteBack::MeasureEachOp {
+            // Durable when the operation ends.
+            self.log().persist.push((offset, len));
+        }
+        if reseal {
+            let mut log = self.log();
+            if log.resealed.last() != Some(&block) {
+                log.resealed.push(block);
+            }
         }
     }
 

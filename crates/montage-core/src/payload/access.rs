@@ -136,9 +136,8 @@ pub fn cas_field<T: Payload, F: CasField>(
     };
     match swap? {
         Ok(_) => {
-            // The block was written in this epoch, so its allocation already logged this
-            // range for the epoch's write-back; logging the swap as well keeps the rule
-            // local ("every in-place write is logged") rather than relying on that.
+            // The block was written in this epoch: logged for its reseal, which writes it
+            // back whole with its new checksum, as every write in place is.
             op.record_write(info.block, at, 8);
             Ok(Ok(()))
         }
