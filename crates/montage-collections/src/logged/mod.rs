@@ -168,33 +168,18 @@ pub trait Replay {
 /// # Ok::<(), montage_core::Error>(())
 /// ```
 ///
-/// Byte strings in the value (`Vec<u8>`, arrays) are written one number at a time, unless
-/// the field says `#[serde(with = "serde_bytes")]`: several times faster to save and load
-/// for byte-heavy structures (`montage-logged` in the harness measures both).
+/// A slice of bytes in the value (`Vec<u8>`, `Box<[u8]>`) is copied whole
+/// ([`encode_serde`](montage_core::payload::encode_serde)); loading reads it a number at a
+/// time unless the field says `#[serde(with = "serde_bytes")]`, which makes loading of
+/// byte-heavy structures about twice as fast (`montage-logged` in the harness measures
+/// both). A byte array (`[u8; N]`) is written and read a number at a time.
 ///
 /// # Errors
 ///
-/// [`Error::Encode`] if the value has no postcard encoding.
+/// [`Error::Encode`] if the value has no postcard encoding; `out` is then as it was.
 #[cfg(feature = "serde")]
 pub fn save_serde<T: serde::Serialize>(value: &T, out: &mut Vec<u8>) -> Result<()> {
-    // Into `out` itself when it is empty (as `compact` passes it): no second buffer and no
-    // copy of a large snapshot. On an error `out` is as it was.
-    let fresh = out.is_empty();
-    let buffer = if fresh {
-        std::mem::take(out)
-    } else {
-        Vec::new()
-    };
-    let bytes = postcard::to_extend(value, buffer).map_err(|err| Error::Encode {
-        type_name: std::any::type_name::<T>(),
-        why: err.to_string(),
-    })?;
-    if fresh {
-        *out = bytes;
-    } else {
-        out.extend_from_slice(&bytes);
-    }
-    Ok(())
+    montage_core::payload::encode_serde(value, out)
 }
 
 /// Reads what [`save_serde`] wrote, for [`Replay::load`]; `None` if the bytes are not

@@ -23,11 +23,15 @@ pub(crate) mod access;
 pub(crate) mod codec;
 #[cfg(feature = "serde")]
 pub(crate) mod serde_codec;
+// A slice of bytes found behind a generic iterator, copied whole (the file says why).
+#[cfg(feature = "serde")]
+#[allow(unsafe_code)]
+mod serde_write;
 
 pub use crate::fingerprint::Fingerprint;
 pub use codec::{Codec, EncodeAs, Encoded};
 #[cfg(feature = "serde")]
-pub use serde_codec::Serde;
+pub use serde_codec::{Serde, encode_serde};
 
 use std::marker::PhantomData;
 

@@ -96,11 +96,7 @@ where
     }
 
     fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
-        let start = out.len();
-        postcard::serialize_with_flavor(&self.0, Append(out)).map_err(|err| {
-            out.truncate(start);
-            encode_error::<T>(&err)
-        })
+        encode_serde(&self.0, out)
     }
 
     fn decode(bytes: &[u8]) -> Option<Self> {
@@ -112,28 +108,33 @@ where
     }
 }
 
-/// A postcard output that appends to a vector the caller owns.
-struct Append<'a>(&'a mut Vec<u8>);
-
-impl postcard::ser_flavors::Flavor for Append<'_> {
-    type Output = ();
-
-    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(data);
-        Ok(())
-    }
-
-    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
-        self.0.push(data);
-        Ok(())
-    }
-
-    fn finalize(self) -> postcard::Result<()> {
-        Ok(())
-    }
+/// Appends `value` to `out` in postcard's format, as `postcard::to_extend` would write it,
+/// but with a slice of bytes (a `Vec<u8>`, `[u8]` or `Box<[u8]>` anywhere in the value)
+/// copied whole where postcard writes it a byte at a time. [`Serde`] encodes with it, and so
+/// do the snapshots of `Logged` structures; postcard reads what it writes.
+///
+/// ```
+/// # #[cfg(feature = "serde")] {
+/// let mut out = vec![0xAA];
+/// montage_core::payload::encode_serde(&(300u16, vec![1u8, 2, 3]), &mut out)?;
+/// assert_eq!(out, [0xAA, 0xAC, 0x02, 3, 1, 2, 3]);
+/// # }
+/// # Ok::<(), montage_core::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Encode`] if the value has no postcard encoding (a sequence that does not know
+/// its length in advance; a `PathBuf` that is no UTF-8); `out` is then as it was.
+pub fn encode_serde<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<()> {
+    let start = out.len();
+    super::serde_write::write(value, out).map_err(|err| {
+        out.truncate(start);
+        encode_error::<T>(&err)
+    })
 }
 
-fn encode_error<T>(why: &dyn std::fmt::Display) -> Error {
+fn encode_error<T: ?Sized>(why: &dyn std::fmt::Display) -> Error {
     Error::Encode {
         type_name: type_name::<T>(),
         why: why.to_string(),
@@ -205,7 +206,8 @@ fn trace<T: Serialize + DeserializeOwned>() -> Result<u64, String> {
     // A type that only a self-describing format can read (its `Deserialize` asks for "any"
     // value) fails the trace above; one whose `Serialize` postcard refuses fails here.
     for sample in &samples {
-        let bytes = postcard::to_allocvec(sample)
+        let mut bytes = Vec::new();
+        super::serde_write::write(sample, &mut bytes)
             .map_err(|err| format!("postcard cannot encode it: {err}"))?;
         postcard::from_bytes::<T>(&bytes)
             .map_err(|err| format!("postcard cannot decode it: {err}"))?;
