@@ -6,12 +6,14 @@
 //!   entry (a structure that takes no snapshots), in records per second;
 //! * **stall**: the longest a writer thread, inserting every 20 us or so, waited for one call
 //!   while `compact` ran, for one structure and for `LoggedShards` of 8 (where each shard's
-//!   serialization stalls only that shard's calls);
+//!   serialization stalls only that shard's calls): a structure's first snapshot, then its
+//!   next;
 //! * **load**: the time `Logged::open` takes to load the snapshot (the log empty), in MB/s of
 //!   its encoding.
 //!
-//! The snapshot figures are taken twice: with the values as `Vec<u8>` (which serde writes as
-//! a sequence of numbers, one byte at a time) and as `serde_bytes` byte strings.
+//! The snapshot figures are taken twice: with the values as `Vec<u8>` (which serde hands
+//! over as a sequence of numbers: the snapshot's writer copies it whole, postcard reads it a
+//! byte at a time) and as `serde_bytes` byte strings.
 //!
 //! `cargo run --release -p montage-bench --bin montage-logged -- [ENTRIES]`; the heap goes to
 //! `MONTAGE_BENCH_PMEM_DIR` (default `/dev/shm`).
@@ -48,8 +50,8 @@ impl Replay for Tree {
     montage_collections::serde_snapshots!();
 }
 
-/// A byte value that serde writes as one byte string (`serde_bytes`), not as a sequence
-/// of 256 numbers.
+/// A byte value that serde hands over as one byte string (`serde_bytes`), not as a
+/// sequence of 256 numbers.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Bytes(#[serde(with = "serde_bytes")] Vec<u8>);
 
@@ -89,6 +91,18 @@ fn value(key: u64) -> Vec<u8> {
 
 fn seconds(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+/// The compaction's time and the writer's longest call, for the first snapshot of a
+/// structure and for the next (whose buffer is sized by the first).
+fn stalls(first: (Duration, Duration), later: (Duration, Duration)) -> String {
+    format!(
+        "compact {:.3} s, the writer's longest call {:.1} ms (the first snapshot: {:.3} s, {:.1} ms)",
+        seconds(later.0),
+        later.1.as_secs_f64() * 1e3,
+        seconds(first.0),
+        first.1.as_secs_f64() * 1e3
+    )
 }
 
 /// Runs `compact` while a thread inserts; returns the compaction's time and the longest
@@ -188,7 +202,11 @@ where
     for key in 0..entries {
         tree.apply((key, value(key)))?;
     }
-    let (took, longest) = stall(
+    let first = stall(
+        |key| Ok(tree.apply((key, value(key)))?),
+        || Ok(tree.compact().map(|_| ())?),
+    )?;
+    let later = stall(
         |key| Ok(tree.apply((key, value(key)))?),
         || Ok(tree.compact().map(|_| ())?),
     )?;
@@ -196,10 +214,9 @@ where
     tree.read(|t| t.save(&mut encoding))?
         .ok_or("no snapshot")??;
     println!(
-        "{what}: snapshot of one structure ({:.1} MB): compact {:.3} s; the writer's longest call {:.1} ms",
+        "{what}: snapshot of one structure ({:.1} MB): {}",
         encoding.len() as f64 / 1e6,
-        seconds(took),
-        longest.as_secs_f64() * 1e3
+        stalls(first, later)
     );
     tree.close()?;
     heap.close()?;
@@ -224,14 +241,17 @@ where
     for key in 0..entries {
         shards.apply(&key, (key, value(key)))?;
     }
-    let (took, longest) = stall(
+    let first = stall(
+        |key| Ok(shards.apply(&key, (key, value(key)))?),
+        || Ok(shards.compact().map(|_| ())?),
+    )?;
+    let later = stall(
         |key| Ok(shards.apply(&key, (key, value(key)))?),
         || Ok(shards.compact().map(|_| ())?),
     )?;
     println!(
-        "{what}: snapshot of {SHARDS} shards: compact {:.3} s; the writer's longest call {:.1} ms",
-        seconds(took),
-        longest.as_secs_f64() * 1e3
+        "{what}: snapshot of {SHARDS} shards: {}",
+        stalls(first, later)
     );
     shards.close()?;
     heap.close()?;
