@@ -188,6 +188,11 @@ pub(super) fn encode_record<O: Codec>(op: &O, bytes: &mut Vec<u8>) -> Result<()>
     op.encode(bytes)
 }
 
+/// The most a shard's first snapshot sets aside before it starts, as a guess from its log's
+/// bytes: an insert's record is about as long as the entry it makes, but a log of updates
+/// to a few entries may be far longer than their snapshot.
+const FIRST_SNAPSHOT_GUESS: u64 = 256 << 20;
+
 /// Stores to every page of `spare`, so that its page faults are taken now. (Not
 /// `vec![0; n]` or a `fill(0)` after the allocation: the compiler makes those a `calloc`,
 /// whose pages no store has touched yet.)
@@ -366,13 +371,19 @@ impl<T: Replay> Core<T> {
         self.check_poisoned()?;
         let shard = &self.shards[index];
         let _one = lock(&shard.compacting);
-        // About the size of the last snapshot, so that the buffer is not copied as it grows;
-        // and every page of it touched before the lock, not under it: a fresh buffer's first
-        // store to each page costs more than the serialization itself (a 262 MB snapshot of
-        // 1M entries stalled calls 250 ms with its faults under the lock).
+        // About the size of the last snapshot (before the first, of the log, up to
+        // FIRST_SNAPSHOT_GUESS), so that the buffer is not copied as it grows; and every page
+        // of it touched before the lock, not under it: a fresh buffer's first store to each
+        // page costs more than the serialization itself (a 262 MB snapshot of 1M entries
+        // stalled calls 250 ms with its faults under the lock).
         let expected = {
             let state = shard.state.read_outside_op();
-            usize::try_from(state.snapshot_bytes + state.snapshot_bytes / 8).unwrap_or(0)
+            let guess = if state.snapshot_bytes == 0 {
+                state.log_bytes.min(FIRST_SNAPSHOT_GUESS)
+            } else {
+                state.snapshot_bytes + state.snapshot_bytes / 8
+            };
+            usize::try_from(guess).unwrap_or(0)
         };
         let mut bytes = Vec::with_capacity(expected);
         touch_pages(bytes.spare_capacity_mut());
