@@ -171,7 +171,7 @@ pub trait Replay {
 /// A slice of bytes in the value (`Vec<u8>`, `Box<[u8]>`) is copied whole
 /// ([`encode_serde`](montage_core::payload::encode_serde)); loading reads it a number at a
 /// time unless the field says `#[serde(with = "serde_bytes")]`, which makes loading of
-/// byte-heavy structures about twice as fast (`montage-logged` in the harness measures
+/// byte-heavy structures nearly twice as fast (`montage-logged` in the harness measures
 /// both). A byte array (`[u8; N]`) is written and read a number at a time.
 ///
 /// # Errors
