@@ -131,6 +131,24 @@ impl<T> State<T> {
             requested: false,
         }
     }
+
+    /// Takes the records before `upto`, which a snapshot now covers (`bytes` of log
+    /// between them), off the front of the log; returns them, oldest first, and whether the
+    /// last one's block still holds a later record. The current page goes with its last
+    /// record: the calls after it start a new one. Copies only the records after `upto`.
+    fn take_covered(&mut self, upto: u64, bytes: u64) -> (VecDeque<Entry>, bool) {
+        let count = self.records.partition_point(|entry| entry.seq < upto);
+        let rest = self.records.split_off(count);
+        let covered = std::mem::replace(&mut self.records, rest);
+        debug_assert_eq!(covered.iter().map(Entry::bytes).sum::<u64>(), bytes);
+        self.log_bytes -= bytes;
+        let last = covered.back().map(|entry| entry.block);
+        let last_kept = last.is_some() && self.records.front().map(|entry| entry.block) == last;
+        if !last_kept && last.is_some() && self.page.map(|page| page.target.block()) == last {
+            self.page = None;
+        }
+        (covered, last_kept)
+    }
 }
 
 /// The type ids of one shard's payloads. Records and pages carry the operation's codec id,
@@ -192,6 +210,23 @@ pub(super) fn encode_record<O: Codec>(op: &O, bytes: &mut Vec<u8>) -> Result<()>
 /// bytes: an insert's record is about as long as the entry it makes, but a log of updates
 /// to a few entries may be far longer than their snapshot.
 const FIRST_SNAPSHOT_GUESS: u64 = 256 << 20;
+
+/// The blocks of `covered` (records a snapshot covers, oldest first) that hold no other
+/// record, each once: a page goes with its last record. Without the last record's block if
+/// `last_kept` (the page still holds later records). A page's records are next to each
+/// other in the log.
+fn finished_blocks(covered: &VecDeque<Entry>, last_kept: bool) -> Vec<PBlock> {
+    let mut blocks: Vec<PBlock> = Vec::new();
+    for entry in covered {
+        if blocks.last() != Some(&entry.block) {
+            blocks.push(entry.block);
+        }
+    }
+    if last_kept {
+        blocks.pop();
+    }
+    blocks
+}
 
 /// Stores to every page of `spare`, so that its page faults are taken now. (Not
 /// `vec![0; n]` or a `fill(0)` after the allocation: the compiler makes those a `calloc`,
@@ -387,7 +422,7 @@ impl<T: Replay> Core<T> {
         };
         let mut bytes = Vec::with_capacity(expected);
         touch_pages(bytes.spare_capacity_mut());
-        let (bytes, upto) = {
+        let (bytes, upto, covered_bytes) = {
             // Read-locked: calls wait for this one serialization, reads go on.
             let state = shard.state.read_outside_op();
             if state.next_seq == state.snapshot_upto {
@@ -401,7 +436,8 @@ impl<T: Replay> Core<T> {
                 }
                 Some(saved) => saved?,
             }
-            (bytes, state.next_seq)
+            // Every record in the log now comes before `upto`.
+            (bytes, state.next_seq, state.log_bytes)
         };
         let snapshot = match self.write_snapshot(shard.kinds, &bytes, upto) {
             Ok(snapshot) => snapshot,
@@ -411,37 +447,18 @@ impl<T: Replay> Core<T> {
                 return Err(err);
             }
         };
-        let replaced = {
+        let (snapshots, covered, last_kept) = {
             let mut state = shard.state.write_outside_op();
-            let mut replaced = Dead {
-                records: Vec::new(),
-                snapshots: std::mem::replace(&mut state.snapshot, snapshot),
-            };
-            while let Some(&entry) = state.records.front() {
-                if entry.seq >= upto {
-                    break;
-                }
-                state.log_bytes -= entry.bytes();
-                state.records.pop_front();
-                // A page goes with its last record; the current page's calls start a new
-                // one.
-                if state
-                    .records
-                    .front()
-                    .is_none_or(|next| next.block != entry.block)
-                {
-                    if state
-                        .page
-                        .is_some_and(|page| page.target.block() == entry.block)
-                    {
-                        state.page = None;
-                    }
-                    replaced.records.push(entry.block);
-                }
-            }
+            let snapshots = std::mem::replace(&mut state.snapshot, snapshot);
+            let (covered, last_kept) = state.take_covered(upto, covered_bytes);
             state.snapshot_upto = upto;
             state.snapshot_bytes = bytes.len() as u64;
-            replaced
+            (snapshots, covered, last_kept)
+        };
+        // Outside the lock: a snapshot may cover millions of records.
+        let replaced = Dead {
+            records: finished_blocks(&covered, last_kept),
+            snapshots,
         };
         // In operations after the commit's, so in epochs no older than its.
         self.remove(&replaced)?;
@@ -787,5 +804,51 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
             }
             Err(err) => self.failed_in_background(err),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(block: u64, seqs: std::ops::Range<u64>) -> impl Iterator<Item = Entry> {
+        seqs.map(move |seq| Entry {
+            seq,
+            block: PBlock::from_offset(block),
+            at: 16,
+            len: 8,
+        })
+    }
+
+    /// A snapshot's compaction takes the records it covers off the log and frees each
+    /// block of them once, but not a page that still holds a later record.
+    #[test]
+    fn compaction_frees_the_blocks_whose_records_the_snapshot_covers_all() {
+        let records: VecDeque<Entry> = entries(0x1000, 0..3)
+            .chain(entries(0x2000, 3..4))
+            .chain(entries(0x3000, 4..7))
+            .collect();
+        let mut state = State::new((), 7, records, 0, Vec::new(), 0);
+        let total = state.log_bytes;
+        // Covers the first five: the page at 0x3000 keeps calls 5 and 6.
+        let (covered, last_kept) = state.take_covered(5, 5 * (8 + PAGE_RECORD_PREFIX));
+        assert_eq!(covered.len(), 5);
+        assert!(last_kept);
+        let offsets = |blocks: Vec<PBlock>| -> Vec<u64> {
+            blocks.iter().map(|block| block.offset()).collect()
+        };
+        assert_eq!(
+            offsets(finished_blocks(&covered, last_kept)),
+            [0x1000, 0x2000]
+        );
+        let left: Vec<u64> = state.records.iter().map(|entry| entry.seq).collect();
+        assert_eq!(left, [5, 6]);
+        assert_eq!(state.log_bytes, total - 5 * (8 + PAGE_RECORD_PREFIX));
+        // Then the rest: the page goes with its last record.
+        let (covered, last_kept) = state.take_covered(7, 2 * (8 + PAGE_RECORD_PREFIX));
+        assert!(!last_kept);
+        assert_eq!(offsets(finished_blocks(&covered, last_kept)), [0x3000]);
+        assert!(state.records.is_empty());
+        assert_eq!(state.log_bytes, 0);
     }
 }
