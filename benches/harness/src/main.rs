@@ -58,8 +58,8 @@ struct Args {
     repeats: Option<usize>,
     /// Only these contenders (names as in the results). Without it, every contender but the
     /// logged structures and their DRAM baselines (`logged-btreemap`,
-    /// `logged-btreemap-sharded`, `locked-btreemap`, `locked-btreemap-sharded`,
-    /// `logged-vecdeque`), which run only when named.
+    /// `logged-btreemap-sharded`, `logged-btreemap-unsnapped`, `locked-btreemap`,
+    /// `locked-btreemap-sharded`, `logged-vecdeque`), which run only when named.
     #[arg(long, value_delimiter = ',')]
     contenders: Option<Vec<String>>,
     /// Only montage contenders on these backends (`volatile`, `pmem`, `journal`); the
@@ -125,6 +125,7 @@ fn map_contenders() -> Vec<(Contender, Backend)> {
         (Contender::DashMap, Backend::None),
         (Contender::LoggedBTreeMap, Backend::Pmem),
         (Contender::LoggedBTreeMapSharded, Backend::Pmem),
+        (Contender::LoggedBTreeMapUnsnapped, Backend::Pmem),
         (Contender::LockedBTreeMap, Backend::None),
         (Contender::LockedBTreeMapSharded, Backend::None),
         (Contender::Device, Backend::None),

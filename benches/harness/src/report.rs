@@ -351,8 +351,9 @@ pub(crate) fn targets(records: &[Record]) -> String {
 }
 
 /// The logged structures' targets: a `BTreeMap` made persistent by `Logged` against the
-/// same map under a lock in DRAM (one, and sharded against as many locked maps), and a
-/// logged `VecDeque` against a locked one.
+/// same map under a lock in DRAM (one, and sharded against as many locked maps), against
+/// itself taking no snapshots while it runs (the default policy's cost), and a logged
+/// `VecDeque` against a locked one.
 fn logged_targets(out: &mut String, records: &[Record]) {
     for (ours, theirs, threads) in [
         ("logged-btreemap", "locked-btreemap", 1),
@@ -372,6 +373,23 @@ fn logged_targets(out: &mut String, records: &[Record]) {
                 ),
             );
         }
+    }
+    // What the default snapshot policy costs: at most a tenth.
+    for workload in ["90-5-5", "50-25-25"] {
+        summarize(
+            out,
+            &format!(
+                "`{workload}` logged-btreemap vs logged-btreemap-unsnapped (the snapshot policy's cost), 256 B, 1 thread(s)"
+            ),
+            &ratios_of(
+                records,
+                ("logged-btreemap", "pmem"),
+                &[workload],
+                ("logged-btreemap-unsnapped", "pmem"),
+                0.9,
+                |r| r.threads == 1 && r.value_size == 256,
+            ),
+        );
     }
     summarize(
         out,

@@ -1,9 +1,11 @@
 //! Structures a user already has, made persistent by `Logged`: a `BTreeMap` (one, and
 //! sharded) and a `VecDeque`, each with its methods logged by `#[montage::logged]` and
-//! snapshots by the default policy. Their DRAM baselines are in `baseline`.
+//! snapshots by the default policy (and the one `BTreeMap` with none while it runs, to
+//! show what the policy costs). Their DRAM baselines are in `baseline`.
 
 use std::collections::{BTreeMap, VecDeque};
 
+use montage::collections::logged::SnapshotPolicy;
 use montage::collections::{Logged, LoggedShards};
 
 use super::{Backend, Contender, Dirs, MapStore, QueueStore, Result, Sizing};
@@ -64,6 +66,9 @@ pub(crate) fn with_map(
             Ok(shards.close()?)
         } else {
             let tree = Logged::<Tree>::open(heap, "bench")?;
+            if contender == Contender::LoggedBTreeMapUnsnapped {
+                tree.set_snapshot_policy(SnapshotPolicy::manual());
+            }
             f(&tree)?;
             Ok(tree.close()?)
         }

@@ -77,6 +77,9 @@ pub(crate) enum Contender {
     LoggedBTreeMap,
     /// `LoggedShards` of `logged::SHARDS` `BTreeMap`s.
     LoggedBTreeMapSharded,
+    /// The `Logged` `BTreeMap` taking no snapshot while it runs (`SnapshotPolicy::manual`),
+    /// beside `LoggedBTreeMap`: what the default policy costs.
+    LoggedBTreeMapUnsnapped,
     /// A `BTreeMap` in DRAM under a reader-writer lock.
     LockedBTreeMap,
     /// `logged::SHARDS` of them, a key going to one by a hash.
@@ -107,6 +110,7 @@ impl Contender {
             Contender::Device => "device",
             Contender::LoggedBTreeMap => "logged-btreemap",
             Contender::LoggedBTreeMapSharded => "logged-btreemap-sharded",
+            Contender::LoggedBTreeMapUnsnapped => "logged-btreemap-unsnapped",
             Contender::LockedBTreeMap => "locked-btreemap",
             Contender::LockedBTreeMapSharded => "locked-btreemap-sharded",
             Contender::LoggedVecDeque => "logged-vecdeque",
@@ -139,6 +143,7 @@ impl Contender {
             self,
             Contender::LoggedBTreeMap
                 | Contender::LoggedBTreeMapSharded
+                | Contender::LoggedBTreeMapUnsnapped
                 | Contender::LockedBTreeMap
                 | Contender::LockedBTreeMapSharded
                 | Contender::LoggedVecDeque
@@ -287,7 +292,9 @@ pub(crate) fn with_map(
         | Contender::MontageNbHashMap
         | Contender::StrictDurableHashMap => montage::with_map(contender, backend, dirs, sizing, f),
         Contender::TransientHashMap => f(&baseline::TransientMap::new()),
-        Contender::LoggedBTreeMap | Contender::LoggedBTreeMapSharded => {
+        Contender::LoggedBTreeMap
+        | Contender::LoggedBTreeMapSharded
+        | Contender::LoggedBTreeMapUnsnapped => {
             logged::with_map(contender, backend, dirs, sizing, f)
         }
         Contender::LockedBTreeMap => f(&baseline::LockedTrees::new(1)),
