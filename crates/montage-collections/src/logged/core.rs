@@ -413,6 +413,10 @@ impl<T: Replay> Core<T> {
         // stalled calls 250 ms with its faults under the lock).
         let expected = {
             let state = shard.state.read_outside_op();
+            // Nothing to compact; calls only add to the log, and compactions take turns.
+            if state.next_seq == state.snapshot_upto {
+                return Ok(false);
+            }
             let guess = if state.snapshot_bytes == 0 {
                 state.log_bytes.min(FIRST_SNAPSHOT_GUESS)
             } else {
@@ -425,9 +429,6 @@ impl<T: Replay> Core<T> {
         let (bytes, upto, covered_bytes) = {
             // Read-locked: calls wait for this one serialization, reads go on.
             let state = shard.state.read_outside_op();
-            if state.next_seq == state.snapshot_upto {
-                return Ok(false);
-            }
             match state.value.save(&mut bytes) {
                 None => {
                     return Err(Error::Unsupported {
