@@ -93,16 +93,17 @@ fn seconds(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// The compaction's time and the writer's longest call, for the first snapshot of a
-/// structure and for the next (whose buffer is sized by the first).
-fn stalls(first: (Duration, Duration), later: (Duration, Duration)) -> String {
-    format!(
+/// [`stall`] for a structure's first snapshot and then for its next (whose buffer is sized
+/// by the first): the compaction's time and the writer's longest call of each, as text.
+fn stalls(insert: impl Fn(u64) -> Result + Sync, compact: impl Fn() -> Result) -> Result<String> {
+    let (first, later) = (stall(&insert, &compact)?, stall(&insert, &compact)?);
+    Ok(format!(
         "compact {:.3} s, the writer's longest call {:.1} ms (the first snapshot: {:.3} s, {:.1} ms)",
         seconds(later.0),
         later.1.as_secs_f64() * 1e3,
         seconds(first.0),
         first.1.as_secs_f64() * 1e3
-    )
+    ))
 }
 
 /// Runs `compact` while a thread inserts; returns the compaction's time and the longest
@@ -202,11 +203,7 @@ where
     for key in 0..entries {
         tree.apply((key, value(key)))?;
     }
-    let first = stall(
-        |key| Ok(tree.apply((key, value(key)))?),
-        || Ok(tree.compact().map(|_| ())?),
-    )?;
-    let later = stall(
+    let stalled = stalls(
         |key| Ok(tree.apply((key, value(key)))?),
         || Ok(tree.compact().map(|_| ())?),
     )?;
@@ -214,9 +211,8 @@ where
     tree.read(|t| t.save(&mut encoding))?
         .ok_or("no snapshot")??;
     println!(
-        "{what}: snapshot of one structure ({:.1} MB): {}",
+        "{what}: snapshot of one structure ({:.1} MB): {stalled}",
         encoding.len() as f64 / 1e6,
-        stalls(first, later)
     );
     tree.close()?;
     heap.close()?;
@@ -241,18 +237,11 @@ where
     for key in 0..entries {
         shards.apply(&key, (key, value(key)))?;
     }
-    let first = stall(
+    let stalled = stalls(
         |key| Ok(shards.apply(&key, (key, value(key)))?),
         || Ok(shards.compact().map(|_| ())?),
     )?;
-    let later = stall(
-        |key| Ok(shards.apply(&key, (key, value(key)))?),
-        || Ok(shards.compact().map(|_| ())?),
-    )?;
-    println!(
-        "{what}: snapshot of {SHARDS} shards: {}",
-        stalls(first, later)
-    );
+    println!("{what}: snapshot of {SHARDS} shards: {stalled}");
     shards.close()?;
     heap.close()?;
     let heap = Heap::open(config)?;

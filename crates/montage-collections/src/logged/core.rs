@@ -808,26 +808,28 @@ impl<T: Replay + Send + Sync + 'static> Core<T> {
     }
 }
 
+/// Records `seqs` of 8 bytes each in a page at `block`, for tests.
+#[cfg(test)]
+pub(super) fn page_entries(block: u64, seqs: std::ops::Range<u64>) -> impl Iterator<Item = Entry> {
+    seqs.map(move |seq| Entry {
+        seq,
+        block: PBlock::from_offset(block),
+        at: PAGE_RECORD_PREFIX,
+        len: 8,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entries(block: u64, seqs: std::ops::Range<u64>) -> impl Iterator<Item = Entry> {
-        seqs.map(move |seq| Entry {
-            seq,
-            block: PBlock::from_offset(block),
-            at: 16,
-            len: 8,
-        })
-    }
 
     /// A snapshot's compaction takes the records it covers off the log and frees each
     /// block of them once, but not a page that still holds a later record.
     #[test]
     fn compaction_frees_the_blocks_whose_records_the_snapshot_covers_all() {
-        let records: VecDeque<Entry> = entries(0x1000, 0..3)
-            .chain(entries(0x2000, 3..4))
-            .chain(entries(0x3000, 4..7))
+        let records: VecDeque<Entry> = page_entries(0x1000, 0..3)
+            .chain(page_entries(0x2000, 3..4))
+            .chain(page_entries(0x3000, 4..7))
             .collect();
         let mut state = State::new((), 7, records, 0, Vec::new(), 0);
         let total = state.log_bytes;

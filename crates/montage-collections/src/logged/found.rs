@@ -421,7 +421,7 @@ fn replay<T: Replay>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::core::record_header;
+    use super::super::core::{page_entries, record_header};
     use super::*;
 
     /// A counter whose snapshot is its value's eight bytes.
@@ -446,16 +446,6 @@ mod tests {
         }
     }
 
-    fn entries(block: u64, seqs: std::ops::Range<u64>) -> Vec<Entry> {
-        seqs.map(|seq| Entry {
-            seq,
-            block: PBlock::from_offset(block),
-            at: 16,
-            len: 8,
-        })
-        .collect()
-    }
-
     /// After a crash, a page may hold records on both sides of the newest snapshot: it stays
     /// (its later records are the log), and only blocks whose records the snapshot covers
     /// all are discarded.
@@ -467,10 +457,10 @@ mod tests {
             len: 8,
             format: 0,
         };
-        let mut records = entries(0x1000, 0..3);
+        let mut records: Vec<Entry> = page_entries(0x1000, 0..3).collect();
         // The page of calls 3 to 6, across the snapshot's `upto`.
-        records.extend(entries(0x2000, 3..7));
-        records.extend(entries(0x3000, 7..8));
+        records.extend(page_entries(0x2000, 3..7));
+        records.extend(page_entries(0x3000, 7..8));
         let found = Found {
             heap: None,
             records,

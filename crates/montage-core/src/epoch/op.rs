@@ -109,6 +109,16 @@ pub struct InPlace {
 }
 
 impl InPlace {
+    /// The block whose header `info` was read, for writes in place in the block's epoch.
+    fn found(info: &BlockInfo) -> InPlace {
+        InPlace {
+            block: info.block,
+            epoch: info.spec.epoch,
+            len: u64::from(info.len),
+            resealed: false,
+        }
+    }
+
     /// The block.
     #[inline]
     pub fn block(&self) -> PBlock {
@@ -566,22 +576,19 @@ impl<'h> OpGuard<'h> {
     /// [`write`](Self::write) for a block whose header `info` was read by
     /// [`info`](Self::info) in this operation.
     pub(crate) fn write_checked(&self, info: &BlockInfo, at: u64, bytes: &[u8]) -> Result<PBlock> {
-        self.runtime.writable()?;
         let block = info.block;
+        if info.spec.epoch == self.epoch {
+            // Inside the recorded length, which `info` checked against the capacity.
+            self.write_in_place(&mut InPlace::found(info), at, bytes)?;
+            return Ok(block);
+        }
+        self.runtime.writable()?;
         let len = bytes.len() as u64;
         if at
             .checked_add(len)
             .is_none_or(|end| end > u64::from(info.len))
         {
             return Err(Error::OutOfBounds { offset: at, len });
-        }
-        if info.spec.epoch == self.epoch {
-            // Inside the recorded length, which `info` checked against the capacity.
-            self.runtime
-                .media
-                .write(block.payload_offset() + at, bytes)?;
-            self.record_write(block, block.payload_offset() + at, len);
-            return Ok(block);
         }
         let mut payload = vec![0u8; info.len as usize];
         self.runtime
@@ -605,12 +612,7 @@ impl<'h> OpGuard<'h> {
         if info.spec.epoch != self.epoch {
             return Err(older_epoch());
         }
-        Ok(InPlace {
-            block,
-            epoch: self.epoch,
-            len: u64::from(info.len),
-            resealed: false,
-        })
+        Ok(InPlace::found(&info))
     }
 
     /// Writes `bytes` at byte `at` of the payload of `target`'s block, in place: as
