@@ -23,8 +23,10 @@ use crate::base::epoch::Epoch;
 use crate::epoch::op::OpGuard;
 use crate::error::{Error, Result};
 
-/// A value and the epoch of the last operation that changed it.
+/// A value and the epoch of the last operation that changed it: in this order, so that a
+/// value's first bytes share the lock's cache line.
 #[derive(Debug, Default)]
+#[repr(C)]
 struct Stamped<T> {
     stamp: Epoch,
     value: T,
