@@ -680,11 +680,17 @@ impl<T: Replay> LoggedShards<T> {
     ///
     /// What encoding `key` returns.
     pub fn shard_of<K: Codec>(&self, key: &K) -> Result<usize> {
-        let hash = crate::structure::with_buffer(|bytes| {
-            bytes.clear();
-            key.encode(bytes)?;
-            Ok::<_, Error>(mix(Fingerprint::new().bytes(bytes).finish()))
-        })?;
+        // The fingerprint of the key's encoding: straight from the key where it has its bytes
+        // at hand (integers, strings, ...), else from a copy of them (the same value).
+        let fingerprint = match key.fingerprint_encoding(Fingerprint::new()) {
+            Some(fingerprint) => fingerprint,
+            None => crate::structure::with_buffer(|bytes| {
+                bytes.clear();
+                key.encode(bytes)?;
+                Ok::<_, Error>(Fingerprint::new().bytes(bytes))
+            })?,
+        };
+        let hash = mix(fingerprint.finish());
         // The high half of hash * shards: uniform over the shards for a uniform hash.
         let shards = self.core.shards() as u128;
         Ok(((u128::from(hash) * shards) >> 64) as usize)

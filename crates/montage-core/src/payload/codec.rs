@@ -4,6 +4,7 @@
 //! implements `Codec` too), have a fixed one.
 
 use crate::alloc::block::BlockView;
+use crate::fingerprint::Fingerprint;
 
 /// A key or value that a structure can store in its payloads.
 ///
@@ -38,6 +39,20 @@ pub trait Codec: Sized + Send + Sync + 'static {
 
     /// Decodes a value from exactly the bytes `encode` wrote; `None` if they are not one.
     fn decode(bytes: &[u8]) -> Option<Self>;
+
+    /// `into` with the bytes [`encode`](Self::encode) writes added, where the type has them at
+    /// hand without writing them out: a key's fingerprint, which `LoggedShards` (in
+    /// `montage-collections`) routes by, without a copy. `None` (the default) where the bytes
+    /// must be written first; the caller then encodes and adds them itself.
+    ///
+    /// Where it returns `Some`, it must equal `into.bytes(&encoded)` for the bytes `encode`
+    /// appends; the impls of this crate (integers, byte strings, strings, `bool`, `()` and
+    /// the integer pairs) give it.
+    #[inline]
+    fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
+        let _ = into;
+        None
+    }
 
     /// The value as one word, for a type whose values fit one: a nonblocking index keeps
     /// such a key beside its value in its own table instead of in a node it must follow
@@ -234,10 +249,7 @@ impl EncodeAs<String> for str {
 }
 
 pub(crate) const fn id(name: &str) -> u64 {
-    crate::fingerprint::Fingerprint::new()
-        .str("codec")
-        .str(name)
-        .finish()
+    Fingerprint::new().str("codec").str(name).finish()
 }
 
 impl Codec for Vec<u8> {
@@ -245,6 +257,10 @@ impl Codec for Vec<u8> {
     fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
         Ok(())
+    }
+    #[inline]
+    fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
+        Some(into.bytes(self))
     }
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.to_vec())
@@ -261,6 +277,10 @@ impl Codec for Box<[u8]> {
         out.extend_from_slice(self);
         Ok(())
     }
+    #[inline]
+    fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
+        Some(into.bytes(self))
+    }
     fn decode(bytes: &[u8]) -> Option<Self> {
         Some(bytes.into())
     }
@@ -275,6 +295,10 @@ impl Codec for String {
     fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self.as_bytes());
         Ok(())
+    }
+    #[inline]
+    fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
+        Some(into.bytes(self.as_bytes()))
     }
     fn decode(bytes: &[u8]) -> Option<Self> {
         String::from_utf8(bytes.to_vec()).ok()
@@ -307,6 +331,10 @@ macro_rules! integer_codecs {
             fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
                 out.extend_from_slice(&self.to_le_bytes());
                 Ok(())
+            }
+            #[inline]
+            fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
+                Some(into.bytes(&self.to_le_bytes()))
             }
             fn decode(bytes: &[u8]) -> Option<Self> {
                 Some(<$t>::from_le_bytes(bytes.try_into().ok()?))
@@ -347,14 +375,14 @@ integer_codecs!(
 macro_rules! pair_codecs {
     ($($a:ty),*) => {$(
         impl<B: Codec> Codec for ($a, B) {
-            const CODEC_ID: u64 = crate::fingerprint::Fingerprint::new()
+            const CODEC_ID: u64 = Fingerprint::new()
                 .str("pair")
                 .u64(<$a as Codec>::CODEC_ID)
                 .u64(B::CODEC_ID)
                 .finish();
 
             fn codec_id() -> crate::error::Result<u64> {
-                Ok(crate::fingerprint::Fingerprint::new()
+                Ok(Fingerprint::new()
                     .str("pair")
                     .u64(<$a as Codec>::codec_id()?)
                     .u64(B::codec_id()?)
@@ -364,6 +392,11 @@ macro_rules! pair_codecs {
             fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
                 self.0.encode(out)?;
                 self.1.encode(out)
+            }
+
+            #[inline]
+            fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
+                self.1.fingerprint_encoding(self.0.fingerprint_encoding(into)?)
             }
 
             fn decode(bytes: &[u8]) -> Option<Self> {
@@ -381,6 +414,10 @@ impl Codec for bool {
         out.push(u8::from(*self));
         Ok(())
     }
+    #[inline]
+    fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
+        Some(into.bytes(&[u8::from(*self)]))
+    }
     fn decode(bytes: &[u8]) -> Option<Self> {
         match bytes {
             [0] => Some(false),
@@ -394,6 +431,10 @@ impl Codec for () {
     const CODEC_ID: u64 = id("unit");
     fn encode(&self, _out: &mut Vec<u8>) -> crate::error::Result<()> {
         Ok(())
+    }
+    #[inline]
+    fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
+        Some(into)
     }
     fn decode(bytes: &[u8]) -> Option<Self> {
         bytes.is_empty().then_some(())
@@ -415,6 +456,7 @@ mod tests {
     fn round_trip<T: Codec + PartialEq + std::fmt::Debug + Clone>(value: T) {
         let mut bytes = Vec::new();
         value.encode(&mut bytes).unwrap();
+        fingerprints_its_encoding(&value, &bytes);
         assert_eq!(T::decode(&bytes), Some(value.clone()));
         let decoded = T::decode_from(Encoded::from_bytes(&bytes));
         assert_eq!(decoded.unwrap(), Some(value));
@@ -456,6 +498,53 @@ mod tests {
                 assert_eq!(other, v, "two values with the word {word:#x}");
             }
         }
+    }
+
+    /// Checks that `value`'s `fingerprint_encoding`, where it has one, is that of `encoded`,
+    /// after a prefix (as a pair's second part is fingerprinted after its first).
+    fn fingerprints_its_encoding<T: Codec>(value: &T, encoded: &[u8]) {
+        let seed = Fingerprint::new().str("before");
+        if let Some(direct) = value.fingerprint_encoding(seed) {
+            assert_eq!(direct.finish(), seed.bytes(encoded).finish());
+        }
+    }
+
+    /// Whether `value` gives the fingerprint of its encoding without writing it out (checked
+    /// against the encoding, if so).
+    fn has_direct_fingerprint<T: Codec>(value: &T) -> bool {
+        let mut bytes = Vec::new();
+        value.encode(&mut bytes).unwrap();
+        fingerprints_its_encoding(value, &bytes);
+        value.fingerprint_encoding(Fingerprint::new()).is_some()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn direct_fingerprints_are_those_of_the_encoding(
+            word in proptest::prelude::any::<u64>(),
+            wide in proptest::prelude::any::<i128>(),
+            small in proptest::prelude::any::<i16>(),
+            flag in proptest::prelude::any::<bool>(),
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            text in ".{0,12}",
+        ) {
+            proptest::prop_assert!(has_direct_fingerprint(&word));
+            proptest::prop_assert!(has_direct_fingerprint(&wide));
+            proptest::prop_assert!(has_direct_fingerprint(&small));
+            proptest::prop_assert!(has_direct_fingerprint(&flag));
+            proptest::prop_assert!(has_direct_fingerprint(&bytes));
+            proptest::prop_assert!(has_direct_fingerprint(&bytes.clone().into_boxed_slice()));
+            proptest::prop_assert!(has_direct_fingerprint(&text));
+            proptest::prop_assert!(has_direct_fingerprint(&(word, text.clone())));
+            proptest::prop_assert!(has_direct_fingerprint(&(small, (word, bytes.clone()))));
+            proptest::prop_assert!(has_direct_fingerprint(&(wide, ())));
+        }
+    }
+
+    #[test]
+    fn a_codec_without_its_bytes_at_hand_has_no_direct_fingerprint() {
+        assert!(!has_direct_fingerprint(&Long([1; 300])));
+        assert!(!has_direct_fingerprint(&(1u8, Long([2; 300]))));
     }
 
     #[test]
