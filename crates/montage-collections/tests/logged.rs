@@ -885,6 +885,17 @@ impl montage_core::Codec for Encoded {
     }
 }
 
+/// A payload type as a key: the derive gives its encoding's fingerprint from the stack.
+#[derive(montage_derive::Payload, Debug, Clone, Copy, PartialEq)]
+#[payload(crate = "montage_core")]
+#[repr(C)]
+struct Branch {
+    bank: u64,
+    number: u32,
+    open: bool,
+    _pad: [u8; 3],
+}
+
 #[test]
 fn a_key_goes_to_the_shard_its_encoding_chooses_in_every_version() {
     let dir = tempfile::tempdir().unwrap();
@@ -908,6 +919,24 @@ fn a_key_goes_to_the_shard_its_encoding_chooses_in_every_version() {
         assert_eq!(
             ledgers.shard_of(&(key, text)).unwrap(),
             ledgers.shard_of(&bytes).unwrap()
+        );
+        let branch = Branch {
+            bank: key,
+            number: key as u32 ^ 0x5a5a,
+            open: key % 3 == 0,
+            _pad: [0; 3],
+        };
+        let mut encoded = Vec::new();
+        montage_core::Codec::encode(&branch, &mut encoded).unwrap();
+        let seed = montage_core::payload::Fingerprint::new();
+        assert_eq!(
+            montage_core::Codec::fingerprint_encoding(&branch, seed)
+                .map(montage_core::payload::Fingerprint::finish),
+            Some(seed.bytes(&encoded).finish())
+        );
+        assert_eq!(
+            ledgers.shard_of(&branch).unwrap(),
+            ledgers.shard_of(&encoded).unwrap()
         );
         let twice = [key.to_le_bytes(), key.to_le_bytes()].concat();
         assert_eq!(

@@ -128,7 +128,7 @@ pub mod sim {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::payload::access::{cas_field, get_field, read_plain, set_field, write_plain};
-    pub use crate::payload::codec::encode_payload;
+    pub use crate::payload::codec::{encode_payload, fingerprint_payload};
     pub use zerocopy;
 
     /// Writes `value` into `out` at byte `offset` (a payload's field, during

@@ -165,6 +165,14 @@ fn codec_impl(ident: &syn::Ident, krate: &syn::Path, bounds: &[TokenStream]) -> 
                 ::core::result::Result::Ok(())
             }
 
+            #[inline]
+            fn fingerprint_encoding(
+                &self,
+                into: #krate::payload::Fingerprint,
+            ) -> ::core::option::Option<#krate::payload::Fingerprint> {
+                #krate::__private::fingerprint_payload::<#ident>(self, into)
+            }
+
             fn decode(bytes: &[u8]) -> ::core::option::Option<Self> {
                 <#ident as #krate::payload::PayloadField>::read_field(bytes)
             }

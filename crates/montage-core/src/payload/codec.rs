@@ -47,7 +47,8 @@ pub trait Codec: Sized + Send + Sync + 'static {
     ///
     /// Where it returns `Some`, it must equal `into.bytes(&encoded)` for the bytes `encode`
     /// appends; the impls of this crate (integers, byte strings, strings, `bool`, `()` and
-    /// the integer pairs) give it.
+    /// the integer pairs) give it, and so does `#[derive(Payload)]` for types of up to 256
+    /// bytes.
     #[inline]
     fn fingerprint_encoding(&self, into: Fingerprint) -> Option<Fingerprint> {
         let _ = into;
@@ -447,6 +448,26 @@ pub fn encode_payload<T: crate::payload::PayloadField>(value: &T, out: &mut Vec<
     let start = out.len();
     out.resize(start + size_of::<T>(), 0);
     value.write_field(&mut out[start..]);
+}
+
+/// [`Codec::fingerprint_encoding`] of a payload type (what the derive's `impl Codec`
+/// calls): its bytes as [`encode_payload`] writes them, into a buffer on the stack; `None`
+/// for a type longer than the buffer.
+#[doc(hidden)]
+#[inline]
+pub fn fingerprint_payload<T: crate::payload::PayloadField>(
+    value: &T,
+    into: Fingerprint,
+) -> Option<Fingerprint> {
+    const STACK: usize = 256;
+    let len = size_of::<T>();
+    if len > STACK {
+        return None;
+    }
+    // Zeroed first, as `encode_payload`'s bytes are, so that padding reads the same.
+    let mut bytes = [0u8; STACK];
+    value.write_field(&mut bytes[..len]);
+    Some(into.bytes(&bytes[..len]))
 }
 
 #[cfg(test)]
