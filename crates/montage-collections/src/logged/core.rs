@@ -89,8 +89,9 @@ pub(super) struct Page {
 /// lock word in the 16 bytes before the value it guards, and the shard starts a cache line
 /// ([`Shard`]), so a read finds the lock word and the value's first bytes (a `BTreeMap`'s
 /// root) on one line, as in a plain `RwLock<T>`. With two threads, that took
-/// `LoggedShards` of `BTreeMap`s from 0.66x to 0.73x of locked maps at 90% reads
-/// (`docs/PERFORMANCE.md`).
+/// `LoggedShards` of `BTreeMap`s from about 0.65x to 0.72x of locked maps at 90% reads
+/// (medians of four rounds, `docs/PERFORMANCE.md`), and a call touches three lines of its
+/// shard instead of four.
 #[repr(C)]
 pub(super) struct State<T> {
     pub(super) value: T,
