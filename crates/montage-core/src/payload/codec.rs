@@ -6,6 +6,10 @@
 use crate::alloc::block::BlockView;
 use crate::fingerprint::Fingerprint;
 
+/// The longest encoding handled in a buffer on the stack rather than an allocation (by the
+/// default [`Codec::decode_from`] and by [`fingerprint_payload`]).
+const STACK_BUFFER: usize = 256;
+
 /// A key or value that a structure can store in its payloads.
 ///
 /// `CODEC_ID` names the encoding: structures mix it into the type ids of their payloads, so
@@ -87,10 +91,9 @@ pub trait Codec: Sized + Send + Sync + 'static {
     ///
     /// What reading the bytes returns (a heap error).
     fn decode_from(encoded: Encoded<'_>) -> crate::error::Result<Option<Self>> {
-        const STACK: usize = 256;
         let len = encoded.len();
-        if len <= STACK {
-            let mut buf = [0u8; STACK];
+        if len <= STACK_BUFFER {
+            let mut buf = [0u8; STACK_BUFFER];
             let bytes = &mut buf[..len];
             encoded.read(bytes)?;
             Ok(Self::decode(bytes))
@@ -459,13 +462,12 @@ pub fn fingerprint_payload<T: crate::payload::PayloadField>(
     value: &T,
     into: Fingerprint,
 ) -> Option<Fingerprint> {
-    const STACK: usize = 256;
     let len = size_of::<T>();
-    if len > STACK {
+    if len > STACK_BUFFER {
         return None;
     }
     // Zeroed first, as `encode_payload`'s bytes are, so that padding reads the same.
-    let mut bytes = [0u8; STACK];
+    let mut bytes = [0u8; STACK_BUFFER];
     value.write_field(&mut bytes[..len]);
     Some(into.bytes(&bytes[..len]))
 }
