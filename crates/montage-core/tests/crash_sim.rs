@@ -381,6 +381,17 @@ fn a_heap_that_grows_keeps_every_persisted_payload_across_a_crash() {
     }
 }
 
+/// Seeds of the test above, on the journal, whose crash kept the heap file's entry of a
+/// large block carved across the end of a growth that was not durable (the kernel wrote the
+/// entry's page back before the journal made the growth durable): open refused such a heap
+/// as damaged until it learned to drop the block (`recovery::scan::read_span_table`).
+#[test]
+fn a_journal_heap_recovers_a_large_block_left_past_the_end_by_a_growth() {
+    for seed in [994, 1_099_511_628_099, 1_099_511_628_641] {
+        crash_once_on(&growing(SimMode::File), seed, None);
+    }
+}
+
 /// A crash at every persistence event of a growth (extending the file, clearing the new
 /// group tables, writing and persisting the span count) recovers a heap of the old size or
 /// of the new one, with everything that was durable.

@@ -390,6 +390,21 @@ impl Geometry {
         self.data_offset.saturating_sub(self.span_table) / 8
     }
 
+    /// The end of the spans whose table entries lie in tables the heap has: the first
+    /// table's capacity, or the end of the group of the heap's last span. The spans from
+    /// `span_count` up to it are not the heap's, but their entries are in its tables.
+    pub(crate) fn entries_end(&self) -> u64 {
+        let first = self.first_table_capacity();
+        match self.span_count.checked_sub(first.saturating_add(1)) {
+            None => first,
+            Some(past) => first.saturating_add(
+                (past / GROUP_SPANS)
+                    .saturating_add(1)
+                    .saturating_mul(GROUP_SPANS),
+            ),
+        }
+    }
+
     /// Whether span `index` holds the span table of its group, not blocks.
     #[inline]
     pub(crate) fn is_table_span(&self, index: u64) -> bool {

@@ -173,7 +173,7 @@ impl Heap {
         visit: impl Fn(&BlockView<'_>) -> Result<()> + Sync,
     ) -> Result<u64> {
         let geometry = self.shared().runtime.alloc.geometry();
-        let units = scan::read_span_table(&self.shared().runtime.media, &geometry)?;
+        let units = scan::read_span_table(&self.shared().runtime.media, &geometry, false)?.units;
         let progress = scan::Progress::new(&units, 1, None);
         let work = |unit: UnitVisit<'_>| -> Result<u64> {
             let mut seen = 0;

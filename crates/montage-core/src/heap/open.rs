@@ -419,7 +419,9 @@ fn recover(
     };
     match policy {
         Policy::Epochs => recovery::recover_epochs(media, geometry, options, stored, directory),
-        Policy::Custom(decide) => recovery::recover(media, geometry, options, decide),
+        Policy::Custom(decide) => {
+            recovery::recover(media, geometry, options, decide, !stored.word_leads)
+        }
     }
 }
 

@@ -147,7 +147,7 @@ impl Heap {
         let runtime = &self.shared().runtime;
         let media = &runtime.media;
         let geometry = runtime.alloc.geometry();
-        let units = scan::read_span_table(media, &geometry)?;
+        let units = scan::read_span_table(media, &geometry, false)?.units;
         let progress = scan::Progress::new(&units, 1, Some(&progress));
         let classes: Vec<Count> = (0..NUM_CLASSES).map(|_| Count::default()).collect();
         let large = Count::default();

@@ -164,6 +164,24 @@ impl CrashImage {
         self.bytes.to_vec()
     }
 
+    /// The image with the little-endian `value` stored at `offset` of the heap's bytes: for
+    /// a test that gives a crash image what the simulator's write-backs are unlikely to.
+    #[cfg(test)]
+    pub(crate) fn with_word(mut self, offset: u64, value: u64) -> CrashImage {
+        let written = usize::try_from(offset)
+            .is_ok_and(|offset| self.bytes.write(offset, &value.to_le_bytes()));
+        assert!(written, "offset {offset:#x} is outside the image");
+        self
+    }
+
+    /// The little-endian word at `offset` of the heap's bytes (0 past the image).
+    #[cfg(test)]
+    pub(crate) fn word_at(&self, offset: u64) -> u64 {
+        let mut word = [0u8; 8];
+        let _ = usize::try_from(offset).is_ok_and(|offset| self.bytes.read(offset, &mut word));
+        u64::from_le_bytes(word)
+    }
+
     /// Consumes the image into its bytes.
     pub fn into_bytes(self) -> Vec<u8> {
         self.bytes.to_vec()

@@ -282,10 +282,23 @@ pub(crate) fn recover_epochs(
     names: &[Option<String>],
 ) -> Result<Recovered> {
     let started = std::time::Instant::now();
-    let units = scan::read_span_table(media, geometry)?;
+    let table = scan::read_span_table(media, geometry, !stored.word_leads)?;
     // Two passes read every header: the winners, then what to keep.
-    let progress = scan::Progress::new(&units, 2, options.progress);
-    let winners = winners::choose(media, geometry, &units, options, &progress, stored)?;
+    let progress = scan::Progress::new(&table.units, 2, options.progress);
+    let winners = winners::choose(media, geometry, &table.units, options, &progress, stored)?;
+    // A large block whose entry runs past the end of the heap belongs to a growth that was
+    // not durable, so no version in it can be (INV-GROW-1): one the epoch rule would keep
+    // is damage, found before anything is written (INV-REC-4).
+    if let Some(&span) = table
+        .past_end
+        .iter()
+        .find(|&&span| winners.contains(PBlock(geometry.span_start(span))))
+    {
+        return Err(Error::Corrupted {
+            offset: geometry.span_entry_offset(span),
+            what: "large block runs past the end of the heap",
+        });
+    }
     let orphans = winners.owners() & !stored.owners;
     if orphans != 0 {
         let owner = u64::from(orphans.trailing_zeros());
@@ -341,7 +354,7 @@ pub(crate) fn recover_epochs(
     let mut recovered = recover_units(
         media,
         geometry,
-        &units,
+        &table,
         options,
         &progress,
         &decide,
@@ -384,14 +397,15 @@ pub(crate) fn recover(
     geometry: &Geometry,
     options: Options<'_>,
     decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
+    ahead: bool,
 ) -> Result<Recovered> {
     let started = std::time::Instant::now();
-    let units = scan::read_span_table(media, geometry)?;
-    let progress = scan::Progress::new(&units, 1, options.progress);
+    let table = scan::read_span_table(media, geometry, ahead)?;
+    let progress = scan::Progress::new(&table.units, 1, options.progress);
     let mut recovered = recover_units(
         media,
         geometry,
-        &units,
+        &table,
         options,
         &progress,
         decide,
@@ -417,14 +431,32 @@ enum FirstPass<'a> {
 fn recover_units(
     media: &Media,
     geometry: &Geometry,
-    units: &[Unit],
+    table: &scan::SpanTable,
     options: Options<'_>,
     progress: &scan::Progress<'_>,
     decide: &(dyn Fn(&BlockView<'_>) -> Verdict + Sync),
     first_pass: FirstPass<'_>,
 ) -> Result<Recovered> {
+    let units = &table.units;
+    if !table.beyond.is_empty() {
+        for &entry in &table.beyond {
+            media.store(entry, 0)?;
+            // PERSIST: entries a growth that was not durable left past the end of the heap
+            // are durably zero before open returns: a later growth hands those spans out as
+            // free (INV-GROW-1).
+            media.flush(entry, 8)?;
+        }
+        // PERSIST: completes this thread's flushes (the workers fence their own).
+        media.fence()?;
+    }
     let max_uid = AtomicU64::new(0);
     let work = |visit: UnitVisit<'_>| -> Result<UnitOutcome> {
+        // A large block of a growth that was not durable: nothing in it is kept (the epoch
+        // rule's winners were checked for it already; another policy's verdict is not asked).
+        let past_end = match visit.unit {
+            Unit::Large { span, .. } => table.past_end.binary_search(&span).is_ok(),
+            Unit::Class { .. } => false,
+        };
         let mut outcome = UnitOutcome {
             unit: visit.unit,
             kept: 0,
@@ -455,7 +487,10 @@ fn recover_units(
                 // ORDERING: a maximum read after the scope joins.
                 max_uid.fetch_max(v.info().spec.uid, Ordering::Relaxed);
             }
-            match view.as_ref().map(decide) {
+            match view
+                .as_ref()
+                .map(|v| if past_end { Verdict::Drop } else { decide(v) })
+            {
                 Some(Verdict::Keep) => {
                     // A kept version may carry the retired bit of an operation the crash
                     // undid: it is live again (INV-EP-3).
@@ -556,5 +591,111 @@ fn gather(
         max_uid,
         antis: Vec::new(),
         left,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::base::layout::{SPAN_SIZE, SpanEntry};
+    use crate::sim::SimMode;
+    use crate::{Error, Heap, HeapConfig};
+
+    /// What a growth that was not durable can leave in a journal heap's span table, once
+    /// the kernel has written the heap file's pages ahead of the journal: the entry of a
+    /// large block that begins below the end of the heap the crash kept and runs past it,
+    /// and the entry of a span carved past that end. Open takes the first for a block that
+    /// was never durable and the second for a span that is not the heap's, and zeroes both;
+    /// a heap whose stores are durable in order (persistent memory) refuses the same large
+    /// entry as damage, as before.
+    #[test]
+    fn a_growth_that_was_not_durable_leaves_nothing_in_the_span_table_of_a_journal_heap() {
+        for (mode, ahead) in [(SimMode::File, true), (SimMode::Prefix, false)] {
+            let config = HeapConfig::simulated(8 * SPAN_SIZE, mode).max_size(32 * SPAN_SIZE);
+            let heap = Heap::create(&config).unwrap();
+            let owner = heap.register("t").unwrap();
+            let block = heap.run_op(|op| op.alloc(owner, 1, b"durable")).unwrap();
+            heap.sync().unwrap();
+            let geometry = heap.shared().runtime.alloc.geometry();
+            let image = heap.simulator().unwrap().durable();
+            drop(heap);
+            let count = geometry.span_count;
+            // The last free span, as the image recovers (on the journal its entries may be
+            // in the journal's records, not yet in the heap's bytes).
+            let free = {
+                let heap = Heap::open_image(image.clone(), &config).unwrap();
+                let media = heap.media();
+                (0..count)
+                    .rev()
+                    .find(|&span| {
+                        !geometry.is_table_span(span)
+                            && media.load(geometry.span_entry_offset(span)).unwrap() == 0
+                    })
+                    .expect("a free span at the end of the heap")
+            };
+            let large = geometry.span_entry_offset(free);
+            let beyond = geometry.span_entry_offset(count);
+            assert!(
+                count < geometry.entries_end(),
+                "no entry past the end to test"
+            );
+            let id = geometry.creation_id;
+            let image = image
+                .with_word(
+                    large,
+                    SpanEntry::Large(u32::try_from(count + 2 - free).unwrap()).encode(free, id),
+                )
+                .with_word(beyond, SpanEntry::Class(0).encode(count, id));
+            let opened = Heap::open_image(image, &config);
+            if !ahead {
+                assert!(
+                    matches!(opened, Err(Error::Corrupted { offset, .. }) if offset == large),
+                    "{mode:?}: {opened:?}"
+                );
+                continue;
+            }
+            let heap = opened.unwrap();
+            let media = heap.media();
+            assert_eq!(media.load(large).unwrap(), 0, "the large block's entry");
+            assert_eq!(media.load(beyond).unwrap(), 0, "the entry past the end");
+            assert_eq!(heap.size(), geometry.len_with(count).unwrap());
+            assert_eq!(heap.run_op(|op| op.read(block)).unwrap(), b"durable");
+            // The spans are free: the heap fills them and grows into the rest.
+            let spans = heap.stats().free_spans;
+            assert!(spans >= 1, "{spans} free spans");
+        }
+    }
+
+    /// A large block the epoch rule keeps cannot be in a growth that was not durable: its
+    /// entry running past the end of the heap is damage, on the journal too, and open
+    /// refuses the heap before it writes anything.
+    #[test]
+    fn a_durable_large_block_whose_entry_runs_past_the_end_is_damage() {
+        let config = HeapConfig::simulated(8 * SPAN_SIZE, SimMode::File).max_size(32 * SPAN_SIZE);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("t").unwrap();
+        let payload = vec![7u8; usize::try_from(SPAN_SIZE).unwrap()];
+        let block = heap.run_op(|op| op.alloc(owner, 1, &payload)).unwrap();
+        let geometry = heap.shared().runtime.alloc.geometry();
+        let sim = heap.simulator().unwrap();
+        // A clean close writes everything into the heap's bytes (the journal's checkpoint).
+        heap.close().unwrap();
+        let image = sim.durable();
+        let span = (block.offset() - geometry.data_offset) / SPAN_SIZE;
+        let entry = geometry.span_entry_offset(span);
+        let extent = u32::try_from(geometry.span_count + 1 - span).unwrap();
+        assert!(
+            ((span + 2)..geometry.span_count)
+                .all(|s| image.word_at(geometry.span_entry_offset(s)) == 0),
+            "the spans after the block are free"
+        );
+        let image = image.with_word(
+            entry,
+            SpanEntry::Large(extent).encode(span, geometry.creation_id),
+        );
+        let opened = Heap::open_image(image, &config);
+        assert!(
+            matches!(opened, Err(Error::Corrupted { offset, .. }) if offset == entry),
+            "{opened:?}"
+        );
     }
 }

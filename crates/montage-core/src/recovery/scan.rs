@@ -30,10 +30,38 @@ impl Unit {
     }
 }
 
+/// The span table as recovery reads it: the units to scan, and what a crash left in it
+/// ahead of the durable heap on the journal (see [`read_span_table`]).
+#[derive(Debug, Default)]
+pub(crate) struct SpanTable {
+    /// The carved spans and large blocks, in span order.
+    pub(crate) units: Vec<Unit>,
+    /// The first spans of large blocks whose entries run past the end of the heap: entries
+    /// of a growth that was not durable, each scanned as a block of the spans the heap has.
+    /// Nothing in one can be durable; recovery drops it.
+    pub(crate) past_end: Vec<u64>,
+    /// The offsets of entries that are not zero, of spans past the end of the heap whose
+    /// entries lie in tables the heap has (the rest of the last group): stores of a growth
+    /// that was not durable. Recovery zeroes them: a later growth takes those spans as free.
+    pub(crate) beyond: Vec<u64>,
+}
+
 /// Reads and validates the span table. Fails with `Corrupted` on an entry that does not
 /// decode or a large block that runs past the end of the heap or over another span's entry.
-pub(crate) fn read_span_table(media: &Media, geometry: &Geometry) -> Result<Vec<Unit>> {
-    let mut units = Vec::new();
+///
+/// With `ahead` (the journal backend, where the heap file's pages may reach the disk before
+/// the records that make their stores durable), a crash may leave the entries of a growth
+/// that was not durable: the count the heap recovers is the old one (INV-GROW-1), but the
+/// kernel wrote back the entries of spans carved past it, and of a large block that began
+/// below the old end and runs past it. Those are not damage: a large block running past the
+/// end is scanned over the spans the heap has and listed in [`SpanTable::past_end`], and
+/// the entries past the end are listed in [`SpanTable::beyond`].
+pub(crate) fn read_span_table(
+    media: &Media,
+    geometry: &Geometry,
+    ahead: bool,
+) -> Result<SpanTable> {
+    let mut table = SpanTable::default();
     let mut span = 0;
     while span < geometry.span_count {
         if geometry.is_table_span(span) {
@@ -50,13 +78,17 @@ pub(crate) fn read_span_table(media: &Media, geometry: &Geometry) -> Result<Vec<
                 if usize::from(class) >= crate::alloc::size_class::NUM_CLASSES {
                     return Err(corrupted("span table entry names an unknown size class"));
                 }
-                units.push(Unit::Class { span, class });
+                table.units.push(Unit::Class { span, class });
                 span += 1;
             }
             Some(SpanEntry::Large(extent)) => {
-                let extent = u64::from(extent);
+                let mut extent = u64::from(extent);
                 if span + extent > geometry.span_count {
-                    return Err(corrupted("large block runs past the end of the heap"));
+                    if !ahead {
+                        return Err(corrupted("large block runs past the end of the heap"));
+                    }
+                    extent = geometry.span_count - span;
+                    table.past_end.push(span);
                 }
                 if (span + 1..span + extent).any(|inner| geometry.is_table_span(inner)) {
                     return Err(corrupted("large block runs over a span table"));
@@ -66,12 +98,20 @@ pub(crate) fn read_span_table(media: &Media, geometry: &Geometry) -> Result<Vec<
                         return Err(corrupted("large block overlaps a carved span"));
                     }
                 }
-                units.push(Unit::Large { span, extent });
+                table.units.push(Unit::Large { span, extent });
                 span += extent;
             }
         }
     }
-    Ok(units)
+    if ahead {
+        for span in geometry.span_count..geometry.entries_end() {
+            let offset = geometry.span_entry_offset(span);
+            if !geometry.is_table_span(span) && media.load(offset)? != 0 {
+                table.beyond.push(offset);
+            }
+        }
+    }
+    Ok(table)
 }
 
 /// What one scan worker reports for one unit.
