@@ -487,7 +487,7 @@ impl Allocator {
     }
 
     /// Allocates a block holding `payload` and writes all of it, its meta word last (as
-    /// [`alloc_filled`](Self::alloc_filled) does, from wherever [`alloc`](Self::alloc) finds
+    /// [`fill_cached`](Self::fill_cached) does, from wherever [`alloc`](Self::alloc) finds
     /// the block): the header becomes valid only over the whole payload, which readers
     /// outside operations rely on (INV-READ-1).
     pub(crate) fn alloc_whole(
@@ -555,16 +555,18 @@ impl Allocator {
         )
     }
 
-    /// Allocates a block holding `payload` from the caller's cache and writes all of it at
-    /// once: the header, the payload and its checksum in the trailer (as [`alloc`](Self::alloc)
-    /// and then [`write_payload`](Self::write_payload) would, with one check of the backend
-    /// and of the bounds). `None`, with nothing done, when the cache holds no block for it
-    /// (or the payload needs a large block): the caller takes the long way then.
+    /// Allocates a block holding `payload` from `cache`, the caller's thread cache, and
+    /// writes all of it at once: the header, the payload and its checksum in the trailer (as
+    /// [`alloc`](Self::alloc) and then [`write_payload`](Self::write_payload) would, with one
+    /// check of the backend and of the bounds). `None`, with nothing done, when the cache
+    /// holds no block for it (or the payload needs a large block): the caller takes the long
+    /// way then. The caller holds the cache already, so that an operation takes its slot's
+    /// cache and its log of the epoch in one step.
     #[inline]
-    pub(crate) fn alloc_filled(
+    pub(crate) fn fill_cached(
         &self,
         media: &Media,
-        caches: &impl Caches,
+        cache: &mut ThreadCache,
         spec: BlockSpec,
         payload: &[u8],
     ) -> Result<Option<PBlock>> {
@@ -575,7 +577,7 @@ impl Allocator {
         else {
             return Ok(None);
         };
-        let Some(offset) = caches.mine(|cache| Self::pop_cached(media, cache, class)) else {
+        let Some(offset) = Self::pop_cached(media, cache, class) else {
             return Ok(None);
         };
         // A small class holds far less than 4 GiB.

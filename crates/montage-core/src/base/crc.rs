@@ -4,13 +4,16 @@
 //! splits its input and dispatches to interleaved loops, which pays off only on longer
 //! inputs; those still go to it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// Inputs at least this long go to the crate, whose three-way interleaving beats one chain
 /// of dependent instructions there.
 pub(crate) const INLINE_MAX: usize = 256;
 
 /// The crc32c of `crc`'s input followed by the little-endian bytes of `words` (as
 /// `crc32c::crc32c_append(crc, bytes of words)`).
-#[inline]
+#[allow(clippy::inline_always)]
+#[inline(always)]
 pub(crate) fn append_words<const N: usize>(crc: u32, words: &[u64; N]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("sse4.2") {
@@ -49,27 +52,31 @@ pub(crate) fn words_then_bytes<const N: usize>(words: &[u64; N], bytes: &[u8]) -
 }
 
 /// [`words_then_bytes`] for a caller that copies `bytes` as it checksums them: each whole
-/// 8-byte word of `bytes` goes to `word`, then each byte after the last whole word to
-/// `byte`, with its index in `bytes`, in one pass over them (a short payload is loaded once,
-/// for its checksum and its store). One chain of dependent instructions: for inputs under
-/// [`INLINE_MAX`], where the caller chooses it.
+/// 8-byte word of `bytes` is stored (Relaxed, in native byte order, so that the destination
+/// holds the same bytes) into the next word of `dest`, then each byte after the last whole
+/// word goes to `byte`, with its index in `bytes`, in one pass over them (a short payload
+/// is loaded once, for its checksum and its store). One chain of dependent instructions: for
+/// inputs under [`INLINE_MAX`], where the caller chooses it. `dest` holds at least
+/// `bytes.len() / 8` words; words past those are not touched.
 #[inline]
-pub(crate) fn words_then_bytes_visiting<const N: usize>(
+pub(crate) fn words_then_bytes_copying<const N: usize>(
     words: &[u64; N],
     bytes: &[u8],
-    mut word: impl FnMut(usize, [u8; 8]),
+    dest: &[AtomicU64],
     mut byte: impl FnMut(usize, u8),
 ) -> u32 {
+    debug_assert!(dest.len() >= bytes.len() / 8);
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("sse4.2") {
         // SAFETY: as in `append_words`.
         let crc = unsafe { hw::words(u64::from(!0u32), words) };
         // SAFETY: as in `append_words`.
-        return !(unsafe { hw::bytes_visiting(crc, bytes, word, byte) } as u32);
+        return !(unsafe { hw::bytes_copying(crc, bytes, dest, byte) } as u32);
     }
     let (chunks, rest) = bytes.as_chunks::<8>();
-    for (i, chunk) in chunks.iter().enumerate() {
-        word(i * 8, *chunk);
+    for (chunk, to) in chunks.iter().zip(dest) {
+        // ORDERING: Relaxed; the caller publishes the copy with a later Release store.
+        to.store(u64::from_ne_bytes(*chunk), Ordering::Relaxed);
     }
     let rest_at = chunks.len() * 8;
     for (j, &b) in rest.iter().enumerate() {
@@ -81,6 +88,7 @@ pub(crate) fn words_then_bytes_visiting<const N: usize>(
 #[cfg(target_arch = "x86_64")]
 mod hw {
     use std::arch::x86_64::{_mm_crc32_u8, _mm_crc32_u64};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     /// The raw crc32c register after `words` (no pre- or post-inversion); a loop the
     /// compiler unrolls, the count being a constant.
@@ -105,19 +113,20 @@ mod hw {
         crc
     }
 
-    /// [`bytes`], handing each word and each last byte to `word` and `byte` as it goes
-    /// (see `words_then_bytes_visiting`).
+    /// [`bytes`], storing each whole word into the next of `dest` and handing each last
+    /// byte to `byte` as it goes (see `words_then_bytes_copying`).
     #[target_feature(enable = "sse4.2")]
-    pub(super) fn bytes_visiting(
+    pub(super) fn bytes_copying(
         mut crc: u64,
         bytes: &[u8],
-        mut word: impl FnMut(usize, [u8; 8]),
+        dest: &[AtomicU64],
         mut byte: impl FnMut(usize, u8),
     ) -> u64 {
         let (chunks, rest) = bytes.as_chunks::<8>();
-        for (i, chunk) in chunks.iter().enumerate() {
+        for (chunk, to) in chunks.iter().zip(dest) {
             crc = _mm_crc32_u64(crc, u64::from_le_bytes(*chunk));
-            word(i * 8, *chunk);
+            // ORDERING: Relaxed, as in `words_then_bytes_copying`.
+            to.store(u64::from_ne_bytes(*chunk), Ordering::Relaxed);
         }
         let rest_at = chunks.len() * 8;
         for (j, &b) in rest.iter().enumerate() {
@@ -163,21 +172,22 @@ mod tests {
 
     proptest! {
         #[test]
-        fn visiting_checksums_as_words_then_bytes_and_sees_every_byte_once(words in any::<[u64; 2]>(), bytes in prop::collection::vec(any::<u8>(), 0..300)) {
-            let seen = std::cell::RefCell::new(vec![None; bytes.len()]);
-            let crc = words_then_bytes_visiting(
-                &words,
-                &bytes,
-                |i, word| {
-                    for (k, b) in word.into_iter().enumerate() {
-                        assert!(seen.borrow_mut()[i + k].replace(b).is_none());
-                    }
-                },
-                |j, b| assert!(seen.borrow_mut()[j].replace(b).is_none()),
-            );
+        fn copying_checksums_as_words_then_bytes_and_copies_every_byte_once(words in any::<[u64; 2]>(), bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            // One word more than the whole words of `bytes`: it must stay untouched.
+            let dest: Vec<AtomicU64> = (0..=bytes.len() / 8).map(|_| AtomicU64::new(!0)).collect();
+            let tail = std::cell::RefCell::new(vec![None; bytes.len() % 8]);
+            let whole = bytes.len() / 8 * 8;
+            let crc = words_then_bytes_copying(&words, &bytes, &dest, |j, b| {
+                assert!(tail.borrow_mut()[j - whole].replace(b).is_none());
+            });
             prop_assert_eq!(crc, words_then_bytes(&words, &bytes));
-            let seen: Vec<u8> = seen.into_inner().into_iter().map(Option::unwrap).collect();
+            let mut seen: Vec<u8> = dest[..bytes.len() / 8]
+                .iter()
+                .flat_map(|w| w.load(Ordering::Relaxed).to_ne_bytes())
+                .collect();
+            seen.extend(tail.into_inner().into_iter().map(Option::unwrap));
             prop_assert_eq!(seen, bytes);
+            prop_assert_eq!(dest[dest.len() - 1].load(Ordering::Relaxed), !0);
         }
     }
 

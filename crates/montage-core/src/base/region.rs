@@ -221,6 +221,27 @@ impl Region {
         unsafe { AtomicU64::from_ptr(ptr) }
     }
 
+    /// The `count` words from the already-checked, 8-aligned index `at`, as a slice: for a
+    /// run of stores, whose pointer stays in a register (a store through an atomic may, as
+    /// far as the compiler knows, change the region, so `word_at` loads the base again after
+    /// each one).
+    fn words_at(&self, at: usize, count: usize) -> &[AtomicU64] {
+        debug_assert!(
+            at.is_multiple_of(8)
+                && count
+                    .checked_mul(8)
+                    .and_then(|len| at.checked_add(len))
+                    .is_some_and(|end| end <= self.len())
+        );
+        // INV-MEM-1: the base is page-aligned, so an 8-aligned index is an 8-aligned address.
+        #[allow(clippy::cast_ptr_alignment)]
+        let ptr = self.base.as_ptr().wrapping_add(at).cast::<AtomicU64>();
+        // SAFETY: as in `word_at`, for `count` words: callers pass an 8-aligned index whose
+        // `8 * count` bytes lie inside a range checked by `check`, in the live mapping that
+        // `self` owns; every access to heap memory is atomic (INV-MEM-2).
+        unsafe { std::slice::from_raw_parts(ptr, count) }
+    }
+
     /// The 4-byte word at the already-checked, 4-aligned index `at`.
     fn u32_at(&self, at: usize) -> &AtomicU32 {
         debug_assert!(
@@ -343,6 +364,8 @@ impl Region {
     /// The words are stored as given (the caller chose their byte order). The trailer is the
     /// crc32c of the little-endian `sum_words` followed by the payload, little-endian; a
     /// short payload is checksummed as it is copied, in one pass over it.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(crate) fn write_block(
         &self,
         offset: u64,
@@ -360,14 +383,10 @@ impl Region {
         let sum = if payload.len() < crc::INLINE_MAX {
             // `payload_at` is 8-aligned (a block start and the header's length both are), so
             // every whole word of the payload is an aligned word of the heap.
-            crc::words_then_bytes_visiting(
+            crc::words_then_bytes_copying(
                 sum_words,
                 payload,
-                |i, word| {
-                    // ORDERING: Relaxed, as every store of `copy_in`.
-                    self.word_at(payload_at.wrapping_add(i))
-                        .store(u64::from_ne_bytes(word), Ordering::Relaxed);
-                },
+                self.words_at(payload_at, payload.len() / 8),
                 |j, byte| {
                     // ORDERING: as above.
                     self.byte(payload_at.wrapping_add(j))

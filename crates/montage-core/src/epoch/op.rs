@@ -334,15 +334,55 @@ impl<'h> OpGuard<'h> {
         self.alloc_spec(spec, bytes)
     }
 
+    /// Allocates a block of `spec` holding `bytes`: most allocations take a block from the
+    /// thread's cache, written whole at once, and log its write-back in the slot's log of the
+    /// epoch, the cache and the log taken from the slot in one step (see `log_persist`);
+    /// the rest take [`alloc_spec_cold`](Self::alloc_spec_cold), out of line, so that the
+    /// common path keeps its registers.
+    #[inline]
     fn alloc_spec(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
+        if shared.write_back == WriteBack::MeasureEachOp {
+            return self.alloc_spec_cold(spec, bytes);
+        }
         let len = bytes.len() as u64;
-        // Most allocations: a block from the thread's cache, written whole at once.
-        if let Some(block) =
+        let cached = self
+            .announcement
+            .borrow_mut()
+            .state_and_log(|state, bucket| {
+                let block =
+                    shared
+                        .alloc
+                        .fill_cached(&shared.media, &mut state.cache, spec, bytes)?;
+                if let Some(block) = block {
+                    bucket
+                        .persist
+                        .push((block.offset(), HEADER_LEN + len + TRAILER_LEN));
+                }
+                Ok::<_, Error>(block)
+            })?;
+        match cached {
+            Some(block) => {
+                self.keep(&self.first_alloc, block, |log| &mut log.allocated);
+                Ok(block)
+            }
+            None => self.alloc_spec_cold(spec, bytes),
+        }
+    }
+
+    /// [`alloc_spec`](Self::alloc_spec) where it does not take the common path: each
+    /// operation flushes its own writes ([`WriteBack::MeasureEachOp`]), or the thread's cache
+    /// holds no block for the payload (it is empty, or the payload needs a large block).
+    #[cold]
+    #[inline(never)]
+    fn alloc_spec_cold(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
+        let shared = self.runtime;
+        let len = bytes.len() as u64;
+        if let Some(block) = self.announcement.borrow_mut().state(|state| {
             shared
                 .alloc
-                .alloc_filled(&shared.media, &self.announcement, spec, bytes)?
-        {
+                .fill_cached(&shared.media, &mut state.cache, spec, bytes)
+        })? {
             self.log_new(block, len);
             return Ok(block);
         }
@@ -1054,6 +1094,24 @@ impl<'h> OpGuard<'h> {
         }
         let taken = self.log.borrow_mut().take();
         let victim = self.first_victim.take();
+        if taken.is_some() || victim.is_some() {
+            self.hand_over_taken(taken, victim);
+        }
+        let instance = self.runtime.epochs.instance();
+        if !self.announcement.borrow().owned() {
+            end_shared(instance);
+        }
+        if committed {
+            LAST_COMMIT.set((instance, self.epoch));
+        }
+    }
+
+    /// What `finish` does with the operation's log (`taken`, if it took one) and the first
+    /// version it superseded or deleted (`victim`), if either: hands them to the advancer.
+    /// Out of line: most operations have neither (an allocation's log entry is in the slot's
+    /// log already), and their end should not pay for this path's registers.
+    #[inline(never)]
+    fn hand_over_taken(&self, taken: Option<Box<OpLog>>, victim: Option<PBlock>) {
         if let Some(mut log) = taken {
             log.victims.extend(victim);
             self.hand_over(&mut log);
@@ -1067,13 +1125,6 @@ impl<'h> OpGuard<'h> {
             self.announcement
                 .borrow_mut()
                 .log(|bucket| bucket.victims.push(victim));
-        }
-        let instance = self.runtime.epochs.instance();
-        if !self.announcement.borrow().owned() {
-            end_shared(instance);
-        }
-        if committed {
-            LAST_COMMIT.set((instance, self.epoch));
         }
     }
 

@@ -672,6 +672,34 @@ impl<'s, S, L> Announcement<'s, S, L> {
         }
     }
 
+    /// Runs `f` on the slot's state and on its log of the operation's epoch at once, and
+    /// marks the log as holding something (as [`log`](Self::log) does): for an allocation
+    /// that takes a block from the state's cache and logs its write-back in one step.
+    #[inline]
+    pub(crate) fn state_and_log<R>(&mut self, f: impl FnOnce(&mut S, &mut L) -> R) -> R {
+        let index = self.epoch.slot4();
+        let filled = &self.counters.filled[index];
+        // ORDERING: as in `log`.
+        if !filled.load(Ordering::Relaxed) {
+            filled.store(true, Ordering::Relaxed);
+        }
+        match self.cells {
+            Cells::Own(cells) => cells.state.with_mut(|state| {
+                cells.logs[index].with_mut(|log| {
+                    // SAFETY: INV-SLOT-1, as in `state`; the log is another cell.
+                    let state = unsafe { &mut *state };
+                    // SAFETY: INV-SLOT-1, as in `log`; `&mut self` makes this and the state
+                    // above the only borrows of the two cells.
+                    let log = unsafe { &mut *log };
+                    f(state, log)
+                })
+            }),
+            // The state's lock, then the logs': no party takes the state's while it holds
+            // the logs' (the advancer takes only the logs', a thief only the state's).
+            Cells::Shared(cells) => f(&mut lock(&cells.state), &mut lock(&cells.logs)[index]),
+        }
+    }
+
     /// The id of the thread the operation runs in (`None` in thread teardown), held: no
     /// other thread has it while the announcement lives.
     pub(crate) fn thread_id(&self) -> Option<usize> {
@@ -920,6 +948,44 @@ mod loom_tests {
             };
             let stolen = slots.try_steal(0, |state| *state += 10);
             owner.join().unwrap();
+            let mut ann = slots.announce(Held::for_loom(0)).unwrap();
+            let total = ann.state(|state| *state);
+            assert_eq!(total, 1 + if stolen.is_some() { 10 } else { 0 });
+        });
+    }
+
+    /// An owner takes its slot's state and its log at once (`state_and_log`, as an
+    /// allocation does) while a thief tries to take the state and the advancer publishes and
+    /// drains the owner's epoch: loom's cells report any overlap of either cell, the state's
+    /// changes are never lost, and the log's entry is taken once, when the epoch drained.
+    #[test]
+    fn state_and_log_at_once_race_with_neither_the_thief_nor_the_advancer() {
+        loom::model(|| {
+            let (slots, mut publisher) = slots(1, 1);
+            let owner = {
+                let slots = slots.clone();
+                loom::thread::spawn(move || {
+                    let mut ann = slots.announce(Held::for_loom(0)).unwrap();
+                    ann.state_and_log(|state, log| {
+                        *state += 1;
+                        *log += 1;
+                    });
+                    ann.epoch().get()
+                })
+            };
+            let stolen = slots.try_steal(0, |state| *state += 10);
+            slots.publish(&mut publisher, Epoch::new(2));
+            let mut taken = 0;
+            slots.drain_logs(&mut publisher, Epoch::new(1), |log| {
+                taken += std::mem::take(log);
+                false
+            });
+            let epoch = owner.join().unwrap();
+            assert_eq!(
+                taken,
+                u64::from(epoch == 1),
+                "the owner ran in epoch {epoch}"
+            );
             let mut ann = slots.announce(Held::for_loom(0)).unwrap();
             let total = ann.state(|state| *state);
             assert_eq!(total, 1 + if stolen.is_some() { 10 } else { 0 });
