@@ -32,6 +32,35 @@ fn each_op_write_back_makes_an_operation_durable_as_it_ends() {
     assert_eq!(durable_payload(&heap, block, bytes.len()), bytes);
 }
 
+/// Every operation of a run, not only the first (which finds the thread's cache empty and
+/// takes the long way), is durable when it ends, with no advance.
+#[test]
+fn each_op_write_back_makes_every_operation_durable_as_it_ends() {
+    let config =
+        HeapConfig::simulated(1 << 20, SimMode::Prefix).write_back(WriteBack::MeasureEachOp);
+    let heap = Heap::create(&config).unwrap();
+    let owner = heap.register("write-back").unwrap();
+    for round in 0..100u32 {
+        let bytes: Vec<u8> = (0..64u32).map(|i| (i * 7 + round) as u8).collect();
+        let guard = heap.begin_op().unwrap();
+        // Two blocks: the second is logged in the operation's own log.
+        let first = guard.alloc(owner, 42, &bytes).unwrap();
+        let second = guard.alloc(owner, 42, &bytes[..32]).unwrap();
+        drop(guard);
+        assert_eq!(
+            durable_payload(&heap, first, bytes.len()),
+            bytes,
+            "round {round}"
+        );
+        assert_eq!(
+            durable_payload(&heap, second, 32),
+            bytes[..32],
+            "round {round}"
+        );
+    }
+    assert_eq!(heap.advances(), 0);
+}
+
 #[test]
 fn epoch_write_back_leaves_an_operation_to_the_advance() {
     let (heap, block, bytes) = one_op(WriteBack::Epoch);

@@ -378,11 +378,14 @@ impl<'h> OpGuard<'h> {
     fn alloc_spec_cold(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
         let len = bytes.len() as u64;
-        if let Some(block) = self.announcement.borrow_mut().state(|state| {
+        // The slot is let go at the end of this statement: `log_new` may take it again (for
+        // a spare log).
+        let cached = self.announcement.borrow_mut().state(|state| {
             shared
                 .alloc
                 .fill_cached(&shared.media, &mut state.cache, spec, bytes)
-        })? {
+        })?;
+        if let Some(block) = cached {
             self.log_new(block, len);
             return Ok(block);
         }
