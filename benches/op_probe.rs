@@ -46,11 +46,10 @@ fn be_op(heap: &Heap) {
 /// The median of `times`, in nanoseconds per call.
 fn median(mut times: Vec<u128>) -> f64 {
     times.sort_unstable();
-    let batch = times[times.len() / 2];
     // A batch takes far less than 2^52 ns.
     #[allow(clippy::cast_precision_loss)]
-    let per_call = batch as f64 / f64::from(BATCH);
-    per_call
+    let batch = times[times.len() / 2] as f64;
+    batch / f64::from(BATCH)
 }
 
 /// Runs `warm + batches` batches of `BATCH` calls of `make`, handing each batch's results to

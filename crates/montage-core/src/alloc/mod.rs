@@ -951,8 +951,9 @@ impl Allocator {
 
     /// Zeroes the words at `offsets` that are not zero yet and makes that durable before it
     /// returns: a new carving's block starts (INV-SPAN-1), released spans' entries
-    /// (INV-SPAN-2), new group tables (INV-GROW-1).
-    fn clear_words(media: &Media, offsets: impl Iterator<Item = u64>) -> Result<()> {
+    /// (INV-SPAN-2), new group tables and, at open, the entries a growth that was not durable
+    /// left past the end of a journal heap (INV-GROW-1).
+    pub(crate) fn clear_words(media: &Media, offsets: impl Iterator<Item = u64>) -> Result<()> {
         let mut dirty = false;
         for offset in offsets {
             dirty |= clear_meta(media, offset)?;

@@ -180,16 +180,7 @@ impl Region {
     #[inline]
     pub(crate) fn words(&self, offset: u64, count: usize) -> Result<&[AtomicU64]> {
         let at = self.check_words(offset, (count as u64).saturating_mul(8))?;
-        // INV-MEM-1: the base is page-aligned, so an 8-aligned index is an 8-aligned address.
-        #[allow(clippy::cast_ptr_alignment)]
-        let ptr = self.base.as_ptr().wrapping_add(at).cast::<AtomicU64>();
-        // SAFETY:
-        // - `[at, at + 8 * count)` lies inside the live mapping (`check` above), which `self`
-        //   owns and so outlives the returned slice;
-        // - `ptr` is 8-aligned (checked above, INV-MEM-1), the alignment of `AtomicU64`;
-        // - every access to heap memory is atomic (INV-MEM-2), so the slice's atomics race
-        //   with no non-atomic access.
-        Ok(unsafe { std::slice::from_raw_parts(ptr, count) })
+        Ok(self.words_at(at, count))
     }
 
     /// The byte at the already-checked index `at`.
@@ -221,10 +212,10 @@ impl Region {
         unsafe { AtomicU64::from_ptr(ptr) }
     }
 
-    /// The `count` words from the already-checked, 8-aligned index `at`, as a slice: for a
-    /// run of stores, whose pointer stays in a register (a store through an atomic may, as
-    /// far as the compiler knows, change the region, so `word_at` loads the base again after
-    /// each one).
+    /// The `count` words from the already-checked, 8-aligned index `at`, as a slice (what
+    /// [`words`](Self::words) returns once it has checked them): also for a run of stores,
+    /// whose pointer stays in a register (a store through an atomic may, as far as the
+    /// compiler knows, change the region, so `word_at` loads the base again after each one).
     fn words_at(&self, at: usize, count: usize) -> &[AtomicU64] {
         debug_assert!(
             at.is_multiple_of(8)
@@ -236,9 +227,13 @@ impl Region {
         // INV-MEM-1: the base is page-aligned, so an 8-aligned index is an 8-aligned address.
         #[allow(clippy::cast_ptr_alignment)]
         let ptr = self.base.as_ptr().wrapping_add(at).cast::<AtomicU64>();
-        // SAFETY: as in `word_at`, for `count` words: callers pass an 8-aligned index whose
-        // `8 * count` bytes lie inside a range checked by `check`, in the live mapping that
-        // `self` owns; every access to heap memory is atomic (INV-MEM-2).
+        // SAFETY:
+        // - callers pass an 8-aligned index whose `8 * count` bytes lie inside a range
+        //   checked by `check`, in the live mapping, which `self` owns and so outlives the
+        //   returned slice;
+        // - `ptr` is 8-aligned (INV-MEM-1), the alignment of `AtomicU64`;
+        // - every access to heap memory is atomic (INV-MEM-2), so the slice's atomics race
+        //   with no non-atomic access.
         unsafe { std::slice::from_raw_parts(ptr, count) }
     }
 

@@ -337,15 +337,14 @@ impl<'h> OpGuard<'h> {
     /// Allocates a block of `spec` holding `bytes`: most allocations take a block from the
     /// thread's cache, written whole at once, and log its write-back in the slot's log of the
     /// epoch, the cache and the log taken from the slot in one step (see `log_persist`);
-    /// the rest take [`alloc_spec_cold`](Self::alloc_spec_cold), out of line, so that the
+    /// the rest go out of line ([`alloc_spec_cold`](Self::alloc_spec_cold)), so that the
     /// common path keeps its registers.
     #[inline]
     fn alloc_spec(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
         if shared.write_back == WriteBack::MeasureEachOp {
-            return self.alloc_spec_cold(spec, bytes);
+            return self.alloc_spec_cold(spec, bytes, true);
         }
-        let len = bytes.len() as u64;
         let cached = self
             .announcement
             .borrow_mut()
@@ -355,9 +354,7 @@ impl<'h> OpGuard<'h> {
                         .alloc
                         .fill_cached(&shared.media, &mut state.cache, spec, bytes)?;
                 if let Some(block) = block {
-                    bucket
-                        .persist
-                        .push((block.offset(), HEADER_LEN + len + TRAILER_LEN));
+                    bucket.persist.push(new_range(block, bytes.len() as u64));
                 }
                 Ok::<_, Error>(block)
             })?;
@@ -366,34 +363,36 @@ impl<'h> OpGuard<'h> {
                 self.keep(&self.first_alloc, block, |log| &mut log.allocated);
                 Ok(block)
             }
-            None => self.alloc_spec_cold(spec, bytes),
+            None => self.alloc_spec_cold(spec, bytes, false),
         }
     }
 
     /// [`alloc_spec`](Self::alloc_spec) where it does not take the common path: each
-    /// operation flushes its own writes ([`WriteBack::MeasureEachOp`]), or the thread's cache
-    /// holds no block for the payload (it is empty, or the payload needs a large block).
+    /// operation flushes its own writes ([`WriteBack::MeasureEachOp`]; `try_cache`, as the
+    /// thread's cache has not been asked yet), or the cache holds no block for the payload
+    /// (it is empty, or the payload needs a large block).
     #[cold]
     #[inline(never)]
-    fn alloc_spec_cold(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
+    fn alloc_spec_cold(&self, spec: BlockSpec, bytes: &[u8], try_cache: bool) -> Result<PBlock> {
         let shared = self.runtime;
-        let len = bytes.len() as u64;
-        // The slot is let go at the end of this statement: `log_new` may take it again (for
-        // a spare log).
-        let cached = self.announcement.borrow_mut().state(|state| {
-            shared
-                .alloc
-                .fill_cached(&shared.media, &mut state.cache, spec, bytes)
-        })?;
-        if let Some(block) = cached {
-            self.log_new(block, len);
-            return Ok(block);
+        if try_cache {
+            // The slot is let go at the end of this statement: `log_new` may take it again
+            // (for a spare log).
+            let cached = self.announcement.borrow_mut().state(|state| {
+                shared
+                    .alloc
+                    .fill_cached(&shared.media, &mut state.cache, spec, bytes)
+            })?;
+            if let Some(block) = cached {
+                self.log_new(block, bytes.len() as u64);
+                return Ok(block);
+            }
         }
         // Otherwise written whole as well, the meta word last (INV-READ-1).
         let block = shared
             .alloc
             .alloc_whole(&shared.media, &self.announcement, spec, bytes)?;
-        self.log_new(block, len);
+        self.log_new(block, bytes.len() as u64);
         Ok(block)
     }
 
@@ -820,7 +819,8 @@ impl<'h> OpGuard<'h> {
     /// operation aborts, written back with its epoch.
     fn log_new(&self, block: PBlock, len: u64) {
         self.keep(&self.first_alloc, block, |log| &mut log.allocated);
-        self.log_persist(block.offset(), HEADER_LEN + len + TRAILER_LEN);
+        let (offset, len) = new_range(block, len);
+        self.log_persist(offset, len);
     }
 
     /// Records that this operation wrote the `len` bytes at `offset`, to be written back
@@ -1213,6 +1213,13 @@ fn end_shared(instance: u64) {
             .shared_active
             .retain(|&id| id != instance);
     });
+}
+
+/// What a new block holding `len` payload bytes has written, to be written back: its
+/// header, the payload and the trailer.
+#[inline]
+fn new_range(block: PBlock, len: u64) -> (u64, u64) {
+    (block.offset(), HEADER_LEN + len + TRAILER_LEN)
 }
 
 /// A fresh uid from the calling thread's reserved range, reserving a new range when it runs

@@ -647,10 +647,10 @@ impl<'s, S, L> Announcement<'s, S, L> {
         }
     }
 
-    /// Runs `f` on the slot's log of the operation's epoch, and marks the log as holding
-    /// something (call it only to add to it).
+    /// Marks the slot's log of the operation's epoch as holding something, for a caller
+    /// about to add to it; returns the log's index.
     #[inline]
-    pub(crate) fn log<R>(&mut self, f: impl FnOnce(&mut L) -> R) -> R {
+    fn fill_log(&self) -> usize {
         let index = self.epoch.slot4();
         let filled = &self.counters.filled[index];
         // ORDERING: Relaxed, as only one party writes the flag at a time (the writers of
@@ -659,6 +659,14 @@ impl<'s, S, L> Announcement<'s, S, L> {
         if !filled.load(Ordering::Relaxed) {
             filled.store(true, Ordering::Relaxed);
         }
+        index
+    }
+
+    /// Runs `f` on the slot's log of the operation's epoch, and marks the log as holding
+    /// something (call it only to add to it).
+    #[inline]
+    pub(crate) fn log<R>(&mut self, f: impl FnOnce(&mut L) -> R) -> R {
+        let index = self.fill_log();
         match self.cells {
             Cells::Own(cells) => cells.logs[index].with_mut(|log| {
                 // SAFETY: INV-SLOT-1: the operation is announced in `self.epoch`, so the
@@ -677,12 +685,7 @@ impl<'s, S, L> Announcement<'s, S, L> {
     /// that takes a block from the state's cache and logs its write-back in one step.
     #[inline]
     pub(crate) fn state_and_log<R>(&mut self, f: impl FnOnce(&mut S, &mut L) -> R) -> R {
-        let index = self.epoch.slot4();
-        let filled = &self.counters.filled[index];
-        // ORDERING: as in `log`.
-        if !filled.load(Ordering::Relaxed) {
-            filled.store(true, Ordering::Relaxed);
-        }
+        let index = self.fill_log();
         match self.cells {
             Cells::Own(cells) => cells.state.with_mut(|state| {
                 cells.logs[index].with_mut(|log| {

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::alloc::block::{BlockInfo, BlockKind, BlockView, PBlock};
-use crate::alloc::{FreeState, clear_meta};
+use crate::alloc::{Allocator, FreeState, clear_meta};
 use crate::base::epoch::Epoch;
 use crate::base::layout::{
     DIRECTORY, DIRECTORY_CAPACITY, EPOCH_OFFSET, Geometry, META_RETIRED, UID_LIMIT,
@@ -438,17 +438,9 @@ fn recover_units(
     first_pass: FirstPass<'_>,
 ) -> Result<Recovered> {
     let units = &table.units;
-    if !table.beyond.is_empty() {
-        for &entry in &table.beyond {
-            media.store(entry, 0)?;
-            // PERSIST: entries a growth that was not durable left past the end of the heap
-            // are durably zero before open returns: a later growth hands those spans out as
-            // free (INV-GROW-1).
-            media.flush(entry, 8)?;
-        }
-        // PERSIST: completes this thread's flushes (the workers fence their own).
-        media.fence()?;
-    }
+    // Entries a growth that was not durable left past the end of the heap are durably zero
+    // before open returns: a later growth hands those spans out as free (INV-GROW-1).
+    Allocator::clear_words(media, table.beyond.iter().copied())?;
     let max_uid = AtomicU64::new(0);
     let work = |visit: UnitVisit<'_>| -> Result<UnitOutcome> {
         // A large block of a growth that was not durable: nothing in it is kept (the epoch
