@@ -328,18 +328,6 @@ impl Allocator {
         }
     }
 
-    /// Blocks of [`ANTI_CLASS`] whose invalidation is durable go to the delete reserve
-    /// until it is full; returns what is left of them.
-    fn top_up_reserve(&self, mut blocks: Vec<u64>) -> Vec<u64> {
-        if blocks.is_empty() || !self.has_reserve() {
-            return blocks;
-        }
-        let mut reserve = lock(&self.reserve);
-        let wanted = RESERVE_BLOCKS.saturating_sub(reserve.len());
-        reserve.extend(take_last(&mut blocks, wanted));
-        blocks
-    }
-
     /// Whether this heap is big enough for a delete reserve.
     fn has_reserve(&self) -> bool {
         // ORDERING: grows only; a heap that has just grown big enough may miss one refill.
@@ -740,51 +728,84 @@ impl Allocator {
     /// and gives them to the shared pools (not to the calling thread's cache: the caller is
     /// usually the epoch advancer, which does not allocate).
     pub(crate) fn release(&self, media: &Media, blocks: &[PBlock]) -> Result<()> {
-        let pending = self.invalidate(media, blocks)?;
+        let mut pending = Vec::with_capacity(blocks.len());
+        self.invalidate(media, blocks, &mut pending)?;
         // PERSIST: INV-ALLOC-1: the invalidations are durable before the blocks are reused.
         media.fence()?;
-        self.reuse(pending);
+        self.reuse(&mut pending);
         Ok(())
     }
 
     /// Zeroes the meta words of `blocks` (and the span entries of large ones) and flushes
-    /// them, without a fence: the blocks go back to the free lists through
-    /// [`reuse`](Self::reuse) once that is durable (INV-ALLOC-1).
-    pub(crate) fn invalidate(&self, media: &Media, blocks: &[PBlock]) -> Result<Vec<Pending>> {
-        let mut pending = Vec::with_capacity(blocks.len());
-        for block in blocks {
-            let place = self.locate(block.0)?;
-            media.store(block.0, 0)?;
-            if let Place::Large { span, .. } = place {
-                media.store(self.geometry.span_entry_offset(span), 0)?;
+    /// them, without a fence, and appends them to `pending`: they go back to the free lists
+    /// through [`reuse`](Self::reuse) once that is durable (INV-ALLOC-1). The caller keeps
+    /// `pending` for its capacity (an advance invalidates millions of blocks a second under
+    /// a heavy load; a vector that new each time costs the advancer a page fault every
+    /// 4 KiB of it). On an error nothing is appended.
+    pub(crate) fn invalidate(
+        &self,
+        media: &Media,
+        blocks: &[PBlock],
+        pending: &mut Vec<Pending>,
+    ) -> Result<()> {
+        let start = pending.len();
+        pending.reserve(blocks.len());
+        let mut append = || {
+            for block in blocks {
+                let place = self.locate(block.0)?;
+                media.store(block.0, 0)?;
+                if let Place::Large { span, .. } = place {
+                    media.store(self.geometry.span_entry_offset(span), 0)?;
+                }
+                pending.push(Pending {
+                    offset: block.0,
+                    place,
+                });
             }
-            pending.push(Pending {
-                offset: block.0,
-                place,
-            });
+            // PERSIST: INV-ALLOC-1: the caller's fence (or commit) makes these durable.
+            self.flush_invalidated(media, &pending[start..])
+        };
+        let result = append();
+        if result.is_err() {
+            pending.truncate(start);
         }
-        // PERSIST: INV-ALLOC-1: the caller's fence (or commit) makes these durable.
-        self.flush_invalidated(media, &pending)?;
-        Ok(pending)
+        result
     }
 
-    /// Hands blocks whose invalidation is durable back to the free lists.
-    pub(crate) fn reuse(&self, pending: Vec<Pending>) {
-        let mut by_class: Vec<Vec<u64>> = vec![Vec::new(); NUM_CLASSES];
-        for p in pending {
+    /// Hands blocks whose invalidation is durable back to the free lists, leaving `pending`
+    /// empty (its capacity stays the caller's). Blocks of [`ANTI_CLASS`] fill the delete
+    /// reserve first, from the last of them. Each class's blocks go to its pool in the order
+    /// `pending` holds them, one pass over `pending` for each class it holds.
+    pub(crate) fn reuse(&self, pending: &mut Vec<Pending>) {
+        let mut counts = [0usize; NUM_CLASSES];
+        for p in pending.iter() {
             match p.place {
-                Place::Small { class } => by_class[usize::from(class)].push(p.offset),
+                Place::Small { class } => counts[usize::from(class)] += 1,
                 Place::Large { span, extent } => self.return_spans(span, extent),
             }
         }
-        let anti = std::mem::take(&mut by_class[usize::from(ANTI_CLASS)]);
-        by_class[usize::from(ANTI_CLASS)] = self.top_up_reserve(anti);
+        let of_class = |class: usize| {
+            pending.iter().filter_map(move |p| match p.place {
+                Place::Small { class: c } if usize::from(c) == class => Some(p.offset),
+                _ => None,
+            })
+        };
+        let anti = usize::from(ANTI_CLASS);
+        if counts[anti] > 0 && self.has_reserve() {
+            let mut reserve = lock(&self.reserve);
+            let wanted = RESERVE_BLOCKS
+                .saturating_sub(reserve.len())
+                .min(counts[anti]);
+            reserve.extend(of_class(anti).skip(counts[anti] - wanted));
+            counts[anti] -= wanted;
+        }
         self.note_freed();
-        for (class, blocks) in by_class.into_iter().enumerate() {
-            if !blocks.is_empty() {
-                lock(&self.class_pools[class]).extend(blocks);
+        for (class, &count) in counts.iter().enumerate() {
+            if count > 0 {
+                lock(&self.class_pools[class]).extend(of_class(class).take(count));
             }
         }
+        pending.clear();
     }
 
     fn alloc_small(&self, media: &Media, caches: &impl Caches, class: u8, len: u64) -> Result<u64> {
@@ -1375,4 +1396,107 @@ pub(crate) fn read_header_and_meta(
     Ok(RawHeader::decode(words, offset, creation_id)
         .and_then(|raw| BlockInfo::from_raw(PBlock(offset), raw, capacity))
         .map(|info| (info, meta)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::layout::SPAN_SIZE;
+    use crate::{Heap, HeapConfig};
+
+    /// `reuse` hands each class's blocks to its pool in the order it was given them (the
+    /// advance gives them highest address first, so that the pools, stacks, hand out the
+    /// lowest first), fills the delete reserve from the last of the anti-blocks, leaves the
+    /// caller's vector empty with its capacity, and gives large blocks' spans back.
+    #[test]
+    fn reuse_gives_each_class_its_blocks_in_order_and_the_reserve_the_last_anti_blocks() {
+        let heap = Heap::create(&HeapConfig::in_memory(16 * SPAN_SIZE)).unwrap();
+        let runtime = &heap.shared().runtime;
+        let (alloc, media) = (&runtime.alloc, &runtime.media);
+        let small = class_for(HEADER_LEN + TRAILER_LEN + 100).unwrap();
+        assert_ne!(small, ANTI_CLASS);
+        // Fresh carvings: blocks no cache or pool holds.
+        let antis = alloc.carve(media, ANTI_CLASS, 0).unwrap();
+        let smalls = alloc.carve(media, small, 100).unwrap();
+        let (anti_pool, small_pool) = (
+            lock(&alloc.class_pools[usize::from(ANTI_CLASS)]).len(),
+            lock(&alloc.class_pools[usize::from(small)]).len(),
+        );
+        // The reserve was filled at create; leave room for three.
+        let kept = {
+            let mut reserve = lock(&alloc.reserve);
+            assert_eq!(reserve.len(), RESERVE_BLOCKS);
+            let kept = reserve.len() - 3;
+            reserve.truncate(kept);
+            kept
+        };
+        let large_span = alloc.take_spans(media, 2, 0).unwrap();
+        let free_spans = lock(&alloc.span_pool).len();
+        let pending_of = |offset: u64| Pending {
+            offset,
+            place: alloc.locate(offset).unwrap(),
+        };
+        let mut pending: Vec<Pending> = vec![
+            pending_of(smalls[4]),
+            pending_of(antis[7]),
+            pending_of(smalls[1]),
+            pending_of(antis[2]),
+            pending_of(antis[9]),
+            Pending {
+                offset: alloc.geometry.span_start(large_span),
+                place: Place::Large {
+                    span: large_span,
+                    extent: 2,
+                },
+            },
+            pending_of(antis[5]),
+            pending_of(antis[3]),
+            pending_of(smalls[8]),
+        ];
+        pending.reserve(100);
+        let capacity = pending.capacity();
+        alloc.reuse(&mut pending);
+        assert!(pending.is_empty());
+        assert_eq!(pending.capacity(), capacity);
+        let reserve = lock(&alloc.reserve);
+        assert_eq!(reserve.len(), RESERVE_BLOCKS);
+        assert_eq!(reserve[kept..], [antis[9], antis[5], antis[3]]);
+        drop(reserve);
+        assert_eq!(
+            lock(&alloc.class_pools[usize::from(ANTI_CLASS)])[anti_pool..],
+            [antis[7], antis[2]]
+        );
+        assert_eq!(
+            lock(&alloc.class_pools[usize::from(small)])[small_pool..],
+            [smalls[4], smalls[1], smalls[8]]
+        );
+        assert_eq!(lock(&alloc.span_pool).len(), free_spans + 2);
+    }
+
+    /// An invalidation that fails appends nothing to the caller's list, so that no block
+    /// the heap did not invalidate is ever reused.
+    #[test]
+    fn a_failed_invalidation_appends_nothing() {
+        let heap = Heap::create(&HeapConfig::in_memory(16 * SPAN_SIZE)).unwrap();
+        let runtime = &heap.shared().runtime;
+        let (alloc, media) = (&runtime.alloc, &runtime.media);
+        let small = class_for(HEADER_LEN + TRAILER_LEN + 100).unwrap();
+        let blocks = alloc.carve(media, small, 100).unwrap();
+        let mut pending = vec![Pending {
+            offset: blocks[0],
+            place: alloc.locate(blocks[0]).unwrap(),
+        }];
+        // The second block is not a block start: `locate` refuses it after the first was
+        // invalidated.
+        let given = [PBlock(blocks[1]), PBlock(blocks[2] + 8)];
+        assert!(alloc.invalidate(media, &given, &mut pending).is_err());
+        assert_eq!(pending.len(), 1);
+        alloc
+            .invalidate(media, &[PBlock(blocks[1])], &mut pending)
+            .unwrap();
+        assert_eq!(
+            pending.iter().map(|p| p.offset).collect::<Vec<_>>(),
+            [blocks[0], blocks[1]]
+        );
+    }
 }

@@ -59,7 +59,7 @@ pub(crate) mod tracker;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::alloc::block::{BlockInfo, PBlock};
 use crate::alloc::{Allocator, Caches, ThreadCache};
@@ -83,6 +83,12 @@ struct Advancing {
     reclaim: Reclaim,
     /// The right to publish epochs and take the slots' logs.
     publisher: Publisher,
+    /// The ranges an advance writes back, kept for its capacity (see `reclaim::Spares`).
+    persist: Vec<(u64, u64)>,
+    /// The blocks whose payload checksums an advance writes again, kept likewise.
+    written: Vec<PBlock>,
+    /// Scratch space for those checksums.
+    buf: Vec<u8>,
 }
 
 /// What operations of one epoch left for the advancer, in one thread slot: the slot's log
@@ -183,6 +189,9 @@ impl Epochs {
                 count: 0,
                 reclaim: Reclaim::new(epoch),
                 publisher,
+                persist: Vec::new(),
+                written: Vec::new(),
+                buf: Vec::new(),
             }),
             stopped: AtomicBool::new(false),
             next_uid: AtomicU64::new(next_uid),
@@ -399,16 +408,21 @@ impl Epochs {
         alloc: &Allocator,
     ) -> Result<Epoch> {
         let Advancing {
-            reclaim, publisher, ..
+            reclaim,
+            publisher,
+            persist,
+            written,
+            buf,
+            ..
         } = advancing;
         let e = self.current();
         // 1-3. Once every operation of e - 1 has ended (INV-EP-1), collect its write-backs,
         // and what e - 2 retired. (Before the first epoch these name no epoch that ran, and
         // the logs are empty.)
-        let mut persist = Vec::new();
-        let mut written = Vec::new();
-        let mut victims = Vec::new();
-        let mut antis = Vec::new();
+        persist.clear();
+        written.clear();
+        let mut victims = reclaim.spare_blocks();
+        let mut antis = reclaim.spare_blocks();
         self.slots.drain_logs(publisher, e.minus(1), |log| {
             persist.append(&mut log.persist);
             written.append(&mut log.written);
@@ -424,20 +438,21 @@ impl Epochs {
         reclaim.retire(e.minus(2), victims, antis);
         // 2b. The payload checksums of the blocks of e - 1 written in place, whose payloads no
         // operation changes any more (INV-SUM-1); their trailers are written back below.
-        let mut buf = Vec::new();
-        for block in written {
-            if let Some(range) = alloc.seal_payload(media, block, Some(e.minus(1)), &mut buf)? {
+        for &block in written.iter() {
+            if let Some(range) = alloc.seal_payload(media, block, Some(e.minus(1)), buf)? {
                 persist.push(range);
             }
         }
+        reclaim::recycle(written);
         // Not sorted or merged: a line flushed twice costs little, sorting hundreds of
         // thousands of ranges per epoch costs a core (the journal backend merges
         // them themselves).
-        for (offset, len) in persist {
+        for &(offset, len) in persist.iter() {
             // PERSIST: INV-EP-2: every block written in e - 1 is durable before the word
             // reads e + 1; `seal_epoch` below completes these flushes first.
             media.flush(offset, len)?;
         }
+        reclaim::recycle(persist);
         // 4. Reclaim what INV-EP-3 and INV-EP-5 allow.
         let staged = reclaim.invalidate_due(media, alloc, e)?;
         // 5. The new epoch word, after everything above (INV-EP-2).
@@ -469,14 +484,25 @@ impl Epochs {
         self.wake.1.notify_all();
     }
 
-    /// Sleeps for one epoch length, or until shutdown is requested; returns whether to stop.
-    pub(crate) fn sleep_epoch(&self, length: Duration) -> bool {
+    /// Sleeps until `deadline` (not at all if it has passed; with none, until woken), or
+    /// until shutdown is requested; returns whether to stop.
+    pub(crate) fn sleep_until(&self, deadline: Option<Instant>) -> bool {
         let guard = lock(&self.wake.0);
-        let (guard, _) = self
-            .wake
-            .1
-            .wait_timeout_while(guard, length, |stop| !*stop)
-            .unwrap_or_else(PoisonError::into_inner);
+        let guard = match deadline {
+            Some(deadline) => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                self.wake
+                    .1
+                    .wait_timeout_while(guard, wait, |stop| !*stop)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => self
+                .wake
+                .1
+                .wait_while(guard, |stop| !*stop)
+                .unwrap_or_else(PoisonError::into_inner),
+        };
         *guard
     }
 
@@ -530,10 +556,18 @@ pub(crate) fn run_advancer(runtime: &Runtime, length: Duration) {
         epochs,
         ..
     } = runtime;
-    while !epochs.sleep_epoch(length) {
+    // A fixed rate: each advance begins one length after the one before it began, so the
+    // clock keeps its period while an advance takes less than that (a busy heap's advance
+    // flushes and reclaims what a whole epoch wrote), and runs advance after advance when
+    // one takes longer, rather than falling a whole advance further behind each time.
+    // (A length too long to add to a time never ends: only shutdown wakes the advancer.)
+    let mut deadline = Instant::now().checked_add(length);
+    while !epochs.sleep_until(deadline) {
+        let began = Instant::now();
         if epochs.tick(media, alloc).is_err() {
             return;
         }
+        deadline = began.checked_add(length);
     }
 }
 

@@ -38,6 +38,60 @@ pub(crate) struct Staged {
     antis: Vec<PBlock>,
 }
 
+/// Empty vectors kept for their capacity. An advance's lists hold what the operations of an
+/// epoch wrote and retired, millions of entries under a heavy load: a vector that new at
+/// every advance costs the advancer a page fault for every 4 KiB of it and an `munmap` when
+/// it goes (glibc maps an allocation that large on its own), and the advancer that pays for
+/// them falls behind the clock, so that epochs stretch and more blocks wait to be reused.
+#[derive(Debug)]
+pub(crate) struct Spares<T> {
+    vecs: Vec<Vec<T>>,
+}
+
+impl<T> Default for Spares<T> {
+    fn default() -> Self {
+        Spares { vecs: Vec::new() }
+    }
+}
+
+impl<T> Spares<T> {
+    /// How many spares are kept; more come back only while the pipeline fills.
+    const KEEP: usize = 8;
+
+    /// An empty vector, with the capacity of one given back if there is one.
+    pub(crate) fn take(&mut self) -> Vec<T> {
+        self.vecs.pop().unwrap_or_default()
+    }
+
+    /// Keeps `vec`, which held `used` entries in its last use, emptied (see [`fit`]), for a
+    /// later [`take`](Self::take).
+    pub(crate) fn give(&mut self, mut vec: Vec<T>, used: usize) {
+        fit(&mut vec, used);
+        if vec.capacity() > 0 && self.vecs.len() < Self::KEEP {
+            self.vecs.push(vec);
+        }
+    }
+}
+
+/// Empties `vec` for its next use (see [`fit`]).
+pub(crate) fn recycle<T>(vec: &mut Vec<T>) {
+    let used = vec.len();
+    fit(vec, used);
+}
+
+/// Empties `vec`, which held `used` entries, keeping its capacity unless that is more than
+/// four times `used` (and more than a small floor): after a burst, the next advance gives
+/// the memory back rather than keep it for good, and a steady load keeps what it uses.
+fn fit<T>(vec: &mut Vec<T>, used: usize) {
+    /// Entries any kept vector may hold without being shrunk.
+    const FLOOR: usize = 1 << 14;
+    let used = used.max(FLOOR);
+    vec.clear();
+    if vec.capacity() > used.saturating_mul(4) {
+        vec.shrink_to(used.saturating_mul(2));
+    }
+}
+
 /// The reclamation pipeline of one heap; the advancer owns it.
 #[derive(Debug)]
 pub(crate) struct Reclaim {
@@ -51,6 +105,12 @@ pub(crate) struct Reclaim {
     words: VecDeque<(Epoch, Ticket)>,
     /// Advances in a row that found reclamation waiting for a commit.
     blocked: u32,
+    /// The blocks an advance invalidates, kept for its capacity (see [`Spares`]).
+    due: Vec<PBlock>,
+    /// Spare lists of blocks, for the advance's retired versions and anti-blocks.
+    spare_blocks: Spares<PBlock>,
+    /// Spare lists of invalidated blocks.
+    spare_pending: Spares<Pending>,
 }
 
 impl Reclaim {
@@ -62,12 +122,24 @@ impl Reclaim {
             limbo: VecDeque::new(),
             words: VecDeque::from([(word, 0)]),
             blocked: 0,
+            due: Vec::new(),
+            spare_blocks: Spares::default(),
+            spare_pending: Spares::default(),
         }
+    }
+
+    /// An empty list of blocks for the advance to collect retired versions or anti-blocks
+    /// in, with the capacity of one the pipeline has finished with.
+    pub(crate) fn spare_blocks(&mut self) -> Vec<PBlock> {
+        self.spare_blocks.take()
     }
 
     /// Takes what operations of `epoch` retired (all of them have ended).
     pub(crate) fn retire(&mut self, epoch: Epoch, victims: Vec<PBlock>, antis: Vec<PBlock>) {
-        if !(victims.is_empty() && antis.is_empty()) {
+        if victims.is_empty() && antis.is_empty() {
+            self.spare_blocks.give(victims, 0);
+            self.spare_blocks.give(antis, 0);
+        } else {
             self.retired.push_back(Retired {
                 epoch,
                 victims,
@@ -94,15 +166,20 @@ impl Reclaim {
         alloc: &Allocator,
         current: Epoch,
     ) -> Result<Staged> {
-        let mut staged = Staged::default();
-        let mut blocks = Vec::new();
+        let mut staged = Staged {
+            pending: self.spare_pending.take(),
+            antis: self.spare_blocks.take(),
+        };
+        let mut blocks = std::mem::take(&mut self.due);
         // Anti-blocks first: their versions' invalidation is durable already.
         while let Some(&(ticket, _)) = self.antis.front() {
             if !media.is_durable(ticket) {
                 break;
             }
-            if let Some((_, antis)) = self.antis.pop_front() {
-                blocks.extend(antis);
+            if let Some((_, mut antis)) = self.antis.pop_front() {
+                let used = antis.len();
+                blocks.append(&mut antis);
+                self.spare_blocks.give(antis, used);
             }
         }
         while let Some(front) = self.retired.front() {
@@ -112,9 +189,12 @@ impl Reclaim {
             if current < r.plus(2) || !self.word_durable(media, r.plus(2)) {
                 break;
             }
-            if let Some(retired) = self.retired.pop_front() {
-                blocks.extend(retired.victims);
-                staged.antis.extend(retired.antis);
+            if let Some(mut retired) = self.retired.pop_front() {
+                let used = (retired.victims.len(), retired.antis.len());
+                blocks.append(&mut retired.victims);
+                staged.antis.append(&mut retired.antis);
+                self.spare_blocks.give(retired.victims, used.0);
+                self.spare_blocks.give(retired.antis, used.1);
             }
         }
         // In address order (highest first): the invalidating stores walk the heap rather than
@@ -122,8 +202,10 @@ impl Reclaim {
         // in the order that gives allocations neighbouring blocks one after another (warm
         // pages, a stream the prefetcher follows) rather than a random page each.
         blocks.sort_unstable_by(|a, b| b.cmp(a));
-        staged.pending = alloc.invalidate(media, &blocks)?;
-        Ok(staged)
+        let result = alloc.invalidate(media, &blocks, &mut staged.pending);
+        recycle(&mut blocks);
+        self.due = blocks;
+        result.map(|()| staged)
     }
 
     /// After the advance sealed epoch word `word` as `ticket`: queues what it invalidated,
@@ -146,18 +228,24 @@ impl Reclaim {
         while self.words.len() > 1 && self.words.get(1).is_some_and(|&(w, _)| w <= oldest) {
             self.words.pop_front();
         }
-        if !staged.antis.is_empty() {
+        if staged.antis.is_empty() {
+            self.spare_blocks.give(staged.antis, 0);
+        } else {
             self.antis.push_back((ticket, staged.antis));
         }
-        if !staged.pending.is_empty() {
+        if staged.pending.is_empty() {
+            self.spare_pending.give(staged.pending, 0);
+        } else {
             self.limbo.push_back((ticket, staged.pending));
         }
         while let Some(&(ticket, _)) = self.limbo.front() {
             if !media.is_durable(ticket) {
                 break;
             }
-            if let Some((_, pending)) = self.limbo.pop_front() {
-                alloc.reuse(pending);
+            if let Some((_, mut pending)) = self.limbo.pop_front() {
+                let used = pending.len();
+                alloc.reuse(&mut pending);
+                self.spare_pending.give(pending, used);
             }
         }
         if self.waits_on_commit(media) {
@@ -190,5 +278,58 @@ impl Reclaim {
     /// Whether nothing is waiting to be reclaimed.
     pub(crate) fn is_empty(&self) -> bool {
         self.retired.is_empty() && self.antis.is_empty() && self.limbo.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kept vector keeps the capacity a steady load uses, and gives back most of what a
+    /// burst left once the load drops.
+    #[test]
+    fn spares_keep_what_a_steady_load_uses_and_shrink_after_a_burst() {
+        let mut spares: Spares<u64> = Spares::default();
+        assert_eq!(spares.take().capacity(), 0);
+        let mut steady = spares.take();
+        steady.extend(0..1_000_000);
+        let capacity = steady.capacity();
+        let used = steady.len();
+        spares.give(steady, used);
+        let again = spares.take();
+        assert!(again.is_empty());
+        assert_eq!(again.capacity(), capacity);
+        // The same vector, given back after holding a tenth as much: shrunk to twice that
+        // (but never below the floor).
+        spares.give(again, used / 10);
+        let shrunk = spares.take();
+        assert!(shrunk.capacity() >= 2 * (used / 10) && shrunk.capacity() < capacity / 4);
+        spares.give(shrunk, 0);
+        let floor = spares.take();
+        assert!(floor.capacity() >= 2 * (1 << 14) && floor.capacity() <= 4 * (1 << 14));
+    }
+
+    /// Only so many spares are kept, and a vector without capacity is not kept at all.
+    #[test]
+    fn spares_are_bounded() {
+        let mut spares: Spares<u8> = Spares::default();
+        for _ in 0..3 * Spares::<u8>::KEEP {
+            spares.give(Vec::with_capacity(16), 16);
+        }
+        spares.give(Vec::new(), 0);
+        assert_eq!(spares.vecs.len(), Spares::<u8>::KEEP);
+        assert!(spares.vecs.iter().all(|vec| vec.capacity() >= 16));
+    }
+
+    /// `recycle` empties a vector, keeping the capacity its contents used.
+    #[test]
+    fn recycle_keeps_what_the_contents_used() {
+        let mut vec: Vec<u32> = (0..200_000).collect();
+        let capacity = vec.capacity();
+        recycle(&mut vec);
+        assert!(vec.is_empty());
+        assert_eq!(vec.capacity(), capacity);
+        recycle(&mut vec);
+        assert!(vec.capacity() <= 4 * (1 << 14));
     }
 }

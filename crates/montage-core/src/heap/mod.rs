@@ -774,6 +774,23 @@ mod tests {
         heap.close().unwrap();
     }
 
+    /// A length too long to schedule (no time lies that far ahead) leaves the advancer
+    /// waiting without a deadline: `sync` still advances the clock itself, and close still
+    /// wakes the advancer and stops it.
+    #[test]
+    fn a_clock_too_slow_to_schedule_still_syncs_and_closes() {
+        let config = HeapConfig::in_memory(1 << 20)
+            .backend(BackendKind::Pmem)
+            .epoch_length(EpochLength::Every(std::time::Duration::MAX));
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("kv").unwrap();
+        heap.run_op(|op| op.alloc(owner, 1, b"a")).unwrap();
+        let before = heap.advances();
+        heap.sync().unwrap();
+        assert!(heap.advances() > before);
+        heap.close().unwrap();
+    }
+
     #[test]
     fn an_idle_heap_stops_advancing_and_an_idle_sync_is_free() {
         let config = HeapConfig::in_memory(1 << 20)
