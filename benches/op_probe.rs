@@ -11,11 +11,12 @@
 //!   percentile), and a `Box::new` loop's in the same run.
 //!
 //! Usage: `cargo bench --bench op_probe -- [alloc | begin-end | box] [BATCHES] [WARM-UP
-//! BATCHES]`, or the binary itself with the same arguments (a batch is 1,000
-//! calls; default `alloc 3000 1000`). Each batch's blocks are deleted in one operation after
+//! BATCHES] [pmem | journal]`, or the binary itself with the same arguments (a batch is
+//! 1,000 calls; default `alloc 3000 1000 pmem`). Each batch's blocks are deleted in one operation after
 //! it, outside the timed part, so that they come back to the thread's cache three epochs
-//! later, as in `op_alloc`. The heap is a pmem-backend file in `MONTAGE_BENCH_DIR` (default
-//! `/dev/shm`) that grows as the blocks in flight need.
+//! later, as in `op_alloc`. The heap is a file in `MONTAGE_BENCH_DIR` (default `/dev/shm`)
+//! on the pmem backend, or on the journal backend (the journal beside it), that grows as
+//! the blocks in flight need.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::print_stdout)] // a probe reports and stops loudly
@@ -92,11 +93,16 @@ fn main() {
     let number = |i: usize, default: usize| args.get(i).map_or(default, |s| s.parse().unwrap());
     let batches = number(1, 3000);
     let warm = number(2, 1000);
+    let backend = match args.get(3).map_or("pmem", String::as_str) {
+        "pmem" => BackendKind::Pmem,
+        "journal" => BackendKind::Journal,
+        other => panic!("unknown backend {other:?}: pmem or journal"),
+    };
     let path = common::fresh_path("op-probe");
     let config = HeapConfig::new(&path)
         .size(64 << 20)
         .max_size(4 << 30)
-        .backend(BackendKind::Pmem)
+        .backend(backend)
         .epoch_length(EpochLength::DEFAULT);
     let heap = Heap::create(&config).unwrap();
     let owner = heap.register("probe").unwrap();

@@ -36,6 +36,7 @@ const CORE_LAYERS: &[&[&str]] = &[
         "fingerprint",
         "random",
         "race",
+        "spare",
     ],
     &["config"],
     &["base"],

@@ -74,6 +74,7 @@ mod primitive;
 mod race;
 mod random;
 mod recovery;
+mod spare;
 mod thread_id;
 pub mod verified;
 

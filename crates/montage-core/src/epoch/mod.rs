@@ -69,6 +69,7 @@ use crate::error::{Error, Result};
 use crate::meta::registry::Registry;
 use crate::meta::structure_name;
 use crate::persist::Media;
+use crate::spare::recycle;
 use reclaim::Reclaim;
 use tracker::{Announcement, Publisher, Refused, Slots, Tracker};
 
@@ -83,7 +84,7 @@ struct Advancing {
     reclaim: Reclaim,
     /// The right to publish epochs and take the slots' logs.
     publisher: Publisher,
-    /// The ranges an advance writes back, kept for its capacity (see `reclaim::Spares`).
+    /// The ranges an advance writes back, kept for its capacity (see `crate::spare`).
     persist: Vec<(u64, u64)>,
     /// The blocks whose payload checksums an advance writes again, kept likewise.
     written: Vec<PBlock>,
@@ -443,16 +444,14 @@ impl Epochs {
                 persist.push(range);
             }
         }
-        reclaim::recycle(written);
+        recycle(written);
         // Not sorted or merged: a line flushed twice costs little, sorting hundreds of
         // thousands of ranges per epoch costs a core (the journal backend merges
         // them themselves).
-        for &(offset, len) in persist.iter() {
-            // PERSIST: INV-EP-2: every block written in e - 1 is durable before the word
-            // reads e + 1; `seal_epoch` below completes these flushes first.
-            media.flush(offset, len)?;
-        }
-        reclaim::recycle(persist);
+        // PERSIST: INV-EP-2: every block written in e - 1 is durable before the word reads
+        // e + 1; `seal_epoch` below completes these flushes first.
+        media.flush_all(persist)?;
+        recycle(persist);
         // 4. Reclaim what INV-EP-3 and INV-EP-5 allow.
         let staged = reclaim.invalidate_due(media, alloc, e)?;
         // 5. The new epoch word, after everything above (INV-EP-2).

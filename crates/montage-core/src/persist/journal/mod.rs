@@ -36,6 +36,7 @@ use std::time::Instant;
 
 use crate::base::region::Region;
 use crate::error::{Error, Result};
+use crate::spare::recycle;
 use device::Device;
 use format::{Header, RECORD_HEADER, RECORDS_START, RecordBuf, RecordHead, SECTOR, SLOTS};
 
@@ -66,6 +67,8 @@ struct Writer {
     generation: u64,
     buf: RecordBuf,
     scratch: Vec<u8>,
+    /// The list of ranges the flushers get at the next seal, kept for its capacity.
+    ranges: Vec<(u64, u64)>,
 }
 
 /// What recovery found in the journal.
@@ -141,6 +144,7 @@ impl Journal {
                 generation: header.generation,
                 buf: RecordBuf::default(),
                 scratch: Vec::new(),
+                ranges: Vec::new(),
             }),
             sealed: AtomicU64::new(header.checkpoint_seq),
             durable: AtomicU64::new(header.checkpoint_seq),
@@ -260,9 +264,14 @@ impl Journal {
 
     /// Records `[offset, offset + len)` for the next record.
     pub(crate) fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        self.flush_all(&[(offset, len)])
+    }
+
+    /// Records each of `ranges` for the next record, under one lock.
+    pub(crate) fn flush_all(&self, ranges: &[(u64, u64)]) -> Result<()> {
         self.check()?;
-        if len != 0 && self.is_logging() {
-            lock(&self.pending).push((offset, len));
+        if self.is_logging() {
+            lock(&self.pending).extend(ranges.iter().filter(|&&(_, len)| len != 0));
         }
         Ok(())
     }
@@ -283,18 +292,35 @@ impl Journal {
     pub(crate) fn seal(&self, region: &Region, word: Option<u64>) -> Result<Ticket> {
         self.check()?;
         let mut w = lock(&self.writer);
-        let mut ranges = std::mem::take(&mut *lock(&self.pending));
+        // The flushers go on with the writer's spare list, empty with the capacity of the
+        // last seal's (see `crate::spare`).
+        let mut ranges = std::mem::take(&mut w.ranges);
+        std::mem::swap(&mut ranges, &mut *lock(&self.pending));
+        let sealed = self.seal_ranges(region, &mut w, &mut ranges, word);
+        recycle(&mut ranges);
+        w.ranges = ranges;
+        sealed
+    }
+
+    /// [`seal`](Self::seal) of `ranges`, the ranges flushed since the last seal, with the
+    /// writer in hand.
+    fn seal_ranges(
+        &self,
+        region: &Region,
+        w: &mut Writer,
+        ranges: &mut Vec<(u64, u64)>,
+        word: Option<u64>,
+    ) -> Result<Ticket> {
         let changes_word = word.is_some_and(|word| word != w.word);
         if ranges.is_empty() && !changes_word {
             return Ok(w.next_seq - 1);
         }
-        merge(&mut ranges);
+        merge(ranges);
         let max_body = (self.ring / 4)
             .saturating_sub(RECORD_HEADER + SECTOR)
             .max(SECTOR);
-        let mut pieces = split(&ranges, max_body).peekable();
+        let mut pieces = split(ranges, max_body).peekable();
         loop {
-            let w = &mut *w;
             let durable = self.durable.load(Ordering::Acquire);
             let mut head = RecordHead::data(w.next_seq, w.word, durable, self.session());
             let mut chunk = Vec::new();
@@ -648,20 +674,23 @@ struct Scan {
     end: u64,
 }
 
-/// Sorts `ranges` and merges overlapping and adjacent ones.
+/// Sorts `ranges` and merges overlapping and adjacent ones, in place.
 fn merge(ranges: &mut Vec<(u64, u64)>) {
     ranges.sort_unstable_by_key(|&(offset, _)| offset);
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-    for &(offset, len) in ranges.iter() {
-        if let Some(last) = out.last_mut()
+    // `ranges[..kept]` are the merged ranges so far, each ending before the next begins.
+    let mut kept: usize = 0;
+    for i in 0..ranges.len() {
+        let (offset, len) = ranges[i];
+        if let Some(last) = kept.checked_sub(1).map(|k| &mut ranges[k])
             && offset <= last.0 + last.1
         {
             last.1 = last.1.max(offset + len - last.0);
             continue;
         }
-        out.push((offset, len));
+        ranges[kept] = (offset, len);
+        kept += 1;
     }
-    *ranges = out;
+    ranges.truncate(kept);
 }
 
 /// `ranges` cut so that no piece needs more than `max_body` bytes of record body; pieces
@@ -718,6 +747,43 @@ mod tests {
             journal.commit(ticket).unwrap();
         }
         sim
+    }
+
+    /// A seal hands the flushers back an empty list with the capacity of an earlier seal's,
+    /// and what the records hold is what was flushed (ranges given together, in one call,
+    /// as the advance gives them, or one at a time).
+    #[test]
+    fn a_seal_keeps_the_flushers_list_and_records_every_range() {
+        let (sim, journal, region) = new_journal();
+        let ranges: Vec<(u64, u64)> = (0..64u64).map(|i| (512 * i, 100)).collect();
+        for round in 0..3u64 {
+            for &(offset, len) in &ranges {
+                region
+                    .write(offset, &[round as u8 + 1; 100][..len as usize])
+                    .unwrap();
+            }
+            if round == 1 {
+                for &(offset, len) in &ranges {
+                    journal.flush(offset, len).unwrap();
+                }
+            } else {
+                journal.flush_all(&ranges).unwrap();
+            }
+            // An empty range is no range.
+            journal.flush_all(&[(8192, 0)]).unwrap();
+            let ticket = journal.seal(&region, Some(round + 2)).unwrap();
+            journal.commit(ticket).unwrap();
+            if round > 0 {
+                assert!(lock(&journal.pending).capacity() >= ranges.len());
+            }
+        }
+        let (word, image) = replay_onto(Device::Sim(sim.clone()), vec![0; HEAP]).unwrap();
+        assert_eq!(word, 4);
+        for &(offset, len) in &ranges {
+            let at = offset as usize;
+            assert!(image[at..at + len as usize].iter().all(|&b| b == 3));
+            assert!(image[at + len as usize..at + 512].iter().all(|&b| b == 0));
+        }
     }
 
     /// Replays the journal on `device` onto `image`; the durable word and the image.
