@@ -422,8 +422,7 @@ impl Epochs {
         // the logs are empty.)
         persist.clear();
         written.clear();
-        let mut victims = reclaim.spare_blocks();
-        let mut antis = reclaim.spare_blocks();
+        let (mut victims, mut antis) = reclaim.spare_lists();
         self.slots.drain_logs(publisher, e.minus(1), |log| {
             persist.append(&mut log.persist);
             written.append(&mut log.written);

@@ -54,8 +54,11 @@ pub(crate) struct Reclaim {
     blocked: u32,
     /// The blocks an advance invalidates, kept for its capacity (see [`Spares`]).
     due: Vec<PBlock>,
-    /// Spare lists of blocks, for the advance's retired versions and anti-blocks.
-    spare_blocks: Spares<PBlock>,
+    /// Spare lists of retired versions, and of anti-blocks: apart, as a list keeps the
+    /// capacity of its own kind (a heap that updates but never deletes retires millions of
+    /// versions an epoch under a heavy load, and no anti-block).
+    spare_victims: Spares<PBlock>,
+    spare_antis: Spares<PBlock>,
     /// Spare lists of invalidated blocks.
     spare_pending: Spares<Pending>,
 }
@@ -70,22 +73,23 @@ impl Reclaim {
             words: VecDeque::from([(word, 0)]),
             blocked: 0,
             due: Vec::new(),
-            spare_blocks: Spares::default(),
+            spare_victims: Spares::default(),
+            spare_antis: Spares::default(),
             spare_pending: Spares::default(),
         }
     }
 
-    /// An empty list of blocks for the advance to collect retired versions or anti-blocks
-    /// in, with the capacity of one the pipeline has finished with.
-    pub(crate) fn spare_blocks(&mut self) -> Vec<PBlock> {
-        self.spare_blocks.take()
+    /// Empty lists for the advance to collect retired versions and anti-blocks in, each with
+    /// the capacity of one of its kind the pipeline has finished with.
+    pub(crate) fn spare_lists(&mut self) -> (Vec<PBlock>, Vec<PBlock>) {
+        (self.spare_victims.take(), self.spare_antis.take())
     }
 
     /// Takes what operations of `epoch` retired (all of them have ended).
     pub(crate) fn retire(&mut self, epoch: Epoch, victims: Vec<PBlock>, antis: Vec<PBlock>) {
         if victims.is_empty() && antis.is_empty() {
-            self.spare_blocks.give(victims, 0);
-            self.spare_blocks.give(antis, 0);
+            self.spare_victims.give(victims, 0);
+            self.spare_antis.give(antis, 0);
         } else {
             self.retired.push_back(Retired {
                 epoch,
@@ -115,7 +119,7 @@ impl Reclaim {
     ) -> Result<Staged> {
         let mut staged = Staged {
             pending: self.spare_pending.take(),
-            antis: self.spare_blocks.take(),
+            antis: self.spare_antis.take(),
         };
         let mut blocks = std::mem::take(&mut self.due);
         // Anti-blocks first: their versions' invalidation is durable already.
@@ -126,7 +130,7 @@ impl Reclaim {
             if let Some((_, mut antis)) = self.antis.pop_front() {
                 let used = antis.len();
                 blocks.append(&mut antis);
-                self.spare_blocks.give(antis, used);
+                self.spare_antis.give(antis, used);
             }
         }
         while let Some(front) = self.retired.front() {
@@ -140,8 +144,8 @@ impl Reclaim {
                 let used = (retired.victims.len(), retired.antis.len());
                 blocks.append(&mut retired.victims);
                 staged.antis.append(&mut retired.antis);
-                self.spare_blocks.give(retired.victims, used.0);
-                self.spare_blocks.give(retired.antis, used.1);
+                self.spare_victims.give(retired.victims, used.0);
+                self.spare_antis.give(retired.antis, used.1);
             }
         }
         // In address order (highest first): the invalidating stores walk the heap rather than
@@ -176,7 +180,7 @@ impl Reclaim {
             self.words.pop_front();
         }
         if staged.antis.is_empty() {
-            self.spare_blocks.give(staged.antis, 0);
+            self.spare_antis.give(staged.antis, 0);
         } else {
             self.antis.push_back((ticket, staged.antis));
         }
