@@ -44,10 +44,11 @@ pub(crate) fn recycle<T>(vec: &mut Vec<T>) {
     fit(vec, used);
 }
 
-/// Empties `vec`, which held `used` entries, keeping its capacity unless that is more than
-/// four times `used` (and more than a small floor): after a burst, the next advance gives
-/// the memory back rather than keep it for good, and a steady load keeps what it uses.
-fn fit<T>(vec: &mut Vec<T>, used: usize) {
+/// Empties `vec`, which held `used` entries at its fullest, keeping its capacity unless that
+/// is more than four times `used` (and more than a small floor): after a burst, the next
+/// advance gives the memory back rather than keep it for good, and a steady load keeps what
+/// it uses. For a vector its user shortened in place, `used` is what it held before.
+pub(crate) fn fit<T>(vec: &mut Vec<T>, used: usize) {
     /// Entries any kept vector may hold without being shrunk.
     const FLOOR: usize = 1 << 14;
     let used = used.max(FLOOR);

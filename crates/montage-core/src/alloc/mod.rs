@@ -1404,16 +1404,20 @@ mod tests {
     use crate::base::layout::SPAN_SIZE;
     use crate::{Heap, HeapConfig};
 
+    /// A heap in memory, and the size class of a 100-byte payload (not the anti-blocks').
+    fn heap_and_class() -> (Heap, u8) {
+        let heap = Heap::create(&HeapConfig::in_memory(16 * SPAN_SIZE)).unwrap();
+        (heap, class_for(HEADER_LEN + TRAILER_LEN + 100).unwrap())
+    }
+
     /// `reuse` hands each class's blocks to its pool in the order it was given them (the
     /// advance gives them highest address first, so that the pools, stacks, hand out the
     /// lowest first), fills the delete reserve from the last of the anti-blocks, leaves the
     /// caller's vector empty with its capacity, and gives large blocks' spans back.
     #[test]
     fn reuse_gives_each_class_its_blocks_in_order_and_the_reserve_the_last_anti_blocks() {
-        let heap = Heap::create(&HeapConfig::in_memory(16 * SPAN_SIZE)).unwrap();
-        let runtime = &heap.shared().runtime;
-        let (alloc, media) = (&runtime.alloc, &runtime.media);
-        let small = class_for(HEADER_LEN + TRAILER_LEN + 100).unwrap();
+        let (heap, small) = heap_and_class();
+        let (alloc, media) = (&heap.shared().runtime.alloc, &heap.shared().runtime.media);
         assert_ne!(small, ANTI_CLASS);
         // Fresh carvings: blocks no cache or pool holds.
         let antis = alloc.carve(media, ANTI_CLASS, 0).unwrap();
@@ -1477,10 +1481,8 @@ mod tests {
     /// the heap did not invalidate is ever reused.
     #[test]
     fn a_failed_invalidation_appends_nothing() {
-        let heap = Heap::create(&HeapConfig::in_memory(16 * SPAN_SIZE)).unwrap();
-        let runtime = &heap.shared().runtime;
-        let (alloc, media) = (&runtime.alloc, &runtime.media);
-        let small = class_for(HEADER_LEN + TRAILER_LEN + 100).unwrap();
+        let (heap, small) = heap_and_class();
+        let (alloc, media) = (&heap.shared().runtime.alloc, &heap.shared().runtime.media);
         let blocks = alloc.carve(media, small, 100).unwrap();
         let mut pending = vec![Pending {
             offset: blocks[0],

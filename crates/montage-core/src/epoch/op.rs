@@ -343,7 +343,7 @@ impl<'h> OpGuard<'h> {
     fn alloc_spec(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
         if shared.write_back == WriteBack::MeasureEachOp {
-            return self.alloc_spec_cold(spec, bytes, true);
+            return self.alloc_spec_cold(spec, bytes);
         }
         let cached = self
             .announcement
@@ -363,32 +363,20 @@ impl<'h> OpGuard<'h> {
                 self.keep(&self.first_alloc, block, |log| &mut log.allocated);
                 Ok(block)
             }
-            None => self.alloc_spec_cold(spec, bytes, false),
+            None => self.alloc_spec_cold(spec, bytes),
         }
     }
 
     /// [`alloc_spec`](Self::alloc_spec) where it does not take the common path: each
-    /// operation flushes its own writes ([`WriteBack::MeasureEachOp`]; `try_cache`, as the
-    /// thread's cache has not been asked yet), or the cache holds no block for the payload
-    /// (it is empty, or the payload needs a large block).
+    /// operation flushes its own writes ([`WriteBack::MeasureEachOp`], whose ranges
+    /// `log_persist` handles), or the cache holds no block for the payload (it is empty, or
+    /// the payload needs a large block). `alloc_whole` takes the block from the thread's
+    /// cache when it has one, refilling it otherwise.
     #[cold]
     #[inline(never)]
-    fn alloc_spec_cold(&self, spec: BlockSpec, bytes: &[u8], try_cache: bool) -> Result<PBlock> {
+    fn alloc_spec_cold(&self, spec: BlockSpec, bytes: &[u8]) -> Result<PBlock> {
         let shared = self.runtime;
-        if try_cache {
-            // The slot is let go at the end of this statement: `log_new` may take it again
-            // (for a spare log).
-            let cached = self.announcement.borrow_mut().state(|state| {
-                shared
-                    .alloc
-                    .fill_cached(&shared.media, &mut state.cache, spec, bytes)
-            })?;
-            if let Some(block) = cached {
-                self.log_new(block, bytes.len() as u64);
-                return Ok(block);
-            }
-        }
-        // Otherwise written whole as well, the meta word last (INV-READ-1).
+        // Written whole, the meta word last (INV-READ-1).
         let block = shared
             .alloc
             .alloc_whole(&shared.media, &self.announcement, spec, bytes)?;

@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use crate::base::region::Region;
 use crate::error::{Error, Result};
-use crate::spare::recycle;
+use crate::spare::fit;
 use device::Device;
 use format::{Header, RECORD_HEADER, RECORDS_START, RecordBuf, RecordHead, SECTOR, SLOTS};
 
@@ -296,8 +296,10 @@ impl Journal {
         // last seal's (see `crate::spare`).
         let mut ranges = std::mem::take(&mut w.ranges);
         std::mem::swap(&mut ranges, &mut *lock(&self.pending));
+        // What the flushers filled it with: the merge below shortens it in place.
+        let used = ranges.len();
         let sealed = self.seal_ranges(region, &mut w, &mut ranges, word);
-        recycle(&mut ranges);
+        fit(&mut ranges, used);
         w.ranges = ranges;
         sealed
     }
