@@ -56,6 +56,46 @@ unsafe fn copy_string(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
+/// Copies the first `n` bytes of `src` (`n < 8`) to `dst` in at most three moves of 4, 2
+/// and 1 bytes, not a byte loop or a call to `memcpy`.
+///
+/// # Safety
+///
+/// `dst` is valid for writes of `n` bytes.
+#[inline]
+unsafe fn copy_short(dst: *mut u8, src: [u8; 8], n: usize) {
+    debug_assert!(n < 8);
+    let mut at = 0usize;
+    for chunk in [4, 2, 1] {
+        if n & chunk != 0 {
+            // SAFETY: the chunks taken add up to `n < 8`, so `[at, at + chunk)` lies inside
+            // both `src` and `dst` (valid for `n` bytes, this function's contract), which
+            // cannot overlap (`src` is a local copy).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr().wrapping_add(at),
+                    dst.wrapping_add(at),
+                    chunk,
+                );
+            }
+            at = at.wrapping_add(chunk);
+        }
+    }
+}
+
+/// The bytes of `word`, as memory holds them, from its `from`th (`from < 8`) on.
+#[inline]
+fn bytes_from(word: u64, from: usize) -> [u8; 8] {
+    // `from < 8`: the shift is under 64 bits.
+    #[allow(clippy::cast_possible_truncation)]
+    let bits = (from as u32).wrapping_mul(8);
+    if cfg!(target_endian = "little") {
+        word.wrapping_shr(bits).to_ne_bytes()
+    } else {
+        word.wrapping_shl(bits).to_ne_bytes()
+    }
+}
+
 /// A mapped heap: base pointer plus length, with checked word and byte access. The mapping
 /// may reserve more than the heap holds now (a heap that grows keeps its address); only the
 /// first [`len`](Self::len) bytes are accessible, and [`grow`](Self::grow) makes more so.
@@ -317,31 +357,64 @@ impl Region {
             return;
         }
         let (head, words) = Self::split(start, len);
-        let copy = |at: usize, bytes: &[u8]| {
-            // SAFETY: `at + bytes.len() <= len` (the head, words and tail below partition
-            // `[0, len)`), so the destination lies inside `dst`'s `len` bytes, which the
-            // caller guarantees valid and disjoint from `bytes`, a local copy.
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.wrapping_add(at), bytes.len());
+        let tail_at = head.wrapping_add(words.wrapping_mul(8));
+        // The head and the tail each come from one load of the aligned word holding them,
+        // not a load per byte: a short value after a 4-byte length prefix is all head and
+        // tail.
+        if head > 0 {
+            let aligned = start & !7;
+            let word = bytes_from(self.enclosing_word(aligned), start.wrapping_sub(aligned));
+            // SAFETY: `head <= len`, so the destination lies in `dst`'s `len` bytes (this
+            // function's contract); `head < 8` and `start - aligned + head <= 8` (`split`:
+            // the head ends at the next 8-aligned index or at the end of the range), so
+            // `word`'s first `head` bytes are the range's.
+            unsafe { copy_short(dst, word, head) };
+        }
+        if words > 0 {
+            let src = self.words_at(start.wrapping_add(head), words);
+            for (i, word) in src.iter().enumerate() {
+                let value = word.load(Ordering::Relaxed).to_ne_bytes();
+                // SAFETY: `head + 8 * (i + 1) <= len`, inside `dst`'s `len` bytes, which the
+                // caller guarantees valid and disjoint from `value`, a local copy.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        value.as_ptr(),
+                        dst.wrapping_add(head.wrapping_add(i.wrapping_mul(8))),
+                        8,
+                    );
+                }
             }
-        };
-        for i in 0..head {
-            copy(
-                i,
-                &[self.byte(start.wrapping_add(i)).load(Ordering::Relaxed)],
-            );
         }
-        for i in 0..words {
-            let at = head.wrapping_add(i.wrapping_mul(8));
-            let value = self.word_at(start.wrapping_add(at)).load(Ordering::Relaxed);
-            copy(at, &value.to_ne_bytes());
+        if tail_at < len {
+            // `start + tail_at` is 8-aligned: the head ended at an aligned index.
+            let word = self
+                .enclosing_word(start.wrapping_add(tail_at))
+                .to_ne_bytes();
+            // SAFETY: the tail is shorter than 8 bytes (whole words went above) and ends at
+            // `len`, inside `dst` (this function's contract); its source is `word`'s first
+            // bytes.
+            unsafe { copy_short(dst.wrapping_add(tail_at), word, len.wrapping_sub(tail_at)) };
         }
-        for at in head.wrapping_add(words.wrapping_mul(8))..len {
-            copy(
-                at,
-                &[self.byte(start.wrapping_add(at)).load(Ordering::Relaxed)],
-            );
-        }
+    }
+
+    /// The 8-aligned word at the index `aligned`, loaded (Relaxed, as [`read`](Self::read)
+    /// explains), where `aligned` holds an index inside the region's checked range whose
+    /// word may run past the region's length: the word never crosses a page, and the
+    /// mapping holds whole pages (INV-MEM-1), so it is mapped and backed wherever that byte
+    /// is. The bytes past the range are loaded and ignored.
+    #[inline]
+    fn enclosing_word(&self, aligned: usize) -> u64 {
+        debug_assert!(aligned.is_multiple_of(8) && aligned < self.len());
+        #[allow(clippy::cast_ptr_alignment)]
+        let ptr = self.base.as_ptr().wrapping_add(aligned).cast::<u64>();
+        // SAFETY:
+        // - `ptr` is 8-aligned (INV-MEM-1) and its 8 bytes lie in the page that holds the
+        //   in-bounds byte at `aligned` (an aligned word never crosses a page), which the
+        //   live mapping `self` owns holds and backs (`grow` makes bytes accessible only once
+        //   they are backed, a page at a time for the kernel);
+        // - every access to heap memory is atomic (INV-MEM-2): an atomic load races with no
+        //   access, whoever owns the bytes past the range.
+        unsafe { AtomicU64::from_ptr(ptr) }.load(Ordering::Relaxed)
     }
 
     /// Copies `src` into the heap at `offset` (Relaxed, as [`read`](Self::read) explains).
@@ -666,5 +739,25 @@ mod tests {
             }
         }
         assert!(r.read_to_vec(4090, 7).is_err());
+    }
+
+    /// A short read takes its head and tail from the aligned words around them: every byte
+    /// it returns is the one at its place, none of the neighbours' (each differs), up to a
+    /// region's last byte where the region's length is not a multiple of the word.
+    #[test]
+    fn short_reads_return_their_own_bytes_up_to_an_unaligned_end() {
+        let r = Region::with_len(Mapping::anonymous(4096, true).unwrap(), 4093);
+        let data: Vec<u8> = (0..4093usize).map(|i| (i * 7 + 1) as u8).collect();
+        r.write(0, &data).unwrap();
+        let ends = (4093 - 40)..4093;
+        for start in (0..40).chain(ends) {
+            for len in 0..=(4093 - start).min(40) {
+                let mut back = vec![0xAA; len + 1];
+                r.read(start as u64, &mut back[..len]).unwrap();
+                assert_eq!(&back[..len], &data[start..start + len], "{start} {len}");
+                assert_eq!(back[len], 0xAA, "{start} {len}: a byte past the read");
+            }
+        }
+        assert!(r.read(4090, &mut [0; 4]).is_err());
     }
 }

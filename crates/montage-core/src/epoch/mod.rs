@@ -611,10 +611,29 @@ impl Runtime {
     /// `cut`: the caller's view of the clock minus two, since the checksum of a payload
     /// changed in place in a later epoch may not be written yet (INV-SUM-1). Fails with
     /// [`Error::DamagedPayload`] naming the block's structure.
+    #[inline]
     pub(crate) fn verify_payload(&self, info: &BlockInfo, cut: Epoch) -> Result<()> {
-        if !self.verify_reads || info.spec.epoch > cut {
+        self.verify_payload_with(info, || cut)
+    }
+
+    /// [`verify_payload`](Self::verify_payload) with the cut computed only if reads are
+    /// verified at all: a read outside an operation then loads no clock.
+    #[inline]
+    pub(crate) fn verify_payload_with(
+        &self,
+        info: &BlockInfo,
+        cut: impl FnOnce() -> Epoch,
+    ) -> Result<()> {
+        if !self.verify_reads || info.spec.epoch > cut() {
             return Ok(());
         }
+        self.check_payload(info)
+    }
+
+    /// [`verify_payload`](Self::verify_payload)'s check of a payload it must verify: out of
+    /// line, as reads verify only when the heap is configured to.
+    #[inline(never)]
+    fn check_payload(&self, info: &BlockInfo) -> Result<()> {
         let creation_id = self.alloc.creation_id();
         if crate::alloc::payload_intact(&self.media, creation_id, info, &mut Vec::new())? {
             return Ok(());
