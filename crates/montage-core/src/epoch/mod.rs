@@ -608,18 +608,12 @@ impl Runtime {
 
     /// With [`verify_reads`](Self::verify_reads) on, checks the payload of the block `info`
     /// describes against its checksum, if the block was written in an epoch no later than
-    /// `cut`: the caller's view of the clock minus two, since the checksum of a payload
-    /// changed in place in a later epoch may not be written yet (INV-SUM-1). Fails with
-    /// [`Error::DamagedPayload`] naming the block's structure.
+    /// the one `cut` gives: the caller's view of the clock minus two, since the checksum of a
+    /// payload changed in place in a later epoch may not be written yet (INV-SUM-1). `cut` is
+    /// called only when reads are verified, so a read outside an operation loads no clock
+    /// otherwise. Fails with [`Error::DamagedPayload`] naming the block's structure.
     #[inline]
-    pub(crate) fn verify_payload(&self, info: &BlockInfo, cut: Epoch) -> Result<()> {
-        self.verify_payload_with(info, || cut)
-    }
-
-    /// [`verify_payload`](Self::verify_payload) with the cut computed only if reads are
-    /// verified at all: a read outside an operation then loads no clock.
-    #[inline]
-    pub(crate) fn verify_payload_with(
+    pub(crate) fn verify_payload(
         &self,
         info: &BlockInfo,
         cut: impl FnOnce() -> Epoch,

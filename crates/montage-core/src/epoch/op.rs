@@ -435,7 +435,7 @@ impl<'h> OpGuard<'h> {
     pub fn view(&self, block: PBlock) -> Result<BlockView<'h>> {
         let (info, meta) = self.info_and_meta_for_read(block)?;
         self.runtime
-            .verify_payload(&info, self.epoch.durable_cut())?;
+            .verify_payload(&info, || self.epoch.durable_cut())?;
         Ok(BlockView::new(info, &self.runtime.media, meta).taken_by_op())
     }
 
@@ -459,7 +459,7 @@ impl<'h> OpGuard<'h> {
     pub fn read_into(&self, block: PBlock, buf: &mut Vec<u8>) -> Result<()> {
         let info = self.info_for_read(block)?;
         self.runtime
-            .verify_payload(&info, self.epoch.durable_cut())?;
+            .verify_payload(&info, || self.epoch.durable_cut())?;
         buf.resize(info.len as usize, 0);
         // `info` validated the block and its length against its capacity.
         self.runtime.media.read(block.payload_offset(), buf)

@@ -147,7 +147,7 @@ impl Heap {
     /// `info` describes against its checksum, unless it was written in the last two epochs.
     fn verify_payload(&self, info: &BlockInfo) -> Result<()> {
         let runtime = &self.shared().runtime;
-        runtime.verify_payload_with(info, || runtime.epochs.current().durable_cut())
+        runtime.verify_payload(info, || runtime.epochs.current().durable_cut())
     }
 
     /// Visits every valid block matching `filter`, in parallel over the heap's spans. Blocks

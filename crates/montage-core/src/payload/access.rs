@@ -57,7 +57,7 @@ fn read_at<F: PayloadField>(op: &OpGuard<'_>, info: &BlockInfo, offset: usize) -
 fn verified_info<T: Payload>(op: &OpGuard<'_>, block: PBlock) -> Result<BlockInfo> {
     let info = checked_info::<T>(op, block)?;
     op.runtime()
-        .verify_payload(&info, op.epoch().durable_cut())?;
+        .verify_payload(&info, || op.epoch().durable_cut())?;
     Ok(info)
 }
 
