@@ -5,12 +5,12 @@
 //!   `valgrind --tool=callgrind --fair-sched=yes --toggle-collect=op_probe::one_op
 //!   target/release/deps/op_probe-<hash> alloc 200 1500` counts every call of `one_op` (the
 //!   1,500 warm-up batches' too: divide by 1,700,000). `begin-end` counts `be_op` the same
-//!   way.
+//!   way, `delete` (an operation that deletes a block of its own epoch) `one_delete`.
 //! * Time, with the contenders of one comparison alternating run by run: each run prints
 //!   the median over its measured batches of the time per call (with their mean and 99th
 //!   percentile), and a `Box::new` loop's in the same run.
 //!
-//! Usage: `cargo bench --bench op_probe -- [alloc | begin-end | box] [BATCHES] [WARM-UP
+//! Usage: `cargo bench --bench op_probe -- [alloc | delete | begin-end | box] [BATCHES] [WARM-UP
 //! BATCHES] [pmem | journal]`, or the binary itself with the same arguments (a batch is
 //! 1,000 calls; default `alloc 3000 1000 pmem`). Each batch's blocks are deleted in one operation after
 //! it, outside the timed part, so that they come back to the thread's cache three epochs
@@ -36,6 +36,14 @@ const BATCH: u32 = 1000;
 fn one_op(heap: &Heap, owner: OwnerId, payload: &[u8; 64]) -> PBlock {
     let op = heap.begin_op().unwrap();
     op.alloc(owner, 1, black_box(payload)).unwrap()
+}
+
+/// An operation that deletes one payload written in its own epoch, which no one else
+/// reaches (a striped map's removal): what callgrind counts for `delete`.
+#[inline(never)]
+fn one_delete(heap: &Heap, block: PBlock) {
+    let op = heap.begin_op().unwrap();
+    op.delete_unshared(black_box(block)).unwrap();
 }
 
 /// An operation that does nothing: its begin and end.
@@ -121,12 +129,31 @@ fn main() {
             );
             println!("begin + 64-byte allocation + end: {}", summary(times));
         }
+        "delete" => {
+            // Each batch deletes blocks allocated, in one operation, just before it (outside
+            // the timed part); deleted in their own epoch, they go back to the thread's cache.
+            let fresh = || {
+                heap.run_op(|op| (0..BATCH).map(|_| op.alloc(owner, 1, &payload)).collect())
+                    .unwrap()
+            };
+            let ready: std::cell::RefCell<Vec<PBlock>> = std::cell::RefCell::new(fresh());
+            let times = timed(
+                warm,
+                batches,
+                || one_delete(&heap, ready.borrow_mut().pop().unwrap()),
+                |_| *ready.borrow_mut() = fresh(),
+            );
+            println!(
+                "begin + deletion of a block of its epoch + end: {}",
+                summary(times)
+            );
+        }
         "begin-end" => {
             let times = timed(warm, batches, || be_op(&heap), drop);
             println!("begin + end: {}", summary(times));
         }
         "box" => {}
-        other => panic!("unknown probe {other:?}: alloc, begin-end or box"),
+        other => panic!("unknown probe {other:?}: alloc, delete, begin-end or box"),
     }
     let times = timed(warm, batches, || Box::new(black_box(payload)), drop);
     println!("Box::new of 64 bytes: {}", summary(times));

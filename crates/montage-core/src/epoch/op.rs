@@ -77,9 +77,26 @@ fn older_epoch() -> Error {
 struct Kept(Cell<u64>);
 
 impl Kept {
+    /// What [`finish`](Self::finish) leaves: no block starts at offset 1 (offsets are
+    /// multiples of 8).
+    const FINISHED: u64 = 1;
+
     fn get(&self) -> Option<PBlock> {
         let offset = self.0.get();
+        debug_assert_ne!(
+            offset,
+            Self::FINISHED,
+            "a finished guard's cell is not read"
+        );
         (offset != 0).then_some(PBlock(offset))
+    }
+
+    /// Marks the cell finished, forgetting its block; returns whether it was already. For
+    /// the guard's first allocation, which nothing reads once the operation has ended: the
+    /// mark is the guard's record that it has ended (a flag of its own would make the guard
+    /// too large to be moved without a call to `memcpy`).
+    fn finish(&self) -> bool {
+        self.0.replace(Self::FINISHED) == Self::FINISHED
     }
 
     fn set(&self, block: PBlock) {
@@ -91,6 +108,63 @@ impl Kept {
         let kept = self.get();
         self.0.set(0);
         kept
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.get() == 0
+    }
+}
+
+/// What an operation's first deletion left (see `OpGuard::delete_known`): the block it
+/// killed, of the operation's own epoch, or the anti-block it wrote for an older one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deletion {
+    /// A block of this epoch, invalidated when the operation commits, and who may reach it.
+    Kill(PBlock, Reach),
+    /// An anti-block.
+    Anti(PBlock),
+}
+
+/// An operation's first [`Deletion`], kept out of its log as [`Kept`] keeps a block, in
+/// one word: block offsets are multiples of 8, which leaves the low bits for the kind (bit
+/// 1 a kill, bit 0 one no one else reaches). One word for both kinds, as an operation that
+/// deletes one payload leaves one or the other, keeps the guard small enough to be moved
+/// without a call to `memcpy`.
+#[derive(Debug, Default)]
+struct KeptDeletion(Cell<u64>);
+
+impl KeptDeletion {
+    const KILL: u64 = 0b10;
+    const UNSHARED: u64 = 0b01;
+
+    fn is_empty(&self) -> bool {
+        self.0.get() == 0
+    }
+
+    fn set(&self, deletion: Deletion) {
+        let word = match deletion {
+            Deletion::Kill(block, Reach::Shared) => block.0 | Self::KILL,
+            Deletion::Kill(block, Reach::Unshared) => block.0 | Self::KILL | Self::UNSHARED,
+            Deletion::Anti(block) => block.0,
+        };
+        debug_assert!(word & !0b111 != 0, "no block starts at offset 0");
+        debug_assert_eq!(word & 0b100, 0, "block offsets are multiples of 8");
+        self.0.set(word);
+    }
+
+    fn take(&self) -> Option<Deletion> {
+        let word = self.0.replace(0);
+        let block = PBlock(word & !0b111);
+        let reach = if word & Self::UNSHARED != 0 {
+            Reach::Unshared
+        } else {
+            Reach::Shared
+        };
+        match word {
+            0 => None,
+            _ if word & Self::KILL != 0 => Some(Deletion::Kill(block, reach)),
+            _ => Some(Deletion::Anti(block)),
+        }
     }
 }
 
@@ -194,6 +268,16 @@ pub(crate) struct OpLog {
 }
 
 impl OpLog {
+    /// Adds what a deletion left to the kills or the anti-blocks.
+    fn deleted(&mut self, deletion: Option<Deletion>) {
+        match deletion {
+            Some(Deletion::Kill(block, Reach::Shared)) => self.kills.push(block),
+            Some(Deletion::Kill(block, Reach::Unshared)) => self.reusable.push(block),
+            Some(Deletion::Anti(block)) => self.antis.push(block),
+            None => {}
+        }
+    }
+
     /// Whether nothing in the log is left for the advancer: everything but the list of
     /// allocations (which only an abort uses) and the kills (which `finish` turns into
     /// victims) is empty.
@@ -203,6 +287,12 @@ impl OpLog {
             && self.victims.is_empty()
             && self.antis.is_empty()
     }
+}
+
+/// The blocks an ending operation's guard kept out of its log (see `OpGuard::keep`).
+struct Firsts {
+    victim: Option<PBlock>,
+    deletion: Option<Deletion>,
 }
 
 /// Who may reach a block an operation deletes, once the operation has ended.
@@ -235,12 +325,15 @@ pub struct OpGuard<'h> {
     /// back when it ends.
     log: RefCell<Option<Box<OpLog>>>,
     /// The first block the operation allocated (undone on abort); the log lists the rest.
-    /// Most operations allocate one block and log nothing else, and never take a log.
+    /// Most operations allocate one block and log nothing else, and never take a log. Once
+    /// the operation has ended, the mark that it has ([`Kept::finish`]).
     first_alloc: Kept,
     /// The first older version the operation superseded or deleted (retired bit set); the
     /// log lists the rest. An update that writes a new version needs no log either.
     first_victim: Kept,
-    done: Cell<bool>,
+    /// What the operation's first deletion left (a block of this epoch to kill when it
+    /// commits, or an anti-block); the log lists the rest. A delete takes no log either.
+    first_deletion: KeptDeletion,
     /// The operation's announcement, and through it its thread slot: withdrawn when the
     /// guard is dropped, after `finish` has handed everything to the advancer.
     announcement: RefCell<OpAnnouncement<'h>>,
@@ -269,7 +362,7 @@ impl<'h> OpGuard<'h> {
             log: RefCell::new(None),
             first_alloc: Kept::default(),
             first_victim: Kept::default(),
-            done: Cell::new(false),
+            first_deletion: KeptDeletion::default(),
             announcement: RefCell::new(announcement),
             _not_send: PhantomData,
         })
@@ -279,13 +372,16 @@ impl<'h> OpGuard<'h> {
     /// there is none), so that an operation that logs nothing never touches one.
     fn log(&self) -> RefMut<'_, OpLog> {
         RefMut::map(self.log.borrow_mut(), |log| {
-            &mut **log.get_or_insert_with(|| {
-                self.announcement
-                    .borrow_mut()
-                    .state(|state| state.spare_logs.pop())
-                    .unwrap_or_default()
-            })
+            &mut **log.get_or_insert_with(|| self.spare_log())
         })
+    }
+
+    /// A log from the slot's spares, or a fresh one if there is none.
+    fn spare_log(&self) -> Box<OpLog> {
+        self.announcement
+            .borrow_mut()
+            .state(|state| state.spare_logs.pop())
+            .unwrap_or_default()
     }
 
     /// The epoch this operation runs in.
@@ -989,14 +1085,22 @@ impl<'h> OpGuard<'h> {
             return Ok(false);
         }
         if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
-            let mut log = self.log();
-            match reach {
-                Reach::Shared => log.kills.push(info.block),
-                Reach::Unshared => log.reusable.push(info.block),
+            if self.first_deletion.is_empty() {
+                self.first_deletion.set(Deletion::Kill(info.block, reach));
+            } else {
+                let mut log = self.log();
+                match reach {
+                    Reach::Shared => log.kills.push(info.block),
+                    Reach::Unshared => log.reusable.push(info.block),
+                }
             }
         } else {
             let anti = self.supersede_claimed(info, BlockKind::Delete, NewVersion::Bytes(&[]))?;
-            self.log().antis.push(anti);
+            if self.first_deletion.is_empty() {
+                self.first_deletion.set(Deletion::Anti(anti));
+            } else {
+                self.log().antis.push(anti);
+            }
         }
         Ok(true)
     }
@@ -1058,6 +1162,12 @@ impl<'h> OpGuard<'h> {
         let log = &mut *log;
         let mut first_error = Ok(());
         log.victims.extend(self.first_victim.take());
+        // A first anti-block is dropped with the others (its allocation is killed below).
+        log.deleted(
+            self.first_deletion
+                .take()
+                .filter(|d| matches!(d, Deletion::Kill(..))),
+        );
         let retired = log
             .victims
             .drain(..)
@@ -1080,13 +1190,12 @@ impl<'h> OpGuard<'h> {
     /// advancer and withdraws the announcement; `committed` records the epoch as the
     /// thread's last commit.
     fn finish(&self, committed: bool) {
-        if self.done.replace(true) {
+        if self.first_alloc.finish() {
             return;
         }
         let taken = self.log.borrow_mut().take();
-        let victim = self.first_victim.take();
-        if taken.is_some() || victim.is_some() {
-            self.hand_over_taken(taken, victim);
+        if taken.is_some() || !(self.first_victim.is_empty() && self.first_deletion.is_empty()) {
+            self.hand_over_taken(taken);
         }
         let instance = self.runtime.epochs.instance();
         if !self.announcement.borrow().owned() {
@@ -1097,45 +1206,75 @@ impl<'h> OpGuard<'h> {
         }
     }
 
-    /// What `finish` does with the operation's log (`taken`, if it took one) and the first
-    /// version it superseded or deleted (`victim`), if either: hands them to the advancer.
-    /// Out of line: most operations have neither (an allocation's log entry is in the slot's
-    /// log already), and their end should not pay for this path's registers.
+    /// What `finish` does with the operation's log (`taken`, if it took one) and the blocks
+    /// the guard kept out of it (its first victim and its first deletion): hands them to the
+    /// advancer. Out of line: most operations have neither (an allocation's log entry is in
+    /// the slot's log already), and their end should not pay for this path's registers.
     #[inline(never)]
-    fn hand_over_taken(&self, taken: Option<Box<OpLog>>, victim: Option<PBlock>) {
-        if let Some(mut log) = taken {
-            log.victims.extend(victim);
-            self.hand_over(&mut log);
-            // What is left is capacity for the next operation in this slot.
-            self.announcement
-                .borrow_mut()
-                .state(|state| state.spare_logs.push(log));
-        } else if let Some(victim) = victim {
-            // As `hand_over` would: to the slot's log of this epoch before the announcement
-            // is withdrawn.
-            self.announcement
-                .borrow_mut()
-                .log(|bucket| bucket.victims.push(victim));
+    fn hand_over_taken(&self, taken: Option<Box<OpLog>>) {
+        let firsts = Firsts {
+            victim: self.first_victim.take(),
+            deletion: self.first_deletion.take(),
+        };
+        // Where each operation flushes its own writes, a kill's range is flushed with the
+        // rest in `hand_over`: it needs a log then.
+        let flushes = self.runtime.write_back == WriteBack::MeasureEachOp;
+        let kills = matches!(firsts.deletion, Some(Deletion::Kill(..)));
+        if taken.is_none() && !(flushes && kills) {
+            // As `hand_over` would, without a log: the kill first, then everything to the
+            // slot's log of this epoch before the announcement is withdrawn.
+            let (mut range, mut victim, mut anti) = (None, None, None);
+            match firsts.deletion {
+                Some(Deletion::Kill(block, reach)) => (range, victim) = self.kill(block, reach),
+                Some(Deletion::Anti(block)) => anti = Some(block),
+                None => {}
+            }
+            self.announcement.borrow_mut().log(|bucket| {
+                bucket.persist.extend(range);
+                bucket
+                    .victims
+                    .extend(victim.into_iter().chain(firsts.victim));
+                bucket.antis.extend(anti);
+            });
+            return;
         }
+        let mut log = taken.unwrap_or_else(|| self.spare_log());
+        log.victims.extend(firsts.victim);
+        log.deleted(firsts.deletion);
+        self.hand_over(&mut log);
+        // What is left is capacity for the next operation in this slot.
+        self.announcement
+            .borrow_mut()
+            .state(|state| state.spare_logs.push(log));
+    }
+
+    /// Invalidates `block`, which this operation deleted or superseded in its own epoch:
+    /// returns the range of its header to write back (none if the store failed, which leaves
+    /// the block valid until reclamation invalidates it; the heap is poisoned then and every
+    /// later write reports it) and the block again if it waits for reclamation. A block
+    /// no one else can reach (`Reach::Unshared`, INV-ALLOC-1's exception) goes back to the
+    /// thread's cache at once if it is small.
+    fn kill(&self, block: PBlock, reach: Reach) -> (Option<(u64, u64)>, Option<PBlock>) {
+        let shared = self.runtime;
+        let killed = shared.media.store(block.offset(), 0).is_ok();
+        let reused =
+            reach == Reach::Unshared && killed && shared.alloc.put_back(&self.announcement, block);
+        (
+            killed.then_some((block.offset(), 8)),
+            (!reused).then_some(block),
+        )
     }
 
     /// Kills what the operation killed and hands everything in `log` to the advancer,
     /// leaving it empty.
     fn hand_over(&self, log: &mut OpLog) {
         let shared = self.runtime;
-        let kills = log.kills.drain(..).map(|block| (block, false));
-        for (block, reusable) in kills.chain(log.reusable.drain(..).map(|block| (block, true))) {
-            // A failed store leaves the block valid until reclamation invalidates it; the
-            // heap is poisoned then and every later write reports it.
-            let killed = shared.media.store(block.offset(), 0).is_ok();
-            if killed {
-                log.persist.push((block.offset(), 8));
-            }
-            // A reusable block (INV-ALLOC-1's exception) is reused now if it is small; any
-            // other waits for reclamation.
-            if !(reusable && killed && shared.alloc.put_back(&self.announcement, block)) {
-                log.victims.push(block);
-            }
+        let kills = log.kills.drain(..).map(|block| (block, Reach::Shared));
+        let reusable = log.reusable.drain(..).map(|block| (block, Reach::Unshared));
+        for (block, reach) in kills.chain(reusable) {
+            let (range, victim) = self.kill(block, reach);
+            log.persist.extend(range);
+            log.victims.extend(victim);
         }
         if shared.write_back == WriteBack::MeasureEachOp {
             // PERSIST: durable before the operation returns (WriteBack::MeasureEachOp). The ranges
@@ -1234,7 +1373,7 @@ pub(crate) fn last_commit(instance: u64) -> Option<Epoch> {
 
 #[cfg(all(test, not(montage_loom)))]
 mod tests {
-    use crate::{EpochLength, Error, Heap, HeapConfig};
+    use crate::{EpochLength, Error, Heap, HeapConfig, OpGuard, PBlock, Result};
 
     /// A block found with `in_place` takes writes in place from every operation of its
     /// epoch, inside its payload only, and from none of a later epoch; a block of an older
@@ -1375,6 +1514,92 @@ mod tests {
         op.abort().unwrap();
         assert_eq!(heap.read_payload(kept).unwrap(), b"kept");
         assert_ne!(alloc(b"five"), kept);
+    }
+
+    /// An operation that deletes several blocks of each kind (of its own epoch, unshared
+    /// and shared; of an older one, with anti-blocks) keeps the first of each out of its
+    /// log and the rest in it: rolled back, every block is live again; committed, every one
+    /// is gone, the unshared ones are handed out again at once, and the rest wait for
+    /// reclamation.
+    #[test]
+    fn several_deletes_of_each_kind_in_one_operation_commit_and_roll_back_alike() {
+        let config = HeapConfig::in_memory(1 << 20).epoch_length(EpochLength::Manual);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("t").unwrap();
+        let live_blocks = |heap: &Heap| -> u64 {
+            let usage = heap.usage(|_| {}).unwrap();
+            usage.classes.iter().map(|class| class.live_blocks).sum()
+        };
+        let at_start = live_blocks(&heap);
+        let alloc = |bytes: &[u8]| heap.run_op(|op| op.alloc(owner, 1, bytes)).unwrap();
+        let old: Vec<PBlock> = (0u8..3).map(|i| alloc(&[b'o', i])).collect();
+        heap.advance_epoch().unwrap();
+        let unshared: Vec<PBlock> = (0u8..3).map(|i| alloc(&[b'u', i])).collect();
+        let shared: Vec<PBlock> = (0u8..2).map(|i| alloc(&[b's', i])).collect();
+        // The first deletion a kill the guard keeps; the anti-blocks all in the log.
+        let delete_all = |op: &OpGuard<'_>| -> Result<()> {
+            for &block in &unshared {
+                op.delete_unshared(block)?;
+            }
+            for &block in &old {
+                op.delete(block)?;
+            }
+            for &block in &shared {
+                op.delete(block)?;
+            }
+            Ok(())
+        };
+        let op = heap.begin_op().unwrap();
+        delete_all(&op).unwrap();
+        op.abort().unwrap();
+        for (&block, want) in old.iter().zip([b"o\0", b"o\x01", b"o\x02"]) {
+            assert_eq!(heap.read_payload(block).unwrap(), want);
+        }
+        for &block in unshared.iter().chain(&shared) {
+            assert_eq!(heap.read_payload(block).unwrap().len(), 2);
+        }
+        heap.run_op(|op| delete_all(op)).unwrap();
+        for &block in unshared.iter().chain(&shared) {
+            assert!(matches!(
+                heap.read_payload(block),
+                Err(Error::InvalidBlock { .. })
+            ));
+        }
+        for &block in &old {
+            assert!(matches!(
+                heap.run_op(|op| op.delete(block)),
+                Err(Error::Retired { .. })
+            ));
+        }
+        // The unshared blocks, the first kept by the guard and the others by the log, are
+        // the next three handed out; the shared ones and the old ones are not.
+        let mut next: Vec<PBlock> = (0u8..3).map(|i| alloc(&[b'n', i])).collect();
+        let mut want = unshared.clone();
+        next.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(next, want);
+        let later = alloc(b"later");
+        assert!(!shared.contains(&later) && !old.contains(&later));
+        // One deletion of each kind alone in its operation, which takes no log at all.
+        let alone_old = alloc(b"alone, old");
+        heap.advance_epoch().unwrap();
+        let alone_shared = alloc(b"alone, shared");
+        heap.run_op(|op| op.delete(alone_old)).unwrap();
+        heap.run_op(|op| op.delete(alone_shared)).unwrap();
+        assert!(matches!(
+            heap.read_payload(alone_shared),
+            Err(Error::InvalidBlock { .. })
+        ));
+        assert!(matches!(
+            heap.run_op(|op| op.delete(alone_old)),
+            Err(Error::Retired { .. })
+        ));
+        // Reclamation takes the rest, the anti-blocks included: what is left live is what
+        // was before the test and the four blocks allocated since the deletions.
+        for _ in 0..6 {
+            heap.advance_epoch().unwrap();
+        }
+        assert_eq!(live_blocks(&heap), at_start + 4);
     }
 
     /// `update_viewed` writes in place or a new version as `update` would, from the view's

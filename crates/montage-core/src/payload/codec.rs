@@ -226,12 +226,14 @@ pub trait EncodeAs<C: Codec> {
 }
 
 impl<C: Codec> EncodeAs<C> for C {
+    #[inline]
     fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         self.encode(out)
     }
 }
 
 impl EncodeAs<Vec<u8>> for [u8] {
+    #[inline]
     fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
         Ok(())
@@ -239,6 +241,7 @@ impl EncodeAs<Vec<u8>> for [u8] {
 }
 
 impl EncodeAs<Box<[u8]>> for [u8] {
+    #[inline]
     fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
         Ok(())
@@ -246,6 +249,7 @@ impl EncodeAs<Box<[u8]>> for [u8] {
 }
 
 impl EncodeAs<String> for str {
+    #[inline]
     fn encode_as(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self.as_bytes());
         Ok(())
@@ -258,6 +262,7 @@ pub(crate) const fn id(name: &str) -> u64 {
 
 impl Codec for Vec<u8> {
     const CODEC_ID: u64 = id("bytes");
+    #[inline]
     fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
         Ok(())
@@ -277,6 +282,7 @@ impl Codec for Vec<u8> {
 
 impl Codec for Box<[u8]> {
     const CODEC_ID: u64 = id("bytes");
+    #[inline]
     fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self);
         Ok(())
@@ -296,6 +302,7 @@ impl Codec for Box<[u8]> {
 
 impl Codec for String {
     const CODEC_ID: u64 = id("utf-8");
+    #[inline]
     fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.extend_from_slice(self.as_bytes());
         Ok(())
@@ -332,6 +339,7 @@ macro_rules! integer_codecs {
     ($($t:ty $(=> $u:ty)?),*) => {$(
         impl Codec for $t {
             const CODEC_ID: u64 = id(stringify!($t));
+            #[inline]
             fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
                 out.extend_from_slice(&self.to_le_bytes());
                 Ok(())
@@ -393,6 +401,7 @@ macro_rules! pair_codecs {
                     .finish())
             }
 
+            #[inline]
             fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
                 self.0.encode(out)?;
                 self.1.encode(out)
@@ -414,6 +423,7 @@ pair_codecs!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
 
 impl Codec for bool {
     const CODEC_ID: u64 = id("bool");
+    #[inline]
     fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
         out.push(u8::from(*self));
         Ok(())
@@ -433,6 +443,7 @@ impl Codec for bool {
 
 impl Codec for () {
     const CODEC_ID: u64 = id("unit");
+    #[inline]
     fn encode(&self, _out: &mut Vec<u8>) -> crate::error::Result<()> {
         Ok(())
     }
@@ -491,6 +502,7 @@ mod tests {
 
     impl Codec for Long {
         const CODEC_ID: u64 = id("long");
+        #[inline]
         fn encode(&self, out: &mut Vec<u8>) -> crate::error::Result<()> {
             out.extend_from_slice(&self.0);
             Ok(())
