@@ -5,12 +5,13 @@
 //!   `valgrind --tool=callgrind --fair-sched=yes --toggle-collect=op_probe::one_op
 //!   target/release/deps/op_probe-<hash> alloc 200 1500` counts every call of `one_op` (the
 //!   1,500 warm-up batches' too: divide by 1,700,000). `begin-end` counts `be_op` the same
-//!   way, `delete` (an operation that deletes a block of its own epoch) `one_delete`.
+//!   way, `delete` (an operation that deletes a block of its own epoch) `one_delete`,
+//!   `update` (one that rewrites a payload, in place within its epoch) `one_update`.
 //! * Time, with the contenders of one comparison alternating run by run: each run prints
 //!   the median over its measured batches of the time per call (with their mean and 99th
 //!   percentile), and a `Box::new` loop's in the same run.
 //!
-//! Usage: `cargo bench --bench op_probe -- [alloc | delete | begin-end | box] [BATCHES] [WARM-UP
+//! Usage: `cargo bench --bench op_probe -- [alloc | delete | update | begin-end | box] [BATCHES] [WARM-UP
 //! BATCHES] [pmem | journal]`, or the binary itself with the same arguments (a batch is
 //! 1,000 calls; default `alloc 3000 1000 pmem`). Each batch's blocks are deleted in one operation after
 //! it, outside the timed part, so that they come back to the thread's cache three epochs
@@ -44,6 +45,14 @@ fn one_op(heap: &Heap, owner: OwnerId, payload: &[u8; 64]) -> PBlock {
 fn one_delete(heap: &Heap, block: PBlock) {
     let op = heap.begin_op().unwrap();
     op.delete_unshared(black_box(block)).unwrap();
+}
+
+/// An operation that rewrites a 64-byte payload, in place while the epoch that wrote it
+/// lasts: what callgrind counts for `update`.
+#[inline(never)]
+fn one_update(heap: &Heap, block: PBlock, payload: &[u8; 64]) -> PBlock {
+    let op = heap.begin_op().unwrap();
+    op.update(block, black_box(payload)).unwrap()
 }
 
 /// An operation that does nothing: its begin and end.
@@ -148,12 +157,23 @@ fn main() {
                 summary(times)
             );
         }
+        "update" => {
+            let block =
+                std::cell::Cell::new(heap.run_op(|op| op.alloc(owner, 1, &payload)).unwrap());
+            let times = timed(
+                warm,
+                batches,
+                || block.set(one_update(&heap, block.get(), &payload)),
+                drop,
+            );
+            println!("begin + 64-byte update + end: {}", summary(times));
+        }
         "begin-end" => {
             let times = timed(warm, batches, || be_op(&heap), drop);
             println!("begin + end: {}", summary(times));
         }
         "box" => {}
-        other => panic!("unknown probe {other:?}: alloc, delete, begin-end or box"),
+        other => panic!("unknown probe {other:?}: alloc, delete, update, begin-end or box"),
     }
     let times = timed(warm, batches, || Box::new(black_box(payload)), drop);
     println!("Box::new of 64 bytes: {}", summary(times));

@@ -641,10 +641,10 @@ impl Allocator {
     /// (INV-SUM-1), with one check of the range for both.
     #[inline]
     pub(crate) fn write_payload(&self, media: &Media, block: PBlock, payload: &[u8]) -> Result<()> {
-        media.write_pair(
+        media.write_payload(
             block.payload_offset(),
             payload,
-            &self.trailer(block, payload),
+            &payload_checksum_words(block.0, self.geometry.creation_id),
         )
     }
 

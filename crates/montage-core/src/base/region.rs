@@ -447,30 +447,57 @@ impl Region {
             .saturating_add(TRAILER as u64);
         let start = self.check_words(offset, total)?;
         self.body_in(start, body);
+        // 8-aligned: a block start and the header's length both are.
         let payload_at = start.wrapping_add(HEADER);
-        let sum = if payload.len() < crc::INLINE_MAX {
-            // `payload_at` is 8-aligned (a block start and the header's length both are), so
-            // every whole word of the payload is an aligned word of the heap.
-            crc::words_then_bytes_copying(
-                sum_words,
-                payload,
-                self.words_at(payload_at, payload.len() / 8),
-                |j, byte| {
-                    // ORDERING: as above.
-                    self.byte(payload_at.wrapping_add(j))
-                        .store(byte, Ordering::Relaxed);
-                },
-            )
-        } else {
-            self.copy_in(payload_at, payload);
-            crc::words_then_bytes(sum_words, payload)
-        };
+        let sum = self.payload_in(payload_at, payload, sum_words);
         self.copy_in(payload_at.wrapping_add(payload.len()), &sum.to_le_bytes());
         // ORDERING: Release, after the body, the payload and the trailer, which it publishes:
         // a reader that sees the new meta word (an Acquire load) sees the whole block, even
         // one that read the block's previous owner a moment ago (NbQueue's losing pops).
         self.word_at(start).store(meta, Ordering::Release);
         Ok(())
+    }
+
+    /// Writes `payload` at the 8-aligned `offset` (a block's payload) and right after it its
+    /// trailer, the crc32c of `sum_words` and the payload (little-endian), with one bounds
+    /// check: a short payload is checksummed as it is copied, in one pass, as
+    /// [`write_block`](Self::write_block) does. For a payload rewritten in place.
+    pub(crate) fn write_payload(
+        &self,
+        offset: u64,
+        payload: &[u8],
+        sum_words: &[u64; 2],
+    ) -> Result<()> {
+        let total = (payload.len() as u64).saturating_add(TRAILER as u64);
+        let start = self.check_words(offset, total)?;
+        let sum = self.payload_in(start, payload, sum_words);
+        self.copy_in(start.wrapping_add(payload.len()), &sum.to_le_bytes());
+        Ok(())
+    }
+
+    /// Copies `payload` to the checked, 8-aligned index `start` and returns the crc32c of
+    /// `sum_words` and the payload: computed as it is copied for a short payload, after the
+    /// copy for a long one.
+    #[inline]
+    fn payload_in(&self, start: usize, payload: &[u8], sum_words: &[u64; 2]) -> u32 {
+        if payload.len() < crc::INLINE_MAX {
+            // `start` is 8-aligned, so every whole word of the payload is an aligned word of
+            // the heap.
+            crc::words_then_bytes_copying(
+                sum_words,
+                payload,
+                self.words_at(start, payload.len() / 8),
+                |j, byte| {
+                    // ORDERING: Relaxed, as every store of a payload's bytes: the operation's
+                    // lock, or the meta word stored after them, publishes them.
+                    self.byte(start.wrapping_add(j))
+                        .store(byte, Ordering::Relaxed);
+                },
+            )
+        } else {
+            self.copy_in(start, payload);
+            crc::words_then_bytes(sum_words, payload)
+        }
     }
 
     /// Stores a block header at the 8-aligned `offset` with one bounds check: `body` into the

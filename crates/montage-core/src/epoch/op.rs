@@ -659,14 +659,15 @@ impl<'h> OpGuard<'h> {
         let shared = self.runtime;
         let block = info.block;
         let len = bytes.len() as u64;
-        shared.media.write(block.payload_offset(), bytes)?;
+        // The payload and its trailer in one pass (the bytes are in hand, and in this core's
+        // cache), then a header of the new length: all of this epoch, written back with it.
+        shared.alloc.write_payload(&shared.media, block, bytes)?;
         if len != u64::from(info.len) {
             let header = info.spec.raw(len as u32);
             shared
                 .alloc
                 .write_header(&shared.media, block.offset(), &header)?;
         }
-        shared.alloc.write_trailer(&shared.media, block, bytes)?;
         self.log_persist(block.offset(), HEADER_LEN + len + TRAILER_LEN);
         Ok(block)
     }

@@ -304,18 +304,36 @@ impl Media {
         self.region.write(offset, bytes)
     }
 
-    /// Copies `first` into the heap at `offset` and `second` right after it, with one check
-    /// of the backend: a payload and its trailer.
+    /// Writes `payload` at `offset`, a block's payload, and right after it its trailer, the
+    /// crc32c of `sum_words` and the payload (little-endian), with one check of the backend
+    /// and one of the bounds; a short payload is checksummed as it is copied.
     #[inline]
-    pub(crate) fn write_pair(&self, offset: u64, first: &[u8], second: &[u8]) -> Result<()> {
+    pub(crate) fn write_payload(
+        &self,
+        offset: u64,
+        payload: &[u8],
+        sum_words: &[u64; 2],
+    ) -> Result<()> {
         #[cfg(any(test, feature = "sim"))]
         if self.simulator().is_some() {
-            self.write(offset, first)?;
-            return self.write(offset + first.len() as u64, second);
+            return self.write_payload_simulated(offset, payload, sum_words);
         }
         self.check_poison()?;
-        self.region.write(offset, first)?;
-        self.region.write(offset + first.len() as u64, second)
+        self.region.write_payload(offset, payload, sum_words)
+    }
+
+    /// [`write_payload`](Self::write_payload) under the simulator: the payload, then the
+    /// trailer, each a write it records.
+    #[cfg(any(test, feature = "sim"))]
+    fn write_payload_simulated(
+        &self,
+        offset: u64,
+        payload: &[u8],
+        sum_words: &[u64; 2],
+    ) -> Result<()> {
+        let trailer = crate::base::crc::words_then_bytes(sum_words, payload).to_le_bytes();
+        self.write(offset, payload)?;
+        self.write(offset + payload.len() as u64, &trailer)
     }
 
     /// Writes a new block at `offset`: its header ([`store_header`](Self::store_header)'s
@@ -336,8 +354,11 @@ impl Media {
             // In the hardware path's order: the body, the payload and trailer, then the meta
             // word (a block handed out has a zero meta word until then: INV-ALLOC-1).
             self.store_words(offset + 8, body)?;
-            let trailer = crate::base::crc::words_then_bytes(sum_words, payload).to_le_bytes();
-            self.write_pair(offset + crate::base::layout::HEADER_LEN, payload, &trailer)?;
+            self.write_payload_simulated(
+                offset + crate::base::layout::HEADER_LEN,
+                payload,
+                sum_words,
+            )?;
             return self.store(offset, meta);
         }
         self.check_poison()?;
