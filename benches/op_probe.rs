@@ -11,13 +11,13 @@
 //!   the median over its measured batches of the time per call (with their mean and 99th
 //!   percentile), and a `Box::new` loop's in the same run.
 //!
-//! Usage: `cargo bench --bench op_probe -- [alloc | delete | update | begin-end | box] [BATCHES] [WARM-UP
-//! BATCHES] [pmem | journal]`, or the binary itself with the same arguments (a batch is
-//! 1,000 calls; default `alloc 3000 1000 pmem`). Each batch's blocks are deleted in one operation after
-//! it, outside the timed part, so that they come back to the thread's cache three epochs
-//! later, as in `op_alloc`. The heap is a file in `MONTAGE_BENCH_DIR` (default `/dev/shm`)
-//! on the pmem backend, or on the journal backend (the journal beside it), that grows as
-//! the blocks in flight need.
+//! Usage: `cargo bench --bench op_probe -- [alloc | delete | update | begin-end | box]
+//! [BATCHES] [WARM-UP BATCHES] [pmem | journal]`, or the binary itself with the same
+//! arguments (a batch is 1,000 calls; default `alloc 3000 1000 pmem`). Each `alloc` batch's
+//! blocks are deleted in one operation after it, outside the timed part, so that they come
+//! back to the thread's cache three epochs later, as in `op_alloc`. The heap is a file in
+//! `MONTAGE_BENCH_DIR` (default `/dev/shm`) on the pmem backend, or on the journal backend
+//! (the journal beside it), that grows as the blocks in flight need.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::print_stdout)] // a probe reports and stops loudly

@@ -448,9 +448,7 @@ impl Region {
         let start = self.check_words(offset, total)?;
         self.body_in(start, body);
         // 8-aligned: a block start and the header's length both are.
-        let payload_at = start.wrapping_add(HEADER);
-        let sum = self.payload_in(payload_at, payload, sum_words);
-        self.copy_in(payload_at.wrapping_add(payload.len()), &sum.to_le_bytes());
+        self.payload_in(start.wrapping_add(HEADER), payload, sum_words);
         // ORDERING: Release, after the body, the payload and the trailer, which it publishes:
         // a reader that sees the new meta word (an Acquire load) sees the whole block, even
         // one that read the block's previous owner a moment ago (NbQueue's losing pops).
@@ -470,17 +468,16 @@ impl Region {
     ) -> Result<()> {
         let total = (payload.len() as u64).saturating_add(TRAILER as u64);
         let start = self.check_words(offset, total)?;
-        let sum = self.payload_in(start, payload, sum_words);
-        self.copy_in(start.wrapping_add(payload.len()), &sum.to_le_bytes());
+        self.payload_in(start, payload, sum_words);
         Ok(())
     }
 
-    /// Copies `payload` to the checked, 8-aligned index `start` and returns the crc32c of
-    /// `sum_words` and the payload: computed as it is copied for a short payload, after the
-    /// copy for a long one.
+    /// Copies `payload` to the checked, 8-aligned index `start` and right after it its
+    /// trailer, the crc32c of `sum_words` and the payload: computed as it is copied for a
+    /// short payload, after the copy for a long one.
     #[inline]
-    fn payload_in(&self, start: usize, payload: &[u8], sum_words: &[u64; 2]) -> u32 {
-        if payload.len() < crc::INLINE_MAX {
+    fn payload_in(&self, start: usize, payload: &[u8], sum_words: &[u64; 2]) {
+        let sum = if payload.len() < crc::INLINE_MAX {
             // `start` is 8-aligned, so every whole word of the payload is an aligned word of
             // the heap.
             crc::words_then_bytes_copying(
@@ -497,7 +494,8 @@ impl Region {
         } else {
             self.copy_in(start, payload);
             crc::words_then_bytes(sum_words, payload)
-        }
+        };
+        self.copy_in(start.wrapping_add(payload.len()), &sum.to_le_bytes());
     }
 
     /// Stores a block header at the 8-aligned `offset` with one bounds check: `body` into the

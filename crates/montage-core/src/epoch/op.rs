@@ -289,12 +289,6 @@ impl OpLog {
     }
 }
 
-/// The blocks an ending operation's guard kept out of its log (see `OpGuard::keep`).
-struct Firsts {
-    victim: Option<PBlock>,
-    deletion: Option<Deletion>,
-}
-
 /// Who may reach a block an operation deletes, once the operation has ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reach {
@@ -1085,23 +1079,20 @@ impl<'h> OpGuard<'h> {
         if !self.claim(info.block, seen)? {
             return Ok(false);
         }
-        if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
-            if self.first_deletion.is_empty() {
-                self.first_deletion.set(Deletion::Kill(info.block, reach));
-            } else {
-                let mut log = self.log();
-                match reach {
-                    Reach::Shared => log.kills.push(info.block),
-                    Reach::Unshared => log.reusable.push(info.block),
-                }
-            }
+        let deletion = if info.spec.epoch == self.epoch && info.spec.kind == BlockKind::Alloc {
+            Deletion::Kill(info.block, reach)
         } else {
-            let anti = self.supersede_claimed(info, BlockKind::Delete, NewVersion::Bytes(&[]))?;
-            if self.first_deletion.is_empty() {
-                self.first_deletion.set(Deletion::Anti(anti));
-            } else {
-                self.log().antis.push(anti);
-            }
+            Deletion::Anti(self.supersede_claimed(
+                info,
+                BlockKind::Delete,
+                NewVersion::Bytes(&[]),
+            )?)
+        };
+        // As `keep` keeps a block: the first in the guard, the rest in the log.
+        if self.first_deletion.is_empty() {
+            self.first_deletion.set(deletion);
+        } else {
+            self.log().deleted(Some(deletion));
         }
         Ok(true)
     }
@@ -1213,19 +1204,17 @@ impl<'h> OpGuard<'h> {
     /// the slot's log already), and their end should not pay for this path's registers.
     #[inline(never)]
     fn hand_over_taken(&self, taken: Option<Box<OpLog>>) {
-        let firsts = Firsts {
-            victim: self.first_victim.take(),
-            deletion: self.first_deletion.take(),
-        };
+        let first_victim = self.first_victim.take();
+        let first_deletion = self.first_deletion.take();
         // Where each operation flushes its own writes, a kill's range is flushed with the
         // rest in `hand_over`: it needs a log then.
         let flushes = self.runtime.write_back == WriteBack::MeasureEachOp;
-        let kills = matches!(firsts.deletion, Some(Deletion::Kill(..)));
+        let kills = matches!(first_deletion, Some(Deletion::Kill(..)));
         if taken.is_none() && !(flushes && kills) {
             // As `hand_over` would, without a log: the kill first, then everything to the
             // slot's log of this epoch before the announcement is withdrawn.
             let (mut range, mut victim, mut anti) = (None, None, None);
-            match firsts.deletion {
+            match first_deletion {
                 Some(Deletion::Kill(block, reach)) => (range, victim) = self.kill(block, reach),
                 Some(Deletion::Anti(block)) => anti = Some(block),
                 None => {}
@@ -1234,14 +1223,14 @@ impl<'h> OpGuard<'h> {
                 bucket.persist.extend(range);
                 bucket
                     .victims
-                    .extend(victim.into_iter().chain(firsts.victim));
+                    .extend(victim.into_iter().chain(first_victim));
                 bucket.antis.extend(anti);
             });
             return;
         }
         let mut log = taken.unwrap_or_else(|| self.spare_log());
-        log.victims.extend(firsts.victim);
-        log.deleted(firsts.deletion);
+        log.victims.extend(first_victim);
+        log.deleted(first_deletion);
         self.hand_over(&mut log);
         // What is left is capacity for the next operation in this slot.
         self.announcement
