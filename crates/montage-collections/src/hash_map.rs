@@ -450,6 +450,7 @@ where
         rewrite: Rewrite,
     ) -> Result<(bool, Undo<K>)> {
         let found = stripe.get(hash, key);
+        let mut replaced_len = None;
         if let Some(found) = found {
             match old {
                 Replaced::Nothing => {}
@@ -457,7 +458,7 @@ where
                     // The header the view read is the one the update needs: no second read.
                     let view = op.view(found)?;
                     *value = Some(entry::view_value(&view)?);
-                    let undo = self.write_found(
+                    let (undo, _) = self.write_found(
                         op,
                         stripe,
                         hash,
@@ -470,18 +471,23 @@ where
                     return Ok((true, undo));
                 }
                 Replaced::Value(value) => *value = Some(entry::read_value(op, found)?),
-                // In the block's header, which the write reads next: in cache for it.
-                Replaced::Len(len) => *len = Some(u64::from(op.info(found)?.len)),
+                // In the old block's header, which the write reads and reports.
+                Replaced::Len(len) => replaced_len = Some(len),
             }
         }
-        let undo = self.write_found(op, stripe, hash, key, found, None, bytes, rewrite)?;
+        let (undo, replaced) =
+            self.write_found(op, stripe, hash, key, found, None, bytes, rewrite)?;
+        if let Some(len) = replaced_len {
+            *len = replaced.map(u64::from);
+        }
         Ok((found.is_some(), undo))
     }
 
     /// With `key`'s stripe locked (`stripe`), writes the entry `bytes` for `key`, whose block
     /// is `found` (`None` if absent), viewed in this operation as `viewed` if the caller read
     /// it (an update in place then takes the view's header); returns how to take the change
-    /// back.
+    /// back, and the length of the entry it replaced (read from the old block's header, which
+    /// the update reads anyway), `None` if the key was absent.
     #[allow(clippy::too_many_arguments)] // the parts of one step, each used once
     fn write_found(
         &self,
@@ -493,21 +499,21 @@ where
         viewed: Option<&BlockView<'_>>,
         bytes: &[u8],
         rewrite: Rewrite,
-    ) -> Result<Undo<K>> {
+    ) -> Result<(Undo<K>, Option<u32>)> {
         let Some(old) = found else {
             let block = op.alloc(self.attached.owner(), self.type_id, bytes)?;
             stripe.insert_new(hash, key.clone(), block, &self.hasher);
-            return Ok(Undo::Added { hash, block });
+            return Ok((Undo::Added { hash, block }, None));
         };
-        let new = match rewrite {
+        let (new, replaced) = match rewrite {
             Rewrite::InPlace => match viewed {
-                Some(view) => op.update_viewed(view, bytes)?,
-                None => op.update(old, bytes)?,
+                Some(view) => (op.update_viewed(view, bytes)?, *view.info()),
+                None => op.update_replacing(old, bytes)?,
             },
-            Rewrite::Copy => op.copy_update(old, bytes)?,
+            Rewrite::Copy => op.copy_update_replacing(old, bytes)?,
         };
         stripe.set(hash, key, new);
-        Ok(Undo::Replaced { hash, old, new })
+        Ok((Undo::Replaced { hash, old, new }, Some(replaced.len)))
     }
 
     /// Removes `key` (any borrowed form of `K`, as in [`get`](Self::get)); returns its value.
@@ -653,6 +659,7 @@ where
             // Encoded into this thread's buffer: no allocation (and no regrowth) per write.
             Change::Set(new) => Some(entry::with_encoded::<K, V, V, _>(key, &new, |bytes| {
                 self.write_found(op, stripe, hash, key, found, None, bytes, rewrite)
+                    .map(|(undo, _)| undo)
             })?),
             Change::Remove => Self::remove_locked(op, stripe, hash, key, None)?,
         };

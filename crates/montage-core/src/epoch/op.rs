@@ -564,6 +564,18 @@ impl<'h> OpGuard<'h> {
     /// As [`info`](Self::info); [`Error::Retired`] if another operation already superseded
     /// or deleted it; [`Error::OutOfSpace`]; [`Error::ReadOnly`] on a heap opened read-only.
     pub fn update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
+        self.update_replacing(block, bytes).map(|(new, _)| new)
+    }
+
+    /// [`update`](Self::update), also returning the header `block` had before the write
+    /// (its length, its epoch), which the update reads anyway: for a caller that accounts
+    /// for what it replaces (a cache's byte count) without reading the header a second time.
+    ///
+    /// # Errors
+    ///
+    /// As [`update`](Self::update).
+    #[inline]
+    pub fn update_replacing(&self, block: PBlock, bytes: &[u8]) -> Result<(PBlock, BlockInfo)> {
         let shared = self.runtime;
         shared.writable()?;
         let len = bytes.len() as u64;
@@ -594,10 +606,11 @@ impl<'h> OpGuard<'h> {
                 Some(new) => NewVersion::Filled(new, len),
                 None => NewVersion::Bytes(bytes),
             };
-            return self.supersede(&info, self.version_kind(&info), new);
+            let new = self.supersede(&info, self.version_kind(&info), new)?;
+            return Ok((new, info));
         }
         self.put_back(filled);
-        self.overwrite_in_place(&info, bytes)
+        Ok((self.overwrite_in_place(&info, bytes)?, info))
     }
 
     /// Updates the block `view` shows, as [`update`](Self::update) does, without reading its
@@ -678,9 +691,23 @@ impl<'h> OpGuard<'h> {
     /// As [`update`](Self::update); [`Error::Retired`] is how a concurrent replacement of
     /// the same block shows.
     pub fn copy_update(&self, block: PBlock, bytes: &[u8]) -> Result<PBlock> {
+        self.copy_update_replacing(block, bytes).map(|(new, _)| new)
+    }
+
+    /// [`copy_update`](Self::copy_update), also returning the header `block` had, as
+    /// [`update_replacing`](Self::update_replacing) does.
+    ///
+    /// # Errors
+    ///
+    /// As [`copy_update`](Self::copy_update).
+    pub fn copy_update_replacing(
+        &self,
+        block: PBlock,
+        bytes: &[u8],
+    ) -> Result<(PBlock, BlockInfo)> {
         self.runtime.writable()?;
         let info = self.info(block)?;
-        self.replace(&info, bytes)
+        Ok((self.replace(&info, bytes)?, info))
     }
 
     /// Writes `bytes` at byte `at` of `block`'s payload (inside its current length) and
@@ -1637,5 +1664,50 @@ mod tests {
             heap.run_op(|op| op.update_viewed(&superseded, b"one")),
             Err(Error::Retired { .. })
         ));
+    }
+
+    /// `update_replacing` and `copy_update_replacing` write as `update` and `copy_update`
+    /// do and return the header the block had before: in place, as a new version, and
+    /// as a copy; a failed update returns the error and writes nothing.
+    #[test]
+    fn an_update_reports_the_header_it_replaced() {
+        let config = HeapConfig::in_memory(1 << 20).epoch_length(EpochLength::Manual);
+        let heap = Heap::create(&config).unwrap();
+        let owner = heap.register("t").unwrap();
+        let block = heap.run_op(|op| op.alloc(owner, 7, b"seven")).unwrap();
+        let before = heap.run_op(|op| op.info(block)).unwrap();
+        // Written in this epoch: in place, the old header (length 5) reported.
+        let (same, replaced) = heap
+            .run_op(|op| op.update_replacing(block, b"sieben!"))
+            .unwrap();
+        assert_eq!(same, block);
+        assert_eq!(replaced, before);
+        assert_eq!(heap.read_payload(block).unwrap(), b"sieben!");
+        // Written in an older epoch: a new version; the header reported is the rewritten
+        // one's (length 7), with its epoch.
+        let rewritten = heap.run_op(|op| op.info(block)).unwrap();
+        assert_eq!(rewritten.len, 7);
+        heap.advance_epoch().unwrap();
+        let (second, replaced) = heap.run_op(|op| op.update_replacing(block, b"7")).unwrap();
+        assert_ne!(second, block);
+        assert_eq!(replaced, rewritten);
+        assert_eq!(heap.read_payload(second).unwrap(), b"7");
+        // A copy in the same epoch: a new block, the old header reported.
+        let current = heap.run_op(|op| op.info(second)).unwrap();
+        let (third, replaced) = heap
+            .run_op(|op| op.copy_update_replacing(second, b"sept"))
+            .unwrap();
+        assert_ne!(third, second);
+        assert_eq!(replaced, current);
+        assert_eq!(heap.read_payload(third).unwrap(), b"sept");
+        // A block already superseded (in its own epoch: invalid once that operation ended):
+        // `update`'s error, and the live version is unchanged.
+        let err = heap.run_op(|op| op.update_replacing(second, b"late"));
+        assert!(matches!(err, Err(Error::InvalidBlock { .. })), "{err:?}");
+        assert!(matches!(
+            heap.run_op(|op| op.update(second, b"late")),
+            Err(Error::InvalidBlock { .. })
+        ));
+        assert_eq!(heap.read_payload(third).unwrap(), b"sept");
     }
 }
