@@ -23,6 +23,7 @@ use montage_collections::Change;
 
 use crate::protocol::{
     Limits, MAX_KEY_LEN, Parsed, ProtocolError, Request, Skip, StoreMode, invalid, number,
+    push_number,
 };
 use crate::store::{Clock, Item, Lookup, Store, absolute};
 
@@ -490,7 +491,7 @@ fn push_status(out: &mut Vec<u8>, code: &[u8], meta: &Meta<'_>, cas: Option<u64>
             }
             Some(b'k') => push_key(out, meta),
             Some(b'c') if let Some(cas) = cas => {
-                let _ = write!(out, " c{cas}");
+                push_number(out, b" c", cas);
             }
             _ => {}
         }
@@ -613,7 +614,7 @@ fn hit(
     let mut won = false;
     let mut ttl_set = false;
     if o.value {
-        let _ = write!(line, "VA {}", item.data.len());
+        push_number(line, b"VA ", item.data.len());
     } else {
         line.extend_from_slice(b"HD");
     }
@@ -635,22 +636,22 @@ fn hit(
                 won = true;
             }
             b's' => {
-                let _ = write!(line, " s{}", item.data.len());
+                push_number(line, b" s", item.data.len());
             }
             b't' => {
-                let _ = write!(line, " t{}", ttl(item.exptime, now));
+                push_number(line, b" t", ttl(item.exptime, now));
             }
             b'c' => {
-                let _ = write!(line, " c{}", item.cas);
+                push_number(line, b" c", item.cas);
             }
             b'f' => {
-                let _ = write!(line, " f{}", item.flags);
+                push_number(line, b" f", item.flags);
             }
             b'l' => {
-                let _ = write!(line, " l{}", (now - access.1).max(0));
+                push_number(line, b" l", (now - access.1).max(0));
             }
             b'h' => {
-                let _ = write!(line, " h{}", u8::from(access.0));
+                push_number(line, b" h", u8::from(access.0));
             }
             b'O' => {
                 line.push(b' ');
@@ -914,17 +915,17 @@ fn arith<C: Clock>(
         };
         let mut line = Vec::with_capacity(64);
         if o.value {
-            let _ = write!(line, "VA {}", number.len());
+            push_number(&mut line, b"VA ", number.len());
         } else {
             line.extend_from_slice(b"HD");
         }
         for flag in &meta.flags {
             match flag.first().copied().unwrap_or_default() {
                 b'c' => {
-                    let _ = write!(line, " c{}", item.cas);
+                    push_number(&mut line, b" c", item.cas);
                 }
                 b't' => {
-                    let _ = write!(line, " t{}", ttl(item.exptime, now));
+                    push_number(&mut line, b" t", ttl(item.exptime, now));
                 }
                 b'T' => item.exptime = absolute(o.ttl.unwrap_or(0), now),
                 b'N' if created => {

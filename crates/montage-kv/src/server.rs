@@ -696,9 +696,10 @@ async fn get(
                 bump(hits);
                 out.buf.extend_from_slice(b"VALUE ");
                 out.buf.extend_from_slice(key);
-                let _ = write!(out.buf, " {} {}", item.flags, item.data.len());
+                protocol::push_number(&mut out.buf, b" ", item.flags);
+                protocol::push_number(&mut out.buf, b" ", item.data.len());
                 if with_cas {
-                    let _ = write!(out.buf, " {}", item.cas);
+                    protocol::push_number(&mut out.buf, b" ", item.cas);
                 }
                 out.buf.extend_from_slice(b"\r\n");
                 out.line(&item.data);
