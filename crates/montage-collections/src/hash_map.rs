@@ -98,7 +98,7 @@ impl<K: Eq> Stripe<K> {
     }
 
     /// Adds `key`, which the stripe does not hold; `hasher` rehashes keys when the table grows.
-    fn insert_new(&mut self, hash: u64, key: K, block: PBlock, hasher: &RandomState)
+    fn insert_new(&mut self, hash: u64, key: K, block: PBlock, hasher: &impl BuildHasher)
     where
         K: Hash,
     {
@@ -132,7 +132,7 @@ impl<K: Eq> Stripe<K> {
     }
 
     /// Takes back a change `undo` describes (the entries are found by their blocks).
-    fn undo(&mut self, undo: Undo<K>, hasher: &RandomState)
+    fn undo(&mut self, undo: Undo<K>, hasher: &impl BuildHasher)
     where
         K: Hash,
     {
@@ -189,17 +189,23 @@ enum Rewrite {
 /// Keys are hashed and compared in DRAM (`K: Hash + Eq + Clone`) and stored, like values,
 /// through [`Codec`]: byte strings (`Vec<u8>`, `String`), integers, or
 /// `#[derive(Payload)]` types.
-pub struct HashMap<K, V> {
+///
+/// `S` hashes the keys for the index, as `std`'s map's `S` does: `std`'s `RandomState`
+/// (`SipHash`, seeded at random) by default, or a faster hasher through
+/// [`open_with_hasher`](Self::open_with_hasher) where keys do not come from an adversary
+/// who could make them collide. Only the index in DRAM depends on it, so a map may be
+/// reopened with another hasher.
+pub struct HashMap<K, V, S = RandomState> {
     /// The heap, the structure's owner id, and its name held for this handle (a second
     /// open fails while it lives).
     attached: Attached,
     type_id: u64,
-    hasher: RandomState,
+    hasher: S,
     stripes: Box<[CachePadded<StampedLock<Stripe<K>>>]>,
     _value: PhantomData<fn() -> V>,
 }
 
-impl<K, V> std::fmt::Debug for HashMap<K, V> {
+impl<K, V, S> std::fmt::Debug for HashMap<K, V, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HashMap")
             .field("owner", &self.attached.owner())
@@ -249,13 +255,52 @@ where
         name: &str,
         visit: impl Fn(&K, &V) + Sync,
     ) -> Result<HashMap<K, V>> {
+        HashMap::open_with_hasher(heap, name, RandomState::new(), visit)
+    }
+}
+
+impl<K, V, S> HashMap<K, V, S>
+where
+    K: Codec + Hash + Eq + Clone,
+    V: Codec,
+    S: BuildHasher,
+{
+    /// Opens the map as [`open_with`](HashMap::open_with) does, with `hasher` hashing its
+    /// keys for the index.
+    ///
+    /// ```
+    /// use montage_collections::HashMap;
+    /// use montage_core::{Heap, HeapConfig};
+    ///
+    /// let heap = Heap::create(&HeapConfig::in_memory(4 << 20))?;
+    /// // Any `BuildHasher`: here `std`'s hasher with fixed keys, the same in every run.
+    /// type Fixed = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
+    /// let map: HashMap<u64, u64, Fixed> =
+    ///     HashMap::open_with_hasher(&heap, "m", Fixed::default(), |_, _| {})?;
+    /// map.insert(1, 2)?;
+    /// assert_eq!(map.get(&1)?, Some(2));
+    /// # Ok::<(), montage_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](HashMap::open).
+    pub fn open_with_hasher(
+        heap: &Heap,
+        name: &str,
+        hasher: S,
+        visit: impl Fn(&K, &V) + Sync,
+    ) -> Result<HashMap<K, V, S>>
+    where
+        S: Sync,
+    {
         let type_id = entry::type_id::<K, V>("hash-map")?;
         let attached = heap.attach(name)?;
         let existed = attached.existed();
         let map = HashMap {
             attached,
             type_id,
-            hasher: RandomState::new(),
+            hasher,
             stripes: (0..STRIPES)
                 .map(|_| {
                     CachePadded::new(StampedLock::new(Stripe {
@@ -272,7 +317,10 @@ where
     }
 
     /// Fills the index from the payloads recovery kept, showing each entry to `visit`.
-    fn rebuild(&self, visit: &(impl Fn(&K, &V) + Sync)) -> Result<()> {
+    fn rebuild(&self, visit: &(impl Fn(&K, &V) + Sync)) -> Result<()>
+    where
+        S: Sync,
+    {
         entry::rebuild_index::<K, V>(
             self.attached.heap(),
             self.attached.owner(),
@@ -771,14 +819,15 @@ impl<'h, 'o> Together<'h, '_, 'o> {
     ///
     /// What `f` returns; [`Error::Unsupported`] for a map
     /// of another heap or one taken already in this together.
-    pub fn hash_map<K, V, R>(
+    pub fn hash_map<K, V, S, R>(
         &mut self,
-        map: &'h HashMap<K, V>,
-        f: impl FnOnce(&mut TogetherMap<'_, 'o, 'h, K, V>) -> Result<R>,
+        map: &'h HashMap<K, V, S>,
+        f: impl FnOnce(&mut TogetherMap<'_, 'o, 'h, K, V, S>) -> Result<R>,
     ) -> Result<R>
     where
         K: Codec + Hash + Eq + Clone + 'h,
         V: Codec + 'h,
+        S: BuildHasher + 'h,
     {
         let part = |_: &OpGuard<'_>| {
             Ok(MapPart {
@@ -794,15 +843,15 @@ impl<'h, 'o> Together<'h, '_, 'o> {
 }
 
 /// The stripes of a map one [`together()`] locked, and how to take back its changes.
-struct MapPart<'h, K: Hash + Eq, V> {
-    map: &'h HashMap<K, V>,
+struct MapPart<'h, K: Hash + Eq, V, S: BuildHasher> {
+    map: &'h HashMap<K, V, S>,
     /// Each locked stripe's index and guard.
     stripes: Vec<(usize, StampedGuard<'h, Stripe<K>>)>,
     /// The changes, in order, each with its stripe's place in `stripes`.
     undo: Vec<(usize, Undo<K>)>,
 }
 
-impl<'h, K: Hash + Eq, V> Staged<'h> for MapPart<'h, K, V> {
+impl<'h, K: Hash + Eq, V, S: BuildHasher> Staged<'h> for MapPart<'h, K, V, S> {
     fn id(&self) -> StagedId {
         (std::ptr::from_ref(self.map).cast(), 0)
     }
@@ -814,7 +863,7 @@ impl<'h, K: Hash + Eq, V> Staged<'h> for MapPart<'h, K, V> {
 
 /// Takes the changes back, last first, unless they were kept: the operation was rolled
 /// back, and the stripes are still locked.
-impl<K: Hash + Eq, V> Drop for MapPart<'_, K, V> {
+impl<K: Hash + Eq, V, S: BuildHasher> Drop for MapPart<'_, K, V, S> {
     fn drop(&mut self) {
         while let Some((at, undo)) = self.undo.pop() {
             self.stripes[at].1.undo(undo, &self.map.hasher);
@@ -823,12 +872,12 @@ impl<K: Hash + Eq, V> Drop for MapPart<'_, K, V> {
 }
 
 /// A [`HashMap`] changed in a [`together()`] ([`Together::hash_map`]).
-pub struct TogetherMap<'a, 'o, 'h, K: Hash + Eq, V> {
-    part: &'a mut MapPart<'h, K, V>,
+pub struct TogetherMap<'a, 'o, 'h, K: Hash + Eq, V, S: BuildHasher = RandomState> {
+    part: &'a mut MapPart<'h, K, V, S>,
     op: &'a OpGuard<'o>,
 }
 
-impl<K: Hash + Eq, V> std::fmt::Debug for TogetherMap<'_, '_, '_, K, V> {
+impl<K: Hash + Eq, V, S: BuildHasher> std::fmt::Debug for TogetherMap<'_, '_, '_, K, V, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TogetherMap")
             .field("owner", &self.part.map.attached.owner())
@@ -838,10 +887,11 @@ impl<K: Hash + Eq, V> std::fmt::Debug for TogetherMap<'_, '_, '_, K, V> {
     }
 }
 
-impl<K, V> TogetherMap<'_, '_, '_, K, V>
+impl<K, V, S> TogetherMap<'_, '_, '_, K, V, S>
 where
     K: Codec + Hash + Eq + Clone,
     V: Codec,
+    S: BuildHasher,
 {
     /// The hash of `key` and the place of its stripe's guard, which is locked first if it
     /// is not yet.
@@ -970,7 +1020,7 @@ where
     {
         let (hash, at) = self.locked(key)?;
         let stripe = &mut self.part.stripes[at].1;
-        let undo = HashMap::<K, V>::remove_locked(self.op, stripe, hash, key, old)?;
+        let undo = HashMap::<K, V, S>::remove_locked(self.op, stripe, hash, key, old)?;
         let present = undo.is_some();
         self.part.undo.extend(undo.map(|undo| (at, undo)));
         Ok(present)

@@ -214,6 +214,63 @@ fn reopening_with_other_types_is_a_layout_mismatch() {
     assert_eq!(map.get(&1).unwrap(), Some(2));
 }
 
+/// A hasher under which every key collides.
+#[derive(Default)]
+struct Constant;
+
+impl std::hash::Hasher for Constant {
+    fn finish(&self) -> u64 {
+        7
+    }
+    fn write(&mut self, _: &[u8]) {}
+}
+
+type Colliding = std::hash::BuildHasherDefault<Constant>;
+
+/// The index hashes with the hasher it was opened with (here every key collides: one
+/// stripe, one probe sequence, which still finds every key), through a together's
+/// rollback too; the heap does not depend on it, so the map reopens with the default.
+#[test]
+fn a_map_hashes_with_the_hasher_it_was_opened_with() {
+    let config = HeapConfig::simulated(4 << 20, SimMode::Prefix);
+    let heap = Heap::create(&config).unwrap();
+    let map: HashMap<u64, u64, Colliding> =
+        HashMap::open_with_hasher(&heap, "m", Colliding::default(), |_, _| {}).unwrap();
+    for k in 0..500 {
+        assert!(!map.put(k, k + 1).unwrap());
+    }
+    assert_eq!(map.remove(&3).unwrap(), Some(4));
+    assert_eq!(map.get(&499).unwrap(), Some(500));
+    assert_eq!(map.get(&3).unwrap(), None);
+    // A together that removes and adds, then fails: both taken back.
+    let failed: montage_core::Result<()> = montage_collections::together(&heap, |tx| {
+        tx.hash_map(&map, |m| {
+            assert!(m.delete(&10)?);
+            m.put(1000, 1)?;
+            Err(Error::Unsupported {
+                what: "rolled back",
+            })
+        })
+    });
+    assert!(matches!(failed, Err(Error::Unsupported { .. })));
+    assert_eq!(
+        (map.get(&10).unwrap(), map.get(&1000).unwrap()),
+        (Some(11), None)
+    );
+    assert_eq!(map.len(), 499);
+    drop(map);
+    heap.sync().unwrap();
+    let image = heap.simulator().unwrap().crash(0);
+    drop(heap);
+    let heap = Heap::open_image(image, &config).unwrap();
+    let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
+    assert_eq!(map.len(), 499);
+    let all: Vec<(u64, u64)> = (0..500).filter(|&k| k != 3).map(|k| (k, k + 1)).collect();
+    let mut found: Vec<(u64, u64)> = map.iter().map(Result::unwrap).collect();
+    found.sort_unstable();
+    assert_eq!(found, all);
+}
+
 #[test]
 fn concurrent_histories_are_linearizable() {
     common::check_map_linearizability(common::open_hash_map);

@@ -163,6 +163,30 @@ impl<'a> Encoded<'a> {
         self.len() == 0
     }
 
+    /// The first `mid` bytes and the rest, each still where it was found: a codec of a
+    /// fixed head and a byte string reads the head into a buffer of its own and the string
+    /// straight into its allocation ([`to_vec`](Self::to_vec)), copying every byte once.
+    /// `None` if there are fewer than `mid` bytes.
+    #[inline]
+    pub fn split_at(&self, mid: usize) -> Option<(Encoded<'a>, Encoded<'a>)> {
+        match self.0 {
+            Source::Payload { view, at, len } => {
+                let rest = len.checked_sub(mid)?;
+                let head = Source::Payload { view, at, len: mid };
+                let tail = Source::Payload {
+                    view,
+                    at: at + mid as u64,
+                    len: rest,
+                };
+                Some((Encoded(head), Encoded(tail)))
+            }
+            Source::Bytes(bytes) => {
+                let (head, tail) = bytes.split_at_checked(mid)?;
+                Some((Encoded(Source::Bytes(head)), Encoded(Source::Bytes(tail))))
+            }
+        }
+    }
+
     /// Copies the bytes into `buf`, which must be exactly [`len`](Self::len) long.
     ///
     /// # Errors
@@ -665,6 +689,19 @@ mod tests {
             value.read(&mut [0u8; 299]),
             Err(crate::error::Error::OutOfBounds { .. })
         ));
+        // Split, each part reads its own range of the payload, as of bytes in memory.
+        let whole = Encoded::in_payload(&view, 0, payload.len()).unwrap();
+        for source in [whole, Encoded::from_bytes(&payload)] {
+            let (prefix, rest) = source.split_at(4).unwrap();
+            assert_eq!((prefix.len(), rest.len()), (4, 301));
+            let mut first = [1u8; 4];
+            prefix.read(&mut first).unwrap();
+            assert_eq!(first, [0; 4]);
+            assert_eq!(rest.to_vec().unwrap(), payload[4..]);
+            let (all, none) = source.split_at(payload.len()).unwrap();
+            assert_eq!((all.to_vec().unwrap(), none.len()), (payload.clone(), 0));
+            assert!(source.split_at(payload.len() + 1).is_none());
+        }
     }
 
     /// `read_u32_first` (one word load where the payload and trailer cover a word) gives
