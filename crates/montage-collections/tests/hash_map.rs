@@ -259,10 +259,7 @@ fn a_map_hashes_with_the_hasher_it_was_opened_with() {
     );
     assert_eq!(map.len(), 499);
     drop(map);
-    heap.sync().unwrap();
-    let image = heap.simulator().unwrap().crash(0);
-    drop(heap);
-    let heap = Heap::open_image(image, &config).unwrap();
+    let heap = common::reopen_after_synced_crash(heap, &config);
     let map: HashMap<u64, u64> = HashMap::open(&heap, "m").unwrap();
     assert_eq!(map.len(), 499);
     let all: Vec<(u64, u64)> = (0..500).filter(|&k| k != 3).map(|k| (k, k + 1)).collect();
